@@ -1,0 +1,12 @@
+"""Throughput-proportional per-rank batch sizes for synchronous training (OmniLearn's idea, inside Lightning).
+
+Modules: ``controller`` (pure split arithmetic), ``sampler`` (global-batch slicing, exactly-once coverage),
+``aggregation`` (the batch-weighted gradient mean as a DDP hook), ``lr_scaling``, ``loader`` (rebuilding the train
+loader) and ``callback`` (the Lightning glue).
+"""
+
+from lightning_hetero.hetero_batch.callback import HeteroBatchCallback
+from lightning_hetero.hetero_batch.controller import BatchSizeController, apportion
+from lightning_hetero.hetero_batch.sampler import HeteroBatchSampler, SplitPlan
+
+__all__ = ["BatchSizeController", "HeteroBatchCallback", "HeteroBatchSampler", "SplitPlan", "apportion"]

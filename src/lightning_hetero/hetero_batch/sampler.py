@@ -1,0 +1,175 @@
+"""Splitting every global batch across ranks by the current per-rank sizes.
+
+Each epoch draws one seeded permutation of the dataset, identical on every rank, and cuts it into global batches;
+rank ``k`` takes its slice of each global batch according to the split in force at that step. So every sample is
+used exactly once per epoch across ranks, every rank does the same number of steps, and the split may change at
+any step.
+
+A :class:`SplitPlan` records which split is in force from which step on. Changes are only ever scheduled for
+steps no rank's sampler has produced yet (DataLoader workers prefetch indices ahead of training), so all ranks
+use the same split for the same step.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset, DistributedSampler
+
+from lightning_hetero.hetero_batch.controller import apportion
+
+
+class SplitPlan:
+    """Per-rank batch sizes by global step position (``epoch * steps_per_epoch + step``); append-only.
+
+    Example::
+
+        >>> plan = SplitPlan([8, 8])
+        >>> plan.schedule(5, [12, 4])
+        >>> plan.split_at(4), plan.split_at(5), plan.current
+        ((8, 8), (12, 4), (12, 4))
+    """
+
+    def __init__(self, initial: Sequence[int]) -> None:
+        self._positions: list[int] = [0]
+        self._splits: list[tuple[int, ...]] = [tuple(int(b) for b in initial)]
+
+    @property
+    def current(self) -> tuple[int, ...]:
+        """The newest split (possibly scheduled for a step not reached yet)."""
+        return self._splits[-1]
+
+    def split_at(self, position: int) -> tuple[int, ...]:
+        return self._splits[bisect.bisect_right(self._positions, position) - 1]
+
+    def schedule(self, position: int, split: Sequence[int]) -> None:
+        split = tuple(int(b) for b in split)
+        if len(split) != len(self.current) or sum(split) != sum(self.current):
+            raise ValueError(
+                f"a new split must keep {len(self.current)} ranks and the global batch {sum(self.current)}"
+            )
+        if position < self._positions[-1]:
+            raise ValueError(
+                f"cannot schedule a split at step {position}, before the last change ({self._positions[-1]})"
+            )
+        if position == self._positions[-1]:
+            self._splits[-1] = split
+        else:
+            self._positions.append(position)
+            self._splits.append(split)
+
+
+class HeteroBatchSampler(DistributedSampler):
+    """Yields this rank's list of sample indices for each step of an epoch.
+
+    It is a :class:`~torch.utils.data.DistributedSampler` (so Lightning neither replaces it nor forgets to call
+    ``set_epoch`` on it), used as the DataLoader's ``sampler`` with ``batch_size=None`` over a
+    :class:`BatchIndexedDataset`.
+
+    Args:
+        dataset: the map-style dataset (only its length is used).
+        plan: the shared split plan; its splits have one size per rank and sum to the global batch.
+        rank: this rank.
+        shuffle: draw a fresh seeded permutation each epoch (``seed + epoch``), else use dataset order.
+        seed: base seed, identical on every rank.
+        drop_last: drop the final partial global batch instead of splitting it.
+
+    The final partial global batch of ``r`` samples is split in proportion to the current split when every rank
+    can get at least one sample; when ``r`` is smaller than the number of ranks those samples join the previous
+    global batch instead (so nothing is dropped unless ``drop_last``).
+
+    Example::
+
+        >>> plan = SplitPlan([3, 1])
+        >>> ranks = [HeteroBatchSampler(list(range(10)), plan, rank=r, shuffle=False) for r in range(2)]
+        >>> [list(sampler) for sampler in ranks]
+        [[[0, 1, 2], [4, 5, 6], [8]], [[3], [7], [9]]]
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset | Sequence[Any],
+        plan: SplitPlan,
+        rank: int,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+    ) -> None:
+        world_size = len(plan.current)
+        super().__init__(dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last)  # type: ignore[arg-type]
+        self.plan = plan
+        self.dataset_size = len(dataset)  # type: ignore[arg-type]
+        self.global_batch_size = sum(plan.current)
+        if self.dataset_size < self.global_batch_size:
+            raise ValueError(
+                f"the dataset ({self.dataset_size} samples) is smaller than one global batch "
+                f"({self.global_batch_size}): lower the batch size or use more data"
+            )
+        full, remainder = divmod(self.dataset_size, self.global_batch_size)
+        self._remainder = 0 if drop_last else remainder
+        self.steps_per_epoch = full + (1 if self._remainder >= world_size else 0)
+        self.produced_position = -1
+
+    def __len__(self) -> int:
+        return self.steps_per_epoch
+
+    def position(self, epoch: int, step: int) -> int:
+        return epoch * self.steps_per_epoch + step
+
+    def sizes_at(self, epoch: int, step: int) -> tuple[int, ...]:
+        """Every rank's batch size at ``step`` of ``epoch`` (the last step may differ from the plan's split)."""
+        split = self.plan.split_at(self.position(epoch, step))
+        if step < self.steps_per_epoch - 1 or self._remainder == 0:
+            return split
+        world = len(split)
+        if self._remainder >= world:
+            return tuple(apportion(split, self._remainder, [1] * world, list(split)))
+        extra = apportion(split, self._remainder, [0] * world, [self._remainder] * world)
+        return tuple(b + e for b, e in zip(split, extra, strict=True))
+
+    def __iter__(self) -> Iterator[list[int]]:
+        epoch = self.epoch
+        if self.shuffle:
+            generator = torch.Generator().manual_seed(self.seed + epoch)
+            order = torch.randperm(self.dataset_size, generator=generator).tolist()
+        else:
+            order = list(range(self.dataset_size))
+        start = 0
+        for step in range(self.steps_per_epoch):
+            sizes = self.sizes_at(epoch, step)
+            offset = start + sum(sizes[: self.rank])
+            self.produced_position = max(self.produced_position, self.position(epoch, step))
+            yield order[offset : offset + sizes[self.rank]]
+            start += sum(sizes)
+
+
+class BatchIndexedDataset(Dataset):
+    """Wraps a map-style dataset so that indexing with a list of indices returns the collated batch.
+
+    With ``batch_size=None`` a DataLoader passes each sampler item (here: a list of indices) straight to the
+    dataset, in the worker processes when ``num_workers > 0``; this keeps the user's ``collate_fn``.
+
+    Example::
+
+        >>> ds = BatchIndexedDataset([torch.tensor(i) for i in range(5)], collate_fn=torch.stack)
+        >>> ds[[1, 3]]
+        tensor([1, 3])
+    """
+
+    def __init__(self, dataset: Dataset | Sequence[Any], collate_fn: Callable[[list[Any]], Any]) -> None:
+        self.dataset = dataset
+        self.collate_fn = collate_fn
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, indices: list[int]) -> Any:
+        return self.collate_fn([self.dataset[i] for i in indices])
+
+
+def passthrough(batch: Any) -> Any:
+    """The DataLoader's ``collate_fn`` when :class:`BatchIndexedDataset` has already collated the batch."""
+    return batch

@@ -1,0 +1,172 @@
+"""HeteroBatchCallback inside real Trainers: 2-rank DDP runs as subprocesses, bad input in-process."""
+
+import csv
+
+import lightning as L
+import pytest
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from lightning_hetero import HeteroBatchCallback
+from lightning_hetero.synthetic import MLPClassifier, SyntheticClassificationDataModule, make_classification
+from tests.conftest import read_json
+
+
+def results(path, mode, tag=""):
+    return [read_json(path / f"{mode}{tag}_rank{rank}.json") for rank in range(2)]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_slowed_rank_ends_with_the_smaller_batch(run_script, tmp_path, num_workers):
+    args = ["--epochs", "3", "--adjust-every", "4", "--num-workers", str(num_workers)]
+    run_script("hetero_train.py", str(tmp_path), "slow", *args)
+    fast, slow = results(tmp_path, "slow")
+    assert fast["final_split"] == slow["final_split"], "every rank applies the same decision"
+    split = fast["final_split"]
+    assert sum(split) == 64
+    assert split[1] < split[0] and split[1] <= 20, split  # ideal for a 4x slower rank: [51, 13]
+    # each rank's own measurement excludes the wait in the all-reduce: the fast rank does not look slow
+    assert fast["own_throughput"] > 2.5 * slow["own_throughput"]
+    # same number of steps on both ranks, and every sample used once per epoch
+    assert len(fast["local_sizes"]) == len(slow["local_sizes"]) == fast["global_step"]
+    assert sum(fast["local_sizes"]) + sum(slow["local_sizes"]) == 3 * 1024
+    with open(tmp_path / "logs" / "slow" / "metrics.csv") as metrics:
+        rows = list(csv.DictReader(metrics))
+    logged = [float(r["hetero/batch_size_rank1"]) for r in rows if r.get("hetero/batch_size_rank1")]
+    assert logged and logged[-1] == split[1]
+
+
+@pytest.mark.multiprocess
+def test_resumed_run_continues_with_the_learned_split(run_script, tmp_path):
+    run_script("hetero_train.py", str(tmp_path), "resume", "--epochs", "2")
+    first = results(tmp_path, "resume")
+    learned = first[0]["final_split"]
+    assert learned != [32, 32]
+    run_script("hetero_train.py", str(tmp_path), "resume", "--epochs", "3", "--tag", "b")
+    second = results(tmp_path, "resume", "b")
+    assert [r["start_split"] for r in second] == [learned, learned]
+    assert second[0]["global_step"] == 3 * 16
+
+
+class CountingModel(MLPClassifier):
+    def __init__(self):
+        super().__init__()
+        self.steps = 0
+
+    def training_step(self, batch, batch_idx):
+        self.steps += 1
+        return super().training_step(batch, batch_idx)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"min_batch_size": 8, "max_batch_size": 4}, "min_batch_size .8. must not exceed max_batch_size .4."),
+        ({"min_batch_size": 0}, "min_batch_size must be positive"),
+        ({"max_batch_size": -1}, "max_batch_size must be positive"),
+        ({"global_batch_size": 0}, "global_batch_size must be positive"),
+        ({"initial_batch_sizes": [4, 0]}, "initial_batch_sizes must all be positive"),
+        ({"adjust_every_n_steps": 0}, "adjust_every_n_steps"),
+        ({"lr_scaling": "cubic"}, "lr_scaling"),
+    ],
+)
+def test_bad_arguments_fail_at_construction(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        HeteroBatchCallback(**kwargs)
+
+
+class Stream(IterableDataset):
+    def __iter__(self):
+        yield from make_classification(64)
+
+
+@pytest.mark.parametrize(
+    ("callback_kwargs", "loader", "message"),
+    [
+        ({"global_batch_size": 4, "min_batch_size": 8}, None, "smaller than world_size x min_batch_size"),
+        ({"global_batch_size": 1000}, None, "smaller than one global batch"),
+        ({"initial_batch_sizes": [16, 16]}, None, "initial_batch_sizes has 2 entries but the world size is 1"),
+        ({}, DataLoader(Stream(), batch_size=8), "cannot split an IterableDataset"),
+        (
+            {},
+            DataLoader(make_classification(64), batch_sampler=[[0, 1], [2, 3]]),
+            "batch_size, which is None",
+        ),
+    ],
+)
+def test_bad_setups_fail_before_any_training_step(callback_kwargs, loader, message):
+    datamodule = None if loader is not None else SyntheticClassificationDataModule(num_samples=256, batch_size=32)
+    model = CountingModel()
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=1,
+        callbacks=[HeteroBatchCallback(**callback_kwargs)],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
+    with pytest.raises((ValueError, TypeError), match=message):
+        trainer.fit(model, train_dataloaders=loader, datamodule=datamodule)
+    assert model.steps == 0
+
+
+def test_gradient_accumulation_is_refused():
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        accumulate_grad_batches=2,
+        callbacks=[HeteroBatchCallback()],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+    )
+    with pytest.raises(ValueError, match="accumulate_grad_batches=1"):
+        trainer.fit(CountingModel(), datamodule=SyntheticClassificationDataModule(num_samples=256))
+
+
+def test_lr_scaling_applies_once_for_a_larger_global_batch():
+    callback = HeteroBatchCallback(global_batch_size=128, lr_scaling="linear", verbose=False)
+    model = CountingModel()
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=1,
+        callbacks=[callback],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(model, datamodule=SyntheticClassificationDataModule(num_samples=512, batch_size=32))
+    assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(4 * model.hparams.lr)
+    assert callback.batch_sizes == (128,)
+    assert model.steps == 4
+
+
+def test_single_device_run_uses_every_sample_once():
+    seen = []
+
+    class Recording(CountingModel):
+        def training_step(self, batch, batch_idx):
+            seen.append(batch[0])
+            return super().training_step(batch, batch_idx)
+
+    dm = SyntheticClassificationDataModule(num_samples=100, batch_size=32, shuffle=True)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=1,
+        callbacks=[HeteroBatchCallback(verbose=False)],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(Recording(), datamodule=dm)
+    rows = torch.cat(seen)
+    assert rows.shape[0] == 100
+    assert torch.unique(rows, dim=0).shape[0] == torch.unique(dm.train_set.tensors[0], dim=0).shape[0]

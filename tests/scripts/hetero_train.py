@@ -1,0 +1,123 @@
+"""Multi-process HeteroBatchCallback runs for the tests; each rank writes what it saw as JSON.
+
+Usage: python hetero_train.py OUT_DIR MODE [options]; modes:
+  grad    one optimizer step with initial split [3, 13] on 16 samples; rank 0 saves the parameters
+  slow    rank 1 is 4x slower (a per-sample sleep); the callback should shift samples to rank 0
+  resume  like slow, but resumes from OUT_DIR/last.ckpt when it exists and records the split it starts with
+"""
+
+import argparse
+import json
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.strategies import DDPStrategy
+from torch.utils.data import DataLoader
+
+from lightning_hetero import HeteroBatchCallback
+from lightning_hetero.synthetic import MLPClassifier, SyntheticClassificationDataModule, make_classification
+
+
+class SlowRankModel(MLPClassifier):
+    """Sleeps ``per_sample_s x batch`` in forward (x4 on ``slow_rank``): an emulated per-sample compute cost."""
+
+    def __init__(self, per_sample_s: float, slow_rank: int, factor: float = 4.0) -> None:
+        super().__init__()
+        self.per_sample_s, self.slow_rank, self.factor = per_sample_s, slow_rank, factor
+
+    def forward(self, x):
+        slowdown = self.factor if self.global_rank == self.slow_rank else 1.0
+        time.sleep(self.per_sample_s * slowdown * x.shape[0])
+        return super().forward(x)
+
+
+class Recorder(Callback):
+    def __init__(self, hetero: HeteroBatchCallback) -> None:
+        self.hetero = hetero
+        self.local_sizes: list[int] = []
+        self.start_split = None
+
+    def on_train_start(self, trainer, pl_module):
+        self.start_split = list(self.hetero.batch_sizes)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.local_sizes.append(int(batch[0].shape[0]))
+
+
+def trainer_for(args, callbacks, **kwargs):
+    kwargs.setdefault("logger", False)
+    return L.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy=DDPStrategy(process_group_backend="gloo", timeout=timedelta(seconds=60)),
+        callbacks=callbacks,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        **kwargs,
+    )
+
+
+def run_grad(args):
+    torch.manual_seed(0)
+    model = MLPClassifier(num_features=8, num_classes=3, lr=0.5)
+    data = make_classification(16, num_features=8, num_classes=3, seed=1)
+    loader = DataLoader(data, batch_size=8, shuffle=False)
+    hetero = HeteroBatchCallback(initial_batch_sizes=[3, 13], verbose=False)
+    recorder = Recorder(hetero)
+    trainer = trainer_for(args, [hetero, recorder], max_steps=1, enable_checkpointing=False)
+    trainer.fit(model, train_dataloaders=loader)
+    if trainer.is_global_zero:
+        torch.save(model.state_dict(), args.out / "params.pt")
+    return {"local_sizes": recorder.local_sizes}
+
+
+def run_slow(args, resume: bool = False):
+    L.seed_everything(0, verbose=False)
+    model = SlowRankModel(per_sample_s=args.per_sample_s, slow_rank=1)
+    dm = SyntheticClassificationDataModule(num_samples=args.samples, batch_size=32, num_workers=args.num_workers)
+    hetero = HeteroBatchCallback(adjust_every_n_steps=args.adjust_every, warmup_steps=2, deadband=0.05)
+    recorder = Recorder(hetero)
+    checkpoint = ModelCheckpoint(dirpath=args.out, save_last=True, save_top_k=0)
+    ckpt = args.out / "last.ckpt"
+    logger = CSVLogger(args.out, name="logs", version=args.mode + args.tag)
+    trainer = trainer_for(
+        args, [hetero, recorder, checkpoint], max_epochs=args.epochs, limit_val_batches=0, logger=logger
+    )
+    trainer.fit(model, datamodule=dm, ckpt_path=str(ckpt) if resume and ckpt.exists() else None)
+    return {
+        "start_split": recorder.start_split,
+        "final_split": list(hetero.batch_sizes),
+        "throughputs": list(hetero.throughputs or []),
+        "own_throughput": hetero.meter.value,
+        "adjustments": len(hetero.history),
+        "local_sizes": recorder.local_sizes,
+        "global_step": trainer.global_step,
+        "summary": hetero.summary(),
+    }
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out", type=Path)
+    parser.add_argument("mode", choices=["grad", "slow", "resume"])
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--samples", type=int, default=1024)
+    parser.add_argument("--adjust-every", type=int, default=None)
+    parser.add_argument("--num-workers", type=int, default=0)
+    parser.add_argument("--per-sample-s", type=float, default=0.0005)
+    parser.add_argument("--tag", default="")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    args.out.mkdir(parents=True, exist_ok=True)
+    result = run_grad(args) if args.mode == "grad" else run_slow(args, resume=args.mode == "resume")
+    rank = int(torch.distributed.get_rank())
+    (args.out / f"{args.mode}{args.tag}_rank{rank}.json").write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
