@@ -14,6 +14,9 @@ import pytest
 
 SCRIPTS = Path(__file__).parent / "scripts"
 
+# The scripts are launched as processes, never imported by pytest (not even for --doctest-modules).
+collect_ignore_glob = ["scripts/*"]
+
 
 def _run_script(name: str, *args: str, timeout_s: float = 120, expect_ok: bool = True) -> subprocess.CompletedProcess:
     """Run ``tests/scripts/<name>`` in a fresh interpreter; Lightning's launcher starts the other ranks from it."""

@@ -45,6 +45,8 @@ def main() -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     result = {"world_size": trainer.world_size, "losses": recorder.losses, "global_step": trainer.global_step}
     (out_dir / f"rank{trainer.global_rank}.json").write_text(json.dumps(result))
+    # gloo can abort at interpreter exit if its process group is left alive
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -117,6 +117,8 @@ def main():
     result = run_grad(args) if args.mode == "grad" else run_slow(args, resume=args.mode == "resume")
     rank = int(torch.distributed.get_rank())
     (args.out / f"{args.mode}{args.tag}_rank{rank}.json").write_text(json.dumps(result))
+    # gloo can abort at interpreter exit if its process group is left alive
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

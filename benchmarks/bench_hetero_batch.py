@@ -1,0 +1,164 @@
+"""Benchmark: HeteroBatchCallback against plain DDP on 2 CPU ranks, one slowed 4x (issue 3's targets).
+
+Runs, side by side in one invocation:
+  1. each kind of rank alone (factor 1 and factor 4): the ideal throughput is the sum of the two;
+  2. plain DDP and HeteroBatch DDP with rank 1 slowed 4x;
+  3. plain DDP and HeteroBatch DDP with equal ranks (the callback's overhead);
+  4. HeteroBatch DDP where the slow rank changes mid-run (rank 1 slow, then rank 0 slow): steps until the
+     throughput is back within 10% of ideal, in adjustment periods.
+
+Throughput is the median over steady-state steps of global samples per step / step wall time (rank 0's clock),
+skipping the first epoch. Prints a table and writes JSON to benchmarks/results/hetero_batch.json.
+
+Usage: python benchmarks/bench_hetero_batch.py [--repeats 1] [--cost-s 0.0003]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).parent
+WORKER = HERE / "hetero_batch_worker.py"
+
+
+def run(method: str, factors: str, cost_s: float, epochs: int = 4, **extra: object) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        cmd = [sys.executable, str(WORKER), str(out), "--method", method, "--factors", factors, "--cost-s", str(cost_s)]
+        cmd += ["--epochs", str(epochs)]
+        for key, value in extra.items():
+            cmd += [f"--{key.replace('_', '-')}", str(value)]
+        env = dict(os.environ, PYTHONWARNINGS="ignore")
+        env.pop("MASTER_PORT", None)
+        subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600, env=env)
+        return json.loads(out.read_text())
+
+
+def step_throughputs(result: dict) -> list[float]:
+    times, sizes = result["times"], result["global_sizes"]
+    return [sizes[i] / (times[i] - times[i - 1]) for i in range(1, len(times))]
+
+
+def steady_median(result: dict, steps_per_epoch: int) -> float:
+    return statistics.median(step_throughputs(result)[steps_per_epoch:])
+
+
+def recovery_steps(result: dict, switch_step: int, ideal: float, window: int = 4) -> int | None:
+    """Steps after the switch until a ``window``-step median throughput first reaches 90% of ideal."""
+    rates = step_throughputs(result)
+    for start in range(switch_step, len(rates) - window + 1):
+        if statistics.median(rates[start : start + window]) >= 0.9 * ideal:
+            return start - switch_step + 1
+    return None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cost-s", type=float, default=0.0003, help="emulated compute per sample at factor 1")
+    parser.add_argument("--samples", type=int, default=2048)
+    parser.add_argument("--adjust-every", type=int, default=8)
+    parser.add_argument("--out", type=Path, default=HERE / "results" / "hetero_batch.json")
+    args = parser.parse_args()
+    cost, batch = args.cost_s, 32
+    steps_per_epoch = args.samples // (2 * batch)
+    common = {"samples": args.samples}
+    started = time.time()
+
+    fast_alone = steady_median(run("single", "1", cost, **common, batch=batch), steps_per_epoch)
+    slow_alone = steady_median(run("single", "4", cost, **common, batch=batch), steps_per_epoch)
+    ideal = fast_alone + slow_alone
+    rows = []
+    results: dict[str, dict] = {}
+    for name, method, factors in [
+        ("DDP, rank 1 slowed 4x", "ddp", "1,4"),
+        ("HeteroBatch, rank 1 slowed 4x", "hetero", "1,4"),
+        ("DDP, equal ranks", "ddp", "1,1"),
+        ("HeteroBatch, equal ranks", "hetero", "1,1"),
+    ]:
+        result = run(method, factors, cost, **common, adjust_every=args.adjust_every)
+        results[name] = result
+        rows.append((name, steady_median(result, steps_per_epoch), result.get("final_split")))
+
+    switch_step = 3 * steps_per_epoch // 2 + 1
+    dynamic = run(
+        "hetero",
+        "1,4",
+        cost,
+        epochs=4,
+        **common,
+        adjust_every=args.adjust_every,
+        factors_after="4,1",
+        switch_step=switch_step,
+    )
+    recovery = recovery_steps(dynamic, switch_step, ideal)
+
+    throughput = {name: value for name, value, _ in rows}
+    hetero_ratio = throughput["HeteroBatch, rank 1 slowed 4x"] / ideal
+    ddp_ratio = throughput["DDP, rank 1 slowed 4x"] / ideal
+    equal_ratio = throughput["HeteroBatch, equal ranks"] / throughput["DDP, equal ranks"]
+    print(
+        f"\nHeteroBatchCallback benchmark ({platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
+        f"emulated cost {cost * 1e3:.2f} ms/sample at factor 1; global batch {2 * batch}; {args.samples} samples/epoch)"
+    )
+    print(f"{'configuration':<34} {'samples/s (median)':>18} {'vs ideal':>9} {'final split':>12}")
+    print(f"{'rank alone, factor 1':<34} {fast_alone:>18.0f}")
+    print(f"{'rank alone, factor 4':<34} {slow_alone:>18.0f}")
+    print(f"{'ideal (sum of the two)':<34} {ideal:>18.0f} {1.0:>9.2f}")
+    for name, value, split in rows:
+        print(f"{name:<34} {value:>18.0f} {value / ideal:>9.2f} {split or ''!s:>12}")
+    print(f"\nHeteroBatch / ideal, one rank 4x slower: {hetero_ratio:.2f} (target >= 0.90); plain DDP: {ddp_ratio:.2f}")
+    print(f"HeteroBatch / DDP, equal ranks: {equal_ratio:.3f} (target >= 0.97)")
+    periods = None if recovery is None else recovery / args.adjust_every
+    print(
+        f"after the slow rank changes at step {switch_step}: back within 10% of ideal after {recovery} steps "
+        f"({periods if periods is None else f'{periods:.2f}'} adjustment periods of {args.adjust_every} steps)"
+    )
+
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(
+        json.dumps(
+            {
+                "conditions": {
+                    "machine": platform.platform(),
+                    "cpu_count": os.cpu_count(),
+                    "python": platform.python_version(),
+                    "cost_s_per_sample": cost,
+                    "global_batch": 2 * batch,
+                    "samples_per_epoch": args.samples,
+                    "adjust_every_n_steps": args.adjust_every,
+                    "epochs": 4,
+                    "statistic": "median of per-step samples/s, first epoch skipped",
+                    "wall_s": round(time.time() - started, 1),
+                },
+                "standalone": {"factor_1": fast_alone, "factor_4": slow_alone, "ideal": ideal},
+                "throughput": throughput,
+                "final_splits": {name: split for name, _, split in rows},
+                "ratios": {
+                    "hetero_vs_ideal": hetero_ratio,
+                    "ddp_vs_ideal": ddp_ratio,
+                    "hetero_vs_ddp_equal": equal_ratio,
+                },
+                "dynamic": {
+                    "switch_step": switch_step,
+                    "recovery_steps": recovery,
+                    "recovery_periods": periods,
+                    "history": dynamic["history"],
+                },
+            },
+            indent=2,
+        )
+    )
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
