@@ -21,14 +21,15 @@ from lightning_hetero.hetero_batch.controller import BatchSizeController, step_t
 from lightning_hetero.hetero_batch.loader import build_hetero_loader, starting_batch_size
 from lightning_hetero.hetero_batch.lr_scaling import LR_SCALING_RULES, lr_scale_factor, scale_learning_rates
 from lightning_hetero.hetero_batch.sampler import HeteroBatchSampler, SplitPlan
-from lightning_hetero.measurement import ComputeTimer, ThroughputMeter
+from lightning_hetero.measurement import ComputeTimer, StepCostModel, ThroughputMeter
 
 
 class HeteroBatchCallback(Callback):
     """Resize each rank's share of every global batch in proportion to its measured compute throughput.
 
-    Each rank times its own forward and backward (excluding data loading and waiting for other ranks), smooths
-    the samples/s figure, and at each adjustment all ranks exchange their figures and apply the same new split.
+    Each rank times its own forward and backward (excluding data loading and waiting for other ranks) and fits its
+    step time as a fixed overhead plus a per-sample cost; at each adjustment all ranks exchange their fits and
+    apply the same new split, the one that makes their predicted step times equal.
     The global batch stays exactly constant, every sample is used once per epoch, every rank does the same number
     of steps, and gradients are combined as the batch-weighted mean ``Σ b_k g_k / Σ b_k``, so the optimisation is
     that of one big batch. The train loader's ``batch_size`` is the starting per-rank size.
@@ -51,8 +52,9 @@ class HeteroBatchCallback(Callback):
         min_batch_size: smallest per-rank batch (an int, or one per rank).
         max_batch_size: largest per-rank batch (an int, one per rank, or ``None``).
         memory_caps: optional per-rank largest batch that fits in memory.
-        deadband: apply a new split only when some rank's size changes by more than this fraction.
-        smoothing: EWMA weight of the newest throughput measurement.
+        deadband: apply a new split only when it is predicted to shorten the synchronous step by more than this
+            fraction (a cluster-wide decision).
+        smoothing: EWMA weight of the newest measurement (per-sample cost and observed throughput).
         warmup_steps: measurements discarded at the start of fit (and one after each change of split).
         adjust_every_n_steps: also adjust every ``n`` optimizer steps inside an epoch; by default the split changes
             only at epoch ends.
@@ -80,8 +82,8 @@ class HeteroBatchCallback(Callback):
         min_batch_size: int | Sequence[int] = 1,
         max_batch_size: int | Sequence[int] | None = None,
         memory_caps: Sequence[int | None] | None = None,
-        deadband: float = 0.1,
-        smoothing: float = 0.3,
+        deadband: float = 0.05,
+        smoothing: float = 0.5,
         warmup_steps: int = 3,
         adjust_every_n_steps: int | None = None,
         lr_scaling: str | None = None,
@@ -115,6 +117,9 @@ class HeteroBatchCallback(Callback):
         self.seed = seed
         self.verbose = verbose
         self.meter = ThroughputMeter(smoothing=smoothing, warmup_steps=warmup_steps)
+        self.cost = StepCostModel(smoothing=smoothing, warmup_steps=warmup_steps)
+        #: every rank's (overhead_s, per_sample_s) at the last exchange
+        self.costs: tuple[tuple[float, float], ...] | None = None
         self.timer = ComputeTimer()
         self.controller: BatchSizeController | None = None
         self.plan: SplitPlan | None = None
@@ -214,6 +219,9 @@ class HeteroBatchCallback(Callback):
             if restored.get("throughputs"):
                 self.throughputs = tuple(restored["throughputs"])
                 self.meter.value = self.throughputs[self._rank]
+            if restored.get("costs"):
+                self.costs = tuple(tuple(c) for c in restored["costs"])
+                self.cost.overhead_s, self.cost.per_sample_s = self.costs[self._rank]
             return split
         if self.initial_batch_sizes is not None:
             return self.initial_batch_sizes
@@ -240,6 +248,7 @@ class HeteroBatchCallback(Callback):
         elapsed = self.timer.elapsed_s()
         if elapsed is not None:
             self.meter.update(self._local_batch_size, elapsed)
+            self.cost.update(self._local_batch_size, elapsed)
         n = self.adjust_every_n_steps
         assert self.sampler is not None
         if n is not None and (batch_idx + 1) % n == 0 and batch_idx + 1 < len(self.sampler):
@@ -250,21 +259,28 @@ class HeteroBatchCallback(Callback):
 
     def _adjust(self, trainer: L.Trainer, epoch_end: bool) -> None:
         assert self.sampler is not None and self.plan is not None and self.controller is not None
-        value = math.nan if self.meter.value is None else self.meter.value
-        local = torch.tensor([value, float(self.sampler.produced_position)], dtype=torch.float64)
-        gathered = trainer.strategy.all_gather(local).reshape(-1, 2)
-        if torch.isnan(gathered[:, 0]).any():
+        observed = math.nan if self.meter.value is None else self.meter.value
+        per_sample = math.nan if self.cost.per_sample_s is None else self.cost.per_sample_s
+        local = torch.tensor(
+            [observed, self.cost.overhead_s, per_sample, float(self.sampler.produced_position)], dtype=torch.float64
+        )
+        gathered = trainer.strategy.all_gather(local).reshape(-1, 4)
+        if torch.isnan(gathered[:, :3]).any():
             return
         self.throughputs = tuple(float(x) for x in gathered[:, 0])
-        decision = self.controller.decide(self.plan.current, self.throughputs)
+        self.costs = tuple((float(a), float(c)) for a, c in gathered[:, 1:3].tolist())
+        decision = self.controller.decide(
+            self.plan.current, [1.0 / c for _, c in self.costs], overheads_s=[a for a, _ in self.costs]
+        )
         if not decision.apply:
             return
-        position = int(gathered[:, 1].max().item()) + 1
+        position = int(gathered[:, 3].max().item()) + 1
         if epoch_end:
             position = max(position, self.sampler.position(trainer.current_epoch + 1, 0))
         previous = self.plan.current
         self.plan.schedule(position, decision.sizes)
         self.meter.restart_warmup(1)
+        self.cost.restart_warmup(1)
         self.history.append(
             {"step": trainer.global_step, "epoch": trainer.current_epoch, "from": previous, "to": decision.sizes}
         )
@@ -288,9 +304,10 @@ class HeteroBatchCallback(Callback):
             throughput = f"{self.throughputs[rank]:23.1f}" if self.throughputs else f"{'n/a':>23}"
             lines.append(f"{rank:>4} {size:>10} {throughput}")
         lines.append(f"global batch {sum(sizes)}, adjustments {len(self.history)}")
-        if self.throughputs and all(x > 0 for x in self.throughputs):
-            equal = step_time_s(self.controller.equal_split(), self.throughputs)
-            speedup = equal / step_time_s(sizes, self.throughputs)
+        if self.costs:
+            rates, overheads = [1.0 / c for _, c in self.costs], [a for a, _ in self.costs]
+            equal = step_time_s(self.controller.equal_split(), rates, overheads)
+            speedup = equal / step_time_s(sizes, rates, overheads)
             lines.append(f"estimated speedup over equal batches: {speedup:.2f}x")
         return "\n".join(lines)
 
@@ -298,6 +315,7 @@ class HeteroBatchCallback(Callback):
         return {
             "split": None if self.plan is None else list(self.plan.current),
             "throughputs": None if self.throughputs is None else list(self.throughputs),
+            "costs": None if self.costs is None else [list(c) for c in self.costs],
             "lr_scale_applied": self._lr_scale_applied,
             "history": self.history,
         }

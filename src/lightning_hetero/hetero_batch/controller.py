@@ -3,10 +3,11 @@
 Pure arithmetic with no torch.distributed in it. Every rank feeds it the same all-gathered throughputs and so
 reaches the same decision.
 
-The split keeps the global batch exactly constant: real-valued targets ``x_k = clip(λ·X_k, lo_k, hi_k)`` with ``λ``
-chosen so that they sum to the global batch (bounded proportional allocation: a rank clipped at its bound hands
-its excess to the others in proportion to their throughput), then largest-remainder rounding to integers that sum
-to the global batch exactly.
+Each rank's compute per step is modelled as ``t_k(b) = a_k + b / X_k`` (a fixed overhead ``a_k`` plus samples at
+throughput ``X_k``; with ``a_k = 0`` this is OmniLearn's ``b_k ∝ X_k``). The split equalises the predicted step
+times: real-valued targets ``x_k = clip(X_k·(T - a_k), lo_k, hi_k)`` with the common step time ``T`` chosen so that
+they sum to the global batch (a rank clipped at its bound hands its excess to the others), then largest-remainder
+rounding to integers that sum to the global batch exactly.
 """
 
 from __future__ import annotations
@@ -16,11 +17,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 
-def apportion(weights: Sequence[float], total: int, lower: Sequence[int], upper: Sequence[int]) -> list[int]:
-    """Split ``total`` into integers proportional to ``weights`` within ``[lower, upper]``, summing to ``total``.
+def apportion(
+    weights: Sequence[float],
+    total: int,
+    lower: Sequence[int],
+    upper: Sequence[int],
+    offsets: Sequence[float] | None = None,
+) -> list[int]:
+    """Split ``total`` into integers ``≈ clip(w_k·(T - offset_k), lower_k, upper_k)`` that sum to ``total``.
 
-    Ranks with equal weights and equal bounds get sizes that differ by at most one, and a larger weight never gets
-    a smaller size than a smaller weight under the same bounds.
+    Without offsets the split is proportional to ``weights``. Ranks with equal weights, offsets and bounds get
+    sizes that differ by at most one, and a larger weight never gets a smaller size under the same bounds and
+    offsets.
 
     Example::
 
@@ -28,6 +36,8 @@ def apportion(weights: Sequence[float], total: int, lower: Sequence[int], upper:
         [3, 2, 5]
         >>> apportion([1.0, 9.0], total=20, lower=[1, 1], upper=[20, 12])  # rank 1 capped, excess to rank 0
         [8, 12]
+        >>> apportion([1.0, 1.0], total=20, lower=[1, 1], upper=[20, 20], offsets=[0.0, 4.0])  # rank 1 pays 4 more
+        [12, 8]
     """
     n = len(weights)
     if not n or len(lower) != n or len(upper) != n:
@@ -38,17 +48,21 @@ def apportion(weights: Sequence[float], total: int, lower: Sequence[int], upper:
         raise ValueError(f"cannot split {total} within bounds summing to [{sum(lower)}, {sum(upper)}]")
     if any(not math.isfinite(w) or w < 0 for w in weights):
         raise ValueError(f"weights must be finite and non-negative, got {list(weights)}")
-    if sum(weights) <= 0:
+    if max(weights) <= 1e-12:
         weights = [1.0] * n
     # A zero-weight rank grows only once every other rank is at its upper bound.
     floor_weight = max(weights) * 1e-9
     weights = [max(w, floor_weight) for w in weights]
 
-    def filled(scale: float) -> list[float]:
-        return [min(max(scale * w, lo), hi) for w, lo, hi in zip(weights, lower, upper, strict=True)]
+    offsets = [0.0] * n if offsets is None else [float(a) for a in offsets]
+    if len(offsets) != n or any(not math.isfinite(a) or a < 0 for a in offsets):
+        raise ValueError(f"offsets must be one finite, non-negative value per rank, got {offsets}")
 
-    # sum(filled(scale)) is non-decreasing in scale: bisect for the scale that fills exactly `total`.
-    low, high = 0.0, 1.0
+    def filled(level: float) -> list[float]:
+        return [min(max(w * (level - a), lo), hi) for w, a, lo, hi in zip(weights, offsets, lower, upper, strict=True)]
+
+    # sum(filled(level)) is non-decreasing in level: bisect for the level that fills exactly `total`.
+    low, high = 0.0, max(offsets) + 1.0
     while sum(filled(high)) < total:
         high *= 2.0
     for _ in range(200):
@@ -59,47 +73,55 @@ def apportion(weights: Sequence[float], total: int, lower: Sequence[int], upper:
             high = mid
     targets = filled(high)
 
+    # Round down, then hand out the remaining samples one at a time to the rank whose predicted step time after
+    # taking it is smallest (greedy is optimal for this min-max problem: every rank's time grows with its batch).
     sizes = [min(max(math.floor(x), lo), hi) for x, lo, hi in zip(targets, lower, upper, strict=True)]
-    remainders = [x - s for x, s in zip(targets, sizes, strict=True)]
-    by_remainder = sorted(range(n), key=lambda k: (-remainders[k], k))
+
+    def time_with(k: int, size: int) -> float:
+        return offsets[k] + size / weights[k]
+
     deficit = total - sum(sizes)
     while deficit > 0:
-        k = next(k for k in by_remainder if sizes[k] < upper[k])
+        k = min((k for k in range(n) if sizes[k] < upper[k]), key=lambda k: (time_with(k, sizes[k] + 1), k))
         sizes[k] += 1
-        remainders[k] -= 1.0
-        by_remainder = sorted(range(n), key=lambda k: (-remainders[k], k))
         deficit -= 1
     while deficit < 0:
-        k = next(k for k in reversed(by_remainder) if sizes[k] > lower[k])
+        k = max((k for k in range(n) if sizes[k] > lower[k]), key=lambda k: (time_with(k, sizes[k]), -k))
         sizes[k] -= 1
-        remainders[k] += 1.0
-        by_remainder = sorted(range(n), key=lambda k: (-remainders[k], k))
         deficit += 1
     return sizes
 
 
-def step_time_s(sizes: Sequence[int], throughputs: Sequence[float]) -> float:
-    """A synchronous step lasts as long as its slowest rank: ``max_k b_k / X_k``.
+def step_time_s(
+    sizes: Sequence[int], throughputs: Sequence[float], overheads_s: Sequence[float] | None = None
+) -> float:
+    """A synchronous step lasts as long as its slowest rank: ``max_k a_k + b_k / X_k``.
 
     Example::
 
         >>> step_time_s([16, 16], [100.0, 25.0])
         0.64
+        >>> step_time_s([16, 16], [100.0, 25.0], overheads_s=[0.5, 0.0])
+        0.66
     """
-    return max(b / x for b, x in zip(sizes, throughputs, strict=True))
+    overheads_s = overheads_s or [0.0] * len(sizes)
+    return max(a + b / x for b, x, a in zip(sizes, throughputs, overheads_s, strict=True))
 
 
 @dataclass(frozen=True)
 class Decision:
-    """The controller's answer: the proposed split, and whether it differs enough from the current one to apply."""
+    """The controller's answer: the proposed split, its predicted gain, and whether it is worth applying.
+
+    ``predicted_gain`` is the fraction by which the synchronous step is predicted to shorten (``0.25``: a quarter).
+    """
 
     sizes: tuple[int, ...]
-    relative_change: float
+    predicted_gain: float
     apply: bool
 
 
 class BatchSizeController:
-    """Proportional per-rank batch sizes with bounds, a constant global batch and a cluster-wide deadband.
+    """Per-rank batch sizes that equalise step times, with bounds, a constant global batch and a deadband.
 
     Args:
         global_batch_size: the sum of all ranks' batch sizes, kept exactly constant.
@@ -107,15 +129,16 @@ class BatchSizeController:
         min_batch_size: smallest batch a rank may get (an int for all ranks, or one per rank).
         max_batch_size: largest batch a rank may get (an int, one per rank, or ``None`` for no bound).
         memory_caps: optional per-rank largest batch that fits in memory; combined with ``max_batch_size``.
-        deadband: a new split is applied only when some rank's size changes by more than this fraction of its
-            current size, so sizes do not flap on measurement noise.
+        deadband: a new split is applied only when it is predicted to shorten the synchronous step by more than
+            this fraction, so sizes do not flap on measurement noise. The decision is cluster-wide: every rank
+            computes it from the same all-gathered measurements.
 
     Example::
 
-        >>> controller = BatchSizeController(global_batch_size=64, world_size=2, min_batch_size=4, deadband=0.1)
+        >>> controller = BatchSizeController(global_batch_size=64, world_size=2, min_batch_size=4, deadband=0.05)
         >>> controller.decide(current=[32, 32], throughputs=[300.0, 100.0])
-        Decision(sizes=(48, 16), relative_change=0.5, apply=True)
-        >>> controller.decide(current=[48, 16], throughputs=[310.0, 100.0]).apply
+        Decision(sizes=(48, 16), predicted_gain=0.5, apply=True)
+        >>> controller.decide(current=[48, 16], throughputs=[315.0, 100.0]).apply  # proposes (49, 15): 3% gain
         False
     """
 
@@ -164,17 +187,23 @@ class BatchSizeController:
         """The split a plain DDP job would use (equal shares, within the bounds)."""
         return tuple(apportion([1.0] * self.world_size, self.global_batch_size, self.lower, self.upper))
 
-    def propose(self, throughputs: Sequence[float]) -> tuple[int, ...]:
-        """The split proportional to ``throughputs`` (samples/s per rank), ignoring the deadband."""
+    def propose(self, throughputs: Sequence[float], overheads_s: Sequence[float] | None = None) -> tuple[int, ...]:
+        """The split that equalises predicted step times, ignoring the deadband.
+
+        ``throughputs`` are per-sample rates (samples/s per rank); ``overheads_s`` the fixed per-step costs.
+        """
         if len(throughputs) != self.world_size:
             raise ValueError(f"expected {self.world_size} throughputs, got {len(throughputs)}")
-        return tuple(apportion(throughputs, self.global_batch_size, self.lower, self.upper))
+        return tuple(apportion(throughputs, self.global_batch_size, self.lower, self.upper, offsets=overheads_s))
 
-    def decide(self, current: Sequence[int], throughputs: Sequence[float]) -> Decision:
-        """Propose a split and say whether it clears the deadband relative to ``current``."""
-        proposed = self.propose(throughputs)
-        change = max(abs(new - old) / old for new, old in zip(proposed, current, strict=True))
-        return Decision(sizes=proposed, relative_change=change, apply=change > self.deadband)
+    def decide(
+        self, current: Sequence[int], throughputs: Sequence[float], overheads_s: Sequence[float] | None = None
+    ) -> Decision:
+        """Propose a split and say whether its predicted gain over ``current`` clears the deadband."""
+        proposed = self.propose(throughputs, overheads_s)
+        now = step_time_s(current, throughputs, overheads_s)
+        gain = (now - step_time_s(proposed, throughputs, overheads_s)) / now
+        return Decision(sizes=proposed, predicted_gain=gain, apply=proposed != tuple(current) and gain > self.deadband)
 
 
 def _per_rank(name: str, value: int | Sequence[int] | None, world_size: int, default: int) -> list[int]:

@@ -1,0 +1,37 @@
+"""The files under docker/ agree with the emulator's defaults (they are not built here: no registry is reachable)."""
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lightning_hetero.emulation.config import DEFAULT_CONTAINERS, load_config
+from lightning_hetero.emulation.progress import PROGRESS_DIR_ENV
+
+DOCKER = Path(__file__).parents[2] / "docker"
+
+
+@pytest.mark.parametrize("variant", ["bsp", "asp"])
+def test_compose_layout_matches_the_default_containers(variant):
+    compose = yaml.safe_load((DOCKER / f"compose.{variant}.yaml").read_text())
+    services = compose["services"]
+    assert tuple(services) == DEFAULT_CONTAINERS[variant]
+    for rank, (name, service) in enumerate(services.items()):
+        assert service["container_name"] == name
+        assert service["environment"]["NODE_RANK"] == str(rank)
+        assert service["environment"]["NUM_NODES"] == str(len(services))
+        assert service["environment"][PROGRESS_DIR_ENV] == "/progress"
+        assert any(volume.endswith(":/progress") for volume in service["volumes"])
+
+
+def test_dockerfile_copies_only_what_exists():
+    sources = re.findall(r"^COPY (.+) \S+$", (DOCKER / "Dockerfile").read_text(), flags=re.MULTILINE)
+    paths = [path for line in sources for path in line.split()]
+    assert paths and all((DOCKER.parent / path).exists() for path in paths)
+
+
+def test_example_config_is_valid():
+    config = load_config(DOCKER / "emulate.example.yaml")
+    assert config.schedule.level_at(15) == "HL8"
+    assert "one_straggler" in config.levels

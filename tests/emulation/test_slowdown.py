@@ -1,0 +1,114 @@
+import statistics
+
+import lightning as L
+import pytest
+import torch
+
+from lightning_hetero.emulation.slowdown import SlowdownEmulator, SlowdownSchedule, stretch_s
+from lightning_hetero.measurement import ComputeTimer
+from lightning_hetero.synthetic import MLPClassifier, SyntheticClassificationDataModule
+from tests.conftest import read_json
+
+
+class WindowRecorder(L.Callback):
+    """Single-process stand-in for HeteroBatchCallback's window (batch start to the end of backward).
+
+    Beside each step's window it records how long the emulator slept in it, so that ``window - slept`` is the step's
+    real compute, measured in the same step: a change in machine load between steps cancels out.
+    """
+
+    def __init__(self, emulator: SlowdownEmulator) -> None:
+        self.emulator = emulator
+        self.timer = ComputeTimer()
+        self.steps: list[tuple[float, float]] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.timer.start()
+
+    def on_after_backward(self, trainer, pl_module):
+        self.timer.mark_compute_end()
+        self.steps.append((self.timer.elapsed_s(), self.emulator.batch_stretch_s))
+
+
+def _fit(callbacks, num_batches=4, batch_size=512):
+    torch.manual_seed(0)
+    trainer = L.Trainer(
+        max_epochs=1,
+        callbacks=callbacks,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    dm = SyntheticClassificationDataModule(
+        num_samples=num_batches * batch_size, batch_size=batch_size, num_features=128
+    )
+    trainer.fit(MLPClassifier(num_features=128, hidden=2048), datamodule=dm)
+    return trainer
+
+
+@pytest.mark.parametrize("factor", [2.0, 3.5])
+def test_measured_slowdown_matches_factor(factor):
+    torch.set_num_threads(1)
+    emulator = SlowdownEmulator(factors={0: factor})
+    recorder = WindowRecorder(emulator)
+    _fit([recorder, emulator], num_batches=24)
+    achieved = [window / (window - slept) for window, slept in recorder.steps[4:]]
+    assert statistics.median(achieved) == pytest.approx(factor, rel=0.10), achieved
+
+
+def test_unslowed_rank_does_not_sleep():
+    emulator = SlowdownEmulator(schedule={0: {0: 1.0}, 2: {0: 2.0}}, unit="step")
+    recorder = WindowRecorder(emulator)
+    _fit([recorder, emulator], num_batches=4)
+    assert [slept > 0 for _, slept in recorder.steps] == [False, False, True, True]
+
+
+def test_schedule_by_epoch_and_default_factor():
+    schedule = SlowdownSchedule(schedule={2: {0: 3.0}, 5: {1: 2.0}})
+    assert [schedule.factor(0, epoch, step=0) for epoch in (0, 1, 2, 4, 5)] == [1.0, 1.0, 3.0, 3.0, 1.0]
+    assert schedule.factor(1, epoch=7, step=0) == 2.0
+    assert schedule.ranks == {0, 1}
+
+
+def test_static_factors_ignore_position():
+    schedule = SlowdownSchedule(factors={1: 1.5})
+    assert schedule.factor(1, epoch=100, step=10_000) == 1.5
+
+
+def test_stretch_is_proportional_to_compute():
+    assert stretch_s(2.0, forward_s=0.01, backward_s=0.03) == pytest.approx(0.04)
+    assert stretch_s(1.0, forward_s=0.01, backward_s=0.03) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({}, "exactly one of"),
+        ({"factors": {0: 2.0}, "schedule": {0: {0: 2.0}}}, "exactly one of"),
+        ({"factors": {0: 0.5}}, r"factors\[0\]: a slowdown factor must be"),
+        ({"factors": {-1: 2.0}}, "ranks must be integers"),
+        ({"schedule": {3: {1: float("inf")}}}, r"schedule\[3\]\[1\]"),
+        ({"schedule": {-2: {1: 2.0}}}, "starts must be integers"),
+        ({"factors": {0: 2.0}, "unit": "batch"}, "unit must be one of"),
+        ({"factors": {0: 2.0}, "backward_window": 0}, "backward_window"),
+    ],
+)
+def test_bad_configuration_fails_at_init(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SlowdownEmulator(**kwargs)
+
+
+def test_rank_beyond_world_size_fails_at_setup():
+    with pytest.raises(ValueError, match=r"ranks \[3\] named, but the world size is 1"):
+        _fit([SlowdownEmulator(factors={3: 2.0})], num_batches=1)
+
+
+@pytest.mark.multiprocess
+def test_ddp_slowdown_falls_inside_the_comm_hook_window(run_script, tmp_path):
+    run_script("slowdown_ddp.py", str(tmp_path), "2.0")
+    fast, slow = (read_json(tmp_path / f"rank{rank}.json")["steps"] for rank in range(2))
+    assert all(slept == 0.0 for _, slept in fast)
+    assert all(window > slept > 0 for window, slept in slow)
+    achieved = [window / (window - slept) for window, slept in slow[4:]]
+    assert statistics.median(achieved) == pytest.approx(2.0, rel=0.10), achieved

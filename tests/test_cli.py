@@ -1,0 +1,70 @@
+import subprocess
+import sys
+
+import pytest
+
+from lightning_hetero.cli import main
+
+
+def test_static_dry_run_prints_the_plan(capsys):
+    assert main(["emulate", "--dry-run", "level=HL4", "host_cpus=2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "dry run: 2 host CPUs (from the config); nothing is changed"
+    assert out[1] == "HL4 (static):"
+    assert out[4] == "  worker3: cpuset_cpus=0-1 cpu_quota=25000 cpu_period=100000"
+
+
+def test_dynamic_dry_run_lists_every_transition(capsys, tmp_path):
+    config = tmp_path / "emulate.yaml"
+    config.write_text("variant: asp\nschedule: omnilearn-resnet18\nhost_cpus: 48\n")
+    assert main(["emulate", "--dry-run", "-c", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert out.count(":\n  aspworker1:") == 7
+    assert "epoch 15: HL8:\n  aspworker1: cpuset_cpus=0-7 cpu_quota=-1" in out
+    assert "  aspworker5: cpuset_cpus=20-47 cpu_quota=-1 cpu_period=100000" in out
+
+
+def test_cluster_dry_runs(capsys):
+    assert main(["cluster", "up", "--dry-run", "level=HL1", "host_cpus=4"]) == 0
+    out = capsys.readouterr().out
+    assert "would create network lightning-hetero and, from image lightning-hetero-worker:latest:" in out
+    assert "  worker4: cpuset_cpus=0-3 cpu_quota=100000 cpu_period=100000 (NODE_RANK=3," in out
+    assert main(["cluster", "down", "--dry-run"]) == 0
+    assert "would remove containers worker1, worker2, worker3, worker4" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["emulate", "--dry-run"], "level: emulate needs level=<name>"),
+        (["emulate", "--dry-run", "level=HL3"], "level: unknown level 'HL3'"),
+        (["emulate", "--dry-run", "level=HL2", "lvl=3"], "lvl: unknown key"),
+        (["emulate", "--dry-run", "levels.x=['0','1','2','7']", "level=x", "host_cpus=4"], "beyond the host's 4"),
+    ],
+)
+def test_configuration_errors_exit_2_naming_the_key(argv, message, capsys):
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_unreachable_daemon_is_a_clear_error(monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-docker.sock")
+    assert main(["emulate", "level=HL1"]) == 1
+    assert f"cannot reach the Docker daemon at unix://{tmp_path}/no-docker.sock" in capsys.readouterr().err
+
+
+def test_dry_run_never_imports_the_docker_sdk():
+    code = (
+        "import sys; from lightning_hetero.cli import main; "
+        "main(['emulate', '--dry-run', 'level=HL2']); print('docker' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines()[-1] == "False"
+
+
+def test_help_lists_the_commands(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert "emulate" in out and "cluster" in out
