@@ -66,6 +66,7 @@ def main() -> None:
     parser.add_argument("--cost-s", type=float, default=0.0003, help="emulated compute per sample at factor 1")
     parser.add_argument("--samples", type=int, default=2048)
     parser.add_argument("--adjust-every", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats; medians are reported")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "hetero_batch.json")
     args = parser.parse_args()
     cost, batch = args.cost_s, 32
@@ -73,22 +74,29 @@ def main() -> None:
     common = {"samples": args.samples}
     started = time.time()
 
-    fast_alone = steady_median(run("single", "1", cost, **common, batch=batch), steps_per_epoch)
-    slow_alone = steady_median(run("single", "4", cost, **common, batch=batch), steps_per_epoch)
-    ideal = fast_alone + slow_alone
-    rows = []
-    results: dict[str, dict] = {}
-    for name, method, factors in [
+    configs = [
         ("DDP, rank 1 slowed 4x", "ddp", "1,4"),
         ("HeteroBatch, rank 1 slowed 4x", "hetero", "1,4"),
         ("DDP, equal ranks", "ddp", "1,1"),
         ("HeteroBatch, equal ranks", "hetero", "1,1"),
-    ]:
-        result = run(method, factors, cost, **common, adjust_every=args.adjust_every)
-        results[name] = result
-        rows.append((name, steady_median(result, steps_per_epoch), result.get("final_split")))
+    ]
+    samples: dict[str, list[float]] = {"alone 1": [], "alone 4": [], **{name: [] for name, _, _ in configs}}
+    splits: dict[str, list[int] | None] = {}
+    # Repeats interleave the configurations, so a change in background load hits all of them alike.
+    for _ in range(args.repeats):
+        samples["alone 1"].append(steady_median(run("single", "1", cost, **common, batch=batch), steps_per_epoch))
+        samples["alone 4"].append(steady_median(run("single", "4", cost, **common, batch=batch), steps_per_epoch))
+        for name, method, factors in configs:
+            result = run(method, factors, cost, **common, adjust_every=args.adjust_every)
+            samples[name].append(steady_median(result, steps_per_epoch))
+            splits[name] = result.get("final_split")
+    fast_alone = statistics.median(samples["alone 1"])
+    slow_alone = statistics.median(samples["alone 4"])
+    ideal = fast_alone + slow_alone
+    rows = [(name, statistics.median(samples[name]), splits[name]) for name, _, _ in configs]
 
-    switch_step = 3 * steps_per_epoch // 2 + 1
+    # The slow rank changes two steps after an adjustment, the least favourable moment.
+    switch_step = 3 * steps_per_epoch // 2 + 2
     dynamic = run(
         "hetero",
         "1,4",
@@ -100,6 +108,10 @@ def main() -> None:
         switch_step=switch_step,
     )
     recovery = recovery_steps(dynamic, switch_step, ideal)
+    adjustments_needed = None
+    if recovery is not None:
+        recovered_at = switch_step + recovery
+        adjustments_needed = sum(1 for change in dynamic["history"] if switch_step <= change["step"] < recovered_at)
 
     throughput = {name: value for name, value, _ in rows}
     hetero_ratio = throughput["HeteroBatch, rank 1 slowed 4x"] / ideal
@@ -120,7 +132,8 @@ def main() -> None:
     periods = None if recovery is None else recovery / args.adjust_every
     print(
         f"after the slow rank changes at step {switch_step}: back within 10% of ideal after {recovery} steps "
-        f"({periods if periods is None else f'{periods:.2f}'} adjustment periods of {args.adjust_every} steps)"
+        f"({periods if periods is None else f'{periods:.2f}'} periods of {args.adjust_every} steps; "
+        f"{adjustments_needed} adjustment(s) after the change)"
     )
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -141,6 +154,7 @@ def main() -> None:
                 },
                 "standalone": {"factor_1": fast_alone, "factor_4": slow_alone, "ideal": ideal},
                 "throughput": throughput,
+                "per_repeat": samples,
                 "final_splits": {name: split for name, _, split in rows},
                 "ratios": {
                     "hetero_vs_ideal": hetero_ratio,
@@ -151,6 +165,7 @@ def main() -> None:
                     "switch_step": switch_step,
                     "recovery_steps": recovery,
                     "recovery_periods": periods,
+                    "adjustments_until_recovered": adjustments_needed,
                     "history": dynamic["history"],
                 },
             },

@@ -168,12 +168,12 @@ class HeteroBatchCallback(Callback):
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         strategy = trainer.strategy
-        if isinstance(strategy.model, DistributedDataParallel):
+        if hasattr(strategy, "attach_hetero_batches"):
+            strategy.attach_hetero_batches(self.timer, lambda: self._share)
+            self._gradients_hooked = True
+        elif isinstance(strategy.model, DistributedDataParallel):
             state = BatchWeightState(share=lambda: self._share, timer=self.timer)
             register_batch_weighted_hook(strategy.model, state)
-            self._gradients_hooked = True
-        elif hasattr(strategy, "attach_hetero_batches"):
-            strategy.attach_hetero_batches(self.timer, lambda: self._share)
             self._gradients_hooked = True
 
     def _rebuild_loader(self, dataloader: Any) -> torch.utils.data.DataLoader:
@@ -282,7 +282,13 @@ class HeteroBatchCallback(Callback):
         self.meter.restart_warmup(1)
         self.cost.restart_warmup(1)
         self.history.append(
-            {"step": trainer.global_step, "epoch": trainer.current_epoch, "from": previous, "to": decision.sizes}
+            {
+                "step": trainer.global_step,
+                "epoch": trainer.current_epoch,
+                "from": previous,
+                "to": decision.sizes,
+                "costs": self.costs,
+            }
         )
         metrics = {f"hetero/batch_size_rank{k}": float(b) for k, b in enumerate(decision.sizes)}
         metrics |= {f"hetero/throughput_rank{k}": x for k, x in enumerate(self.throughputs)}
