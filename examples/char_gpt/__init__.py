@@ -1,0 +1,1 @@
+"""A small GPT-style character language model trained on generated text."""

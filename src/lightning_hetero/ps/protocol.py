@@ -1,0 +1,221 @@
+"""The parameter server's wire protocol: one flat float32 message per push and per pull, over torch.distributed.
+
+A message is ``[header (4 slots) | payload (the flat parameters or gradients)]``. Integer header fields are stored
+bit-exactly through an int32 view of the float32 buffer, so versions never lose precision. Pushes travel with tag
+:data:`TAG_PUSH` from a worker to the server's rank, replies with :data:`TAG_REPLY` back; both use a gloo process
+group dedicated to the server (CPU tensors; GPU workers stage through a CPU buffer). One function per pattern.
+
+Example::
+
+    >>> msg = new_message(3)
+    >>> write_push_header(msg, flags=FLAG_LAST, base_version=41, share=0.25)
+    >>> read_push_header(msg)
+    PushHeader(flags=1, base_version=41, share=0.25)
+    >>> payload(msg).numel()
+    3
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import NamedTuple
+
+import torch
+import torch.distributed as dist
+
+HEADER_SLOTS = 4
+TAG_PUSH = 71
+TAG_REPLY = 72
+
+#: push flags
+FLAG_LAST = 1  # the worker's last update of the epoch: it stops holding others back
+FLAG_PULL_ONLY = 2  # no gradient: just send the latest parameters
+FLAG_DONE = 4  # the worker leaves; the server's thread for it ends
+FLAG_JOIN = 8  # with FLAG_PULL_ONLY: the worker starts an epoch and counts for the staleness bound from now on
+
+#: reply statuses
+STATUS_OK = 0
+STATUS_STOPPED = 1  # the update budget (``max_steps``) is spent; the gradient was not applied
+STATUS_ABORTED = 2  # another rank was lost; the header names it
+
+
+class PushHeader(NamedTuple):
+    flags: int
+    base_version: int
+    share: float
+
+
+class ReplyHeader(NamedTuple):
+    status: int
+    version: int
+    staleness: int
+    lost_rank: int
+
+
+class PeerLostError(RuntimeError):
+    """A rank stopped answering or its connection broke.
+
+    Args:
+        rank: the lost global rank.
+        role: ``"worker"`` or ``"parameter server"``.
+        cause: what was observed.
+    """
+
+    def __init__(self, rank: int, role: str, cause: str) -> None:
+        super().__init__(f"AsyncPSStrategy lost the {role} on rank {rank}: {cause}")
+        self.rank = rank
+        self.role = role
+        self.cause = cause
+
+
+def new_message(numel: int, pin_memory: bool = False) -> torch.Tensor:
+    """A zeroed CPU message with room for the header and ``numel`` payload elements.
+
+    Args:
+        numel: payload length (the flat parameter count).
+        pin_memory: allocate page-locked memory (faster GPU staging).
+    """
+    return torch.zeros(HEADER_SLOTS + numel, dtype=torch.float32, pin_memory=pin_memory)
+
+
+def payload(msg: torch.Tensor) -> torch.Tensor:
+    return msg[HEADER_SLOTS:]
+
+
+def write_push_header(msg: torch.Tensor, flags: int, base_version: int, share: float) -> None:
+    """Fill a push's header.
+
+    Args:
+        msg: the message.
+        flags: OR of ``FLAG_*``.
+        base_version: the server version the gradient was computed on.
+        share: this worker's share of the global batch (``b_k / sum(b)``).
+    """
+    ints = msg[:HEADER_SLOTS].view(torch.int32)
+    ints[0], ints[1] = flags, base_version
+    msg[2] = share
+
+
+def read_push_header(msg: torch.Tensor) -> PushHeader:
+    ints = msg[:HEADER_SLOTS].view(torch.int32).tolist()
+    return PushHeader(flags=ints[0], base_version=ints[1], share=float(msg[2]))
+
+
+def write_reply_header(msg: torch.Tensor, status: int, version: int, staleness: int, lost_rank: int = -1) -> None:
+    """Fill a reply's header.
+
+    Args:
+        msg: the message.
+        status: one of ``STATUS_*``.
+        version: the server version the payload's parameters have.
+        staleness: the staleness the pushed update was applied with.
+        lost_rank: the lost rank when ``status`` is ``STATUS_ABORTED``.
+    """
+    msg[:HEADER_SLOTS].view(torch.int32)[:] = torch.tensor([status, version, staleness, lost_rank], dtype=torch.int32)
+
+
+def read_reply_header(msg: torch.Tensor) -> ReplyHeader:
+    return ReplyHeader(*msg[:HEADER_SLOTS].view(torch.int32).tolist())
+
+
+def push_and_pull(
+    push_msg: torch.Tensor, reply_msg: torch.Tensor, server_rank: int, group: dist.ProcessGroup, timeout: timedelta
+) -> ReplyHeader:
+    """Worker side: send one push and wait (at most ``timeout`` each) for the server's reply.
+
+    Args:
+        push_msg: the filled push message.
+        reply_msg: receives the reply (header and parameters).
+        server_rank: the server's global rank.
+        group: the server's process group.
+        timeout: how long to wait before declaring the server lost.
+
+    Raises:
+        PeerLostError: the server's connection broke or it did not answer in time.
+    """
+    try:
+        send = dist.isend(push_msg, dst=server_rank, group=group, tag=TAG_PUSH)
+        recv = dist.irecv(reply_msg, src=server_rank, group=group, tag=TAG_REPLY)
+        send.wait(timeout)
+        recv.wait(timeout)
+    except RuntimeError as err:
+        raise PeerLostError(server_rank, "parameter server", str(err).splitlines()[0]) from err
+    return read_reply_header(reply_msg)
+
+
+def send_done(push_msg: torch.Tensor, server_rank: int, group: dist.ProcessGroup, timeout: timedelta) -> None:
+    """Worker side: tell the server this worker leaves (no reply).
+
+    Args:
+        push_msg: a push-sized message (its payload is ignored).
+        server_rank: the server's global rank.
+        group: the server's process group.
+        timeout: how long the send may take.
+    """
+    write_push_header(push_msg, FLAG_DONE, 0, 0.0)
+    try:
+        dist.isend(push_msg, dst=server_rank, group=group, tag=TAG_PUSH).wait(timeout)
+    except RuntimeError as err:
+        raise PeerLostError(server_rank, "parameter server", str(err).splitlines()[0]) from err
+
+
+def receive_push(msg: torch.Tensor, worker_rank: int, group: dist.ProcessGroup) -> PushHeader:
+    """Server side: block until ``worker_rank``'s next push lands in ``msg``.
+
+    Args:
+        msg: a push-sized message for this worker.
+        worker_rank: the worker's global rank.
+        group: the server's process group.
+
+    Raises:
+        PeerLostError: the worker's connection broke.
+    """
+    try:
+        dist.recv(msg, src=worker_rank, group=group, tag=TAG_PUSH)
+    except RuntimeError as err:
+        raise PeerLostError(worker_rank, "worker", str(err).splitlines()[0]) from err
+    return read_push_header(msg)
+
+
+def send_reply(msg: torch.Tensor, worker_rank: int, group: dist.ProcessGroup, timeout: timedelta) -> None:
+    """Server side: send a filled reply to ``worker_rank``.
+
+    Args:
+        msg: the reply message.
+        worker_rank: the worker's global rank.
+        group: the server's process group.
+        timeout: how long the send may take.
+
+    Raises:
+        PeerLostError: the worker's connection broke.
+    """
+    try:
+        dist.isend(msg, dst=worker_rank, group=group, tag=TAG_REPLY).wait(timeout)
+    except RuntimeError as err:
+        raise PeerLostError(worker_rank, "worker", str(err).splitlines()[0]) from err
+
+
+def all_reduce_weighted(flat: torch.Tensor, weight: float, group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """Synchronous mode: ``flat <- sum over ranks of weight_k * flat_k`` (a batch-weighted mean when the weights are
+    the ranks' batch shares), in place, in one all-reduce on ``flat``'s device.
+
+    Args:
+        flat: this rank's flat gradient.
+        weight: this rank's weight (its batch share).
+        group: process group; the default group when ``None``.
+    """
+    flat.mul_(weight)
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+    return flat
+
+
+def broadcast_flat(flat: torch.Tensor, src: int, group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """Overwrite ``flat`` on every rank with rank ``src``'s, in one broadcast.
+
+    Args:
+        flat: the flat parameters (or buffers).
+        src: the source global rank.
+        group: process group; the default group when ``None``.
+    """
+    dist.broadcast(flat, src=src, group=group)
+    return flat

@@ -1,0 +1,137 @@
+"""Epoch coverage across workers of different speeds: a sampler whose chunks of indices are claimed on demand.
+
+In asynchronous mode each worker claims its next chunk (one batch worth of indices) from a shared atomic counter
+when it needs one (its first chunk of an epoch is reserved, so nobody ends an epoch empty-handed), so a fast worker takes more batches, a slow one fewer, and the epoch still visits every sample
+exactly once; the epoch ends for everybody when the counter passes the end of the data. In synchronous mode the
+chunks are dealt round-robin (padded by wrapping, like ``DistributedSampler``) so every rank makes the same number
+of steps, which the all-reduce requires.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import torch
+from torch.utils.data import Sampler
+
+#: ``claim(epoch, count) -> start``: atomically reserve ``count`` positions of the epoch's order; return the first.
+ClaimFn = Callable[[int, int], int]
+
+
+def epoch_order(num_samples: int, epoch: int, shuffle: bool, seed: int) -> list[int]:
+    """The epoch's visiting order, identical on every worker.
+
+    Args:
+        num_samples: dataset length.
+        epoch: the epoch number (shuffles differently each epoch).
+        shuffle: permute, or keep ``0..num_samples-1``.
+        seed: base seed shared by all workers.
+
+    Example::
+
+        >>> epoch_order(4, epoch=0, shuffle=False, seed=0)
+        [0, 1, 2, 3]
+        >>> sorted(epoch_order(4, epoch=3, shuffle=True, seed=0))
+        [0, 1, 2, 3]
+    """
+    if not shuffle:
+        return list(range(num_samples))
+    generator = torch.Generator().manual_seed(seed + epoch)
+    return torch.randperm(num_samples, generator=generator).tolist()
+
+
+def round_robin_chunks(num_samples: int, chunk_size: int, rank: int, world_size: int) -> list[tuple[int, int]]:
+    """``(start, stop)`` positions of the chunks rank ``rank`` gets in synchronous mode; equal counts on all ranks.
+
+    Args:
+        num_samples: dataset length.
+        chunk_size: positions per chunk (the local batch size).
+        rank: this worker's rank.
+        world_size: number of workers.
+
+    Example::
+
+        >>> round_robin_chunks(10, 3, rank=0, world_size=2), round_robin_chunks(10, 3, rank=1, world_size=2)
+        ([(0, 3), (6, 9)], [(3, 6), (9, 10)])
+        >>> round_robin_chunks(7, 3, rank=1, world_size=2)  # padded by wrapping around
+        [(3, 6), (0, 3)]
+    """
+    num_chunks = -(-num_samples // chunk_size)
+    per_rank = -(-num_chunks // world_size)
+    chunks = []
+    for i in range(per_rank):
+        index = (rank + i * world_size) % num_chunks
+        chunks.append((index * chunk_size, min(num_samples, (index + 1) * chunk_size)))
+    return chunks
+
+
+class ClaimSampler(Sampler[int]):
+    """Yields dataset indices chunk by chunk: claimed on demand (asynchronous mode) or dealt round-robin (synchronous).
+
+    It has no ``__len__`` on purpose: in asynchronous mode a worker's share of the epoch is only known at its end.
+
+    Args:
+        num_samples: dataset length.
+        chunk_size: indices per claim; set it to the loader's batch size (the same on every rank) so batches never
+            straddle claims.
+        claim: the shared atomic counter, see :data:`ClaimFn`.
+        epoch: returns the current epoch number when an iteration starts.
+        asynchronous: returns whether the strategy trains asynchronously when an iteration starts.
+        rank: this worker's rank (synchronous mode).
+        world_size: number of workers (synchronous mode).
+        shuffle: visit the data in a new random order each epoch.
+        seed: base seed, identical on all workers.
+
+    Example::
+
+        >>> counter = {}
+        >>> def claim(epoch, count):
+        ...     start = counter.get(epoch, 0)
+        ...     counter[epoch] = start + count
+        ...     return start
+        >>> fast = ClaimSampler(5, 2, claim, epoch=lambda: 0, asynchronous=lambda: True, rank=0, world_size=2)
+        >>> slow = ClaimSampler(5, 2, claim, epoch=lambda: 0, asynchronous=lambda: True, rank=1, world_size=2)
+        >>> fast_iter, slow_iter = iter(fast), iter(slow)
+        >>> [next(fast_iter), next(fast_iter), next(slow_iter)]  # first chunks are reserved: 0-1 and 2-3
+        [0, 1, 2]
+        >>> list(fast_iter), list(slow_iter)  # the fast worker claims the rest; every index once
+        ([4], [3])
+    """
+
+    def __init__(
+        self,
+        num_samples: int,
+        chunk_size: int,
+        claim: ClaimFn,
+        epoch: Callable[[], int],
+        asynchronous: Callable[[], bool],
+        rank: int,
+        world_size: int,
+        shuffle: bool = False,
+        seed: int = 0,
+    ) -> None:
+        if chunk_size <= 0:
+            raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+        self.num_samples = num_samples
+        self.chunk_size = chunk_size
+        self.claim = claim
+        self.epoch = epoch
+        self.asynchronous = asynchronous
+        self.rank = rank
+        self.world_size = world_size
+        self.shuffle = shuffle
+        self.seed = seed
+
+    def __iter__(self) -> Iterator[int]:
+        epoch = self.epoch()
+        order = epoch_order(self.num_samples, epoch, self.shuffle, self.seed)
+        if not self.asynchronous():
+            for start, stop in round_robin_chunks(self.num_samples, self.chunk_size, self.rank, self.world_size):
+                yield from order[start:stop]
+            return
+        # Each rank's first chunk is reserved (chunk number ``rank``), so every rank trains at least one batch per
+        # epoch and epoch-level collectives (``self.log(..., on_epoch=True, sync_dist=True)``) stay matched.
+        start = self.rank * self.chunk_size
+        while start < self.num_samples:
+            yield from order[start : start + self.chunk_size]
+            start = self.world_size * self.chunk_size + self.claim(epoch, self.chunk_size)

@@ -1,0 +1,292 @@
+"""The parameter server: the authoritative flat parameters, the user's optimizer applied to pushed gradients, and
+one receiving thread per remote worker.
+
+:class:`ParameterServer` is thread-safe state (usable without any process group: the worker that shares its process
+calls :meth:`ParameterServer.apply` directly). :class:`ServerLoop` feeds it from the network.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.optim import Optimizer
+
+from lightning_hetero.ps.layout import FlatLayout
+from lightning_hetero.ps.protocol import (
+    FLAG_DONE,
+    FLAG_JOIN,
+    FLAG_LAST,
+    FLAG_PULL_ONLY,
+    STATUS_ABORTED,
+    STATUS_OK,
+    STATUS_STOPPED,
+    PeerLostError,
+    PushHeader,
+    ReplyHeader,
+    new_message,
+    payload,
+    receive_push,
+    send_reply,
+    write_reply_header,
+)
+from lightning_hetero.ps.staleness import StalenessGate, StalenessTracker, staleness_lr_factor
+
+
+def clone_optimizer(template: Optimizer, params: Sequence[torch.Tensor], index_of: dict[int, int]) -> Optimizer:
+    """A fresh optimizer of ``template``'s class and hyper-parameters over ``params`` (the server's copies).
+
+    Args:
+        template: the optimizer ``configure_optimizers`` returned.
+        params: the server's parameter tensors, in layout order.
+        index_of: ``id(model_parameter) -> layout index`` for the template's parameters.
+
+    Example::
+
+        >>> import torch
+        >>> model = torch.nn.Linear(2, 1)
+        >>> template = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+        >>> copies = [p.detach().clone() for p in model.parameters()]
+        >>> clone = clone_optimizer(template, copies, {id(p): i for i, p in enumerate(model.parameters())})
+        >>> type(clone).__name__, clone.param_groups[0]["lr"], clone.param_groups[0]["params"][0] is copies[0]
+        ('SGD', 0.5, True)
+    """
+    groups = []
+    for group in template.param_groups:
+        missing = [p for p in group["params"] if id(p) not in index_of]
+        if missing:
+            raise ValueError(
+                "AsyncPSStrategy: the optimizer holds parameters that are not trainable parameters of the model "
+                f"(shapes {[tuple(p.shape) for p in missing]}); the parameter server cannot lay them out."
+            )
+        hyper = {key: value for key, value in group.items() if key != "params"}
+        groups.append({**hyper, "params": [params[index_of[id(p)]] for p in group["params"]]})
+    # ``defaults`` may hold entries the constructor does not take (AdamW's ``decoupled_weight_decay``); each group
+    # carries every hyper-parameter anyway, so pass only what the signature accepts
+    parameters = inspect.signature(type(template)).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    kwargs = {key: value for key, value in template.defaults.items() if takes_any or key in parameters}
+    try:
+        return type(template)(groups, **kwargs)
+    except TypeError as err:
+        raise ValueError(
+            f"AsyncPSStrategy: cannot rebuild the optimizer {type(template).__name__} on the parameter server "
+            f"from its param_groups and defaults: {err}"
+        ) from err
+
+
+class ParameterServer:
+    """Applies pushed gradients with the user's optimizer, one at a time, and bumps a version per update.
+
+    Args:
+        layout: the flat parameter layout.
+        initial: the initial flat parameters (copied).
+        template: the user's optimizer; the server's optimizer is a clone, and before every update its
+            hyper-parameters (learning rate and the rest) are copied from the template, so learning-rate schedulers
+            stepping the template steer the server.
+        index_of: ``id(model_parameter) -> layout index``.
+        world_size: number of workers (an update's gradient is scaled by ``share * world_size``).
+        max_staleness: stale-synchronous bound, see :class:`~lightning_hetero.ps.staleness.StalenessGate`.
+        lr_scaling: staleness-aware learning-rate rule, see :func:`~lightning_hetero.ps.staleness.staleness_lr_factor`.
+
+    Example::
+
+        >>> import torch
+        >>> from lightning_hetero.ps.layout import FlatLayout
+        >>> from lightning_hetero.ps.protocol import PushHeader, new_message, payload
+        >>> model = torch.nn.Linear(1, 1, bias=False)
+        >>> torch.nn.init.ones_(model.weight)
+        Parameter containing:
+        tensor([[1.]], requires_grad=True)
+        >>> server = ParameterServer(FlatLayout.from_named_parameters(model.named_parameters()),
+        ...     torch.ones(1), torch.optim.SGD(model.parameters(), lr=0.5), {id(model.weight): 0}, world_size=2)
+        >>> reply = new_message(1)
+        >>> server.apply(worker=1, header=PushHeader(0, base_version=0, share=0.5), grad=torch.ones(1), reply=reply)
+        ReplyHeader(status=0, version=1, staleness=0, lost_rank=-1)
+        >>> payload(reply).tolist()
+        [0.5]
+    """
+
+    def __init__(
+        self,
+        layout: FlatLayout,
+        initial: torch.Tensor,
+        template: Optimizer,
+        index_of: dict[int, int],
+        world_size: int,
+        max_staleness: int | None = None,
+        lr_scaling: str = "none",
+    ) -> None:
+        staleness_lr_factor(0, lr_scaling)  # validates the rule name
+        self.layout = layout
+        self.params = initial.detach().to(device="cpu", dtype=torch.float32).clone()
+        self._views = layout.views(self.params)
+        self._template = template
+        self.optimizer = clone_optimizer(template, self._views, index_of)
+        self.world_size = world_size
+        self.lr_scaling = lr_scaling
+        self.version = 0
+        self.max_updates = -1
+        self.gate = StalenessGate(max_staleness)
+        self.tracker = StalenessTracker()
+        self.lost: PeerLostError | None = None
+        self.cond = threading.Condition()
+
+    @property
+    def budget_spent(self) -> bool:
+        return 0 <= self.max_updates <= self.version
+
+    def apply(self, worker: int, header: PushHeader, grad: torch.Tensor, reply: torch.Tensor) -> ReplyHeader:
+        """Apply one push from ``worker`` and fill ``reply`` with the resulting parameters.
+
+        Blocks while the stale-synchronous gate holds ``worker`` back. ``grad`` is scaled in place.
+
+        Args:
+            worker: the pushing worker's global rank.
+            header: the push's header.
+            grad: the pushed flat gradient (float32, CPU).
+            reply: the reply message to fill.
+        """
+        with self.cond:
+            if self.lost is not None:
+                return self._reply(reply, STATUS_ABORTED, 0)
+            if header.flags & FLAG_PULL_ONLY:
+                if header.flags & FLAG_JOIN:
+                    self.gate.join(worker)
+                return self._reply(reply, STATUS_OK, 0)
+            if self.budget_spent:
+                self.gate.finish(worker)
+                self.cond.notify_all()
+                return self._reply(reply, STATUS_STOPPED, 0)
+            staleness = self.version - header.base_version
+            self._step(grad, header.share, staleness)
+            self.version += 1
+            self.tracker.record(worker, staleness)
+            self.gate.tick(worker)
+            if header.flags & FLAG_LAST:
+                self.gate.finish(worker)
+            self.cond.notify_all()
+            while not self.gate.may_proceed(worker) and self.lost is None and not self.budget_spent:
+                self.cond.wait()
+            if self.lost is not None:
+                return self._reply(reply, STATUS_ABORTED, staleness)
+            return self._reply(reply, STATUS_OK, staleness)
+
+    def _step(self, grad: torch.Tensor, share: float, staleness: int) -> None:
+        factor = staleness_lr_factor(staleness, self.lr_scaling)
+        for group, source in zip(self.optimizer.param_groups, self._template.param_groups, strict=True):
+            group.update({key: value for key, value in source.items() if key != "params"})
+            if factor != 1.0:
+                group["lr"] = source["lr"] * factor
+        grad.mul_(share * self.world_size)
+        for param, grad_view in zip(self._views, self.layout.views(grad), strict=True):
+            param.grad = grad_view
+        self.optimizer.step()
+        for param in self._views:
+            param.grad = None
+
+    def _reply(self, reply: torch.Tensor, status: int, staleness: int) -> ReplyHeader:
+        lost_rank = self.lost.rank if self.lost is not None else -1
+        write_reply_header(reply, status, self.version, staleness, lost_rank)
+        payload(reply).copy_(self.params)
+        return ReplyHeader(status, self.version, staleness, lost_rank)
+
+    def finish(self, worker: int) -> None:
+        """``worker`` has no more updates for now (for example it stopped early); stop gating others on it.
+
+        Args:
+            worker: the worker's global rank.
+        """
+        with self.cond:
+            self.gate.finish(worker)
+            self.cond.notify_all()
+
+    def fail(self, error: PeerLostError) -> None:
+        """Record a lost rank; every waiting or later request is answered with an abort naming it.
+
+        Args:
+            error: what was lost.
+        """
+        with self.cond:
+            if self.lost is None:
+                self.lost = error
+            self.cond.notify_all()
+
+    def state_dict(self) -> dict[str, Any]:
+        """A consistent snapshot: flat parameters (copy), optimizer state and version."""
+        with self.cond:
+            return {
+                "params": self.params.clone(),
+                "optimizer": self.optimizer.state_dict(),
+                "version": self.version,
+            }
+
+    def load(self, params: torch.Tensor, optimizer_state: dict[str, Any] | None, version: int) -> None:
+        """Replace the server's state (resume, or a switch from synchronous training).
+
+        Args:
+            params: flat parameters (any device or float dtype).
+            optimizer_state: an optimizer ``state_dict`` laid out like the template's, or ``None`` to keep the state.
+            version: the version to continue from.
+        """
+        with self.cond:
+            self.params.copy_(params.detach().reshape(-1))
+            if optimizer_state is not None:
+                self.optimizer.load_state_dict(optimizer_state)
+            self.version = version
+            self.gate = StalenessGate(self.gate.max_staleness)
+            self.cond.notify_all()
+
+
+class ServerLoop:
+    """One daemon thread per remote worker: receive its push, apply it, reply; a broken connection marks it lost.
+
+    Args:
+        server: the state to feed.
+        worker_ranks: remote workers' global ranks.
+        group: the server's gloo process group.
+        reply_timeout: how long sending a reply may take before its worker is declared lost.
+    """
+
+    def __init__(
+        self, server: ParameterServer, worker_ranks: Sequence[int], group: dist.ProcessGroup, reply_timeout: timedelta
+    ) -> None:
+        self.server = server
+        self.group = group
+        self.reply_timeout = reply_timeout
+        self._threads = [
+            threading.Thread(target=self._serve, args=(rank,), name=f"ps-worker-{rank}", daemon=True)
+            for rank in worker_ranks
+        ]
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def join(self, timeout_s: float) -> None:
+        """Wait for the threads to end (each ends when its worker says it is done, or is lost).
+
+        Args:
+            timeout_s: the longest wait per thread.
+        """
+        for thread in self._threads:
+            thread.join(timeout_s)
+
+    def _serve(self, worker: int) -> None:
+        push = new_message(self.server.layout.numel)
+        reply = new_message(self.server.layout.numel)
+        grad = payload(push)
+        try:
+            while True:
+                header = receive_push(push, worker, self.group)
+                if header.flags & FLAG_DONE:
+                    return
+                self.server.apply(worker, header, grad, reply)
+                send_reply(reply, worker, self.group, self.reply_timeout)
+        except PeerLostError as err:
+            self.server.fail(err)

@@ -1,0 +1,149 @@
+"""Staleness bookkeeping for asynchronous updates: statistics, the stale-synchronous gate, learning-rate scaling.
+
+An update's *staleness* is how many versions the server's parameters moved between the worker's pull and the
+moment its gradient is applied (``version_now - version_pulled``). Pure logic: no threads, no torch.distributed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+LR_SCALING_RULES = ("none", "inverse")
+
+
+@dataclass
+class StalenessTracker:
+    """Counts applied updates per worker and summarises their staleness.
+
+    Example::
+
+        >>> tracker = StalenessTracker()
+        >>> for worker, staleness in [(0, 0), (1, 1), (0, 2)]:
+        ...     tracker.record(worker, staleness)
+        >>> tracker.summary()
+        {'updates': 3, 'staleness_mean': 1.0, 'staleness_max': 2, 'updates_per_worker': {0: 2, 1: 1}}
+    """
+
+    updates: int = 0
+    staleness_sum: int = 0
+    staleness_max: int = 0
+    updates_per_worker: dict[int, int] = field(default_factory=dict)
+
+    def record(self, worker: int, staleness: int) -> None:
+        """Account one applied update.
+
+        Args:
+            worker: the global rank that pushed it.
+            staleness: versions between its pull and its application (>= 0).
+        """
+        self.updates += 1
+        self.staleness_sum += staleness
+        self.staleness_max = max(self.staleness_max, staleness)
+        self.updates_per_worker[worker] = self.updates_per_worker.get(worker, 0) + 1
+
+    def summary(self) -> dict[str, Any]:
+        mean = self.staleness_sum / self.updates if self.updates else 0.0
+        return {
+            "updates": self.updates,
+            "staleness_mean": mean,
+            "staleness_max": self.staleness_max,
+            "updates_per_worker": dict(sorted(self.updates_per_worker.items())),
+        }
+
+
+class StalenessGate:
+    """Stale-synchronous parallel (SSP) clocks: a worker more than ``max_staleness`` updates ahead of the slowest
+    *active* worker must wait.
+
+    A worker is active from the start of its epoch (``join``, or its first push) until its last push of the epoch
+    (``finish``); a worker between epochs or done does not hold others back. A worker that (re)joins starts level with the slowest active worker, so a lead
+    or lag does not carry over from one epoch to the next. The slowest active worker never waits, so the gate cannot
+    deadlock. With ``N`` workers each update's version staleness is at most ``(max_staleness + 1) * (N - 1)``.
+
+    Args:
+        max_staleness: the allowed clock lead; ``None`` disables the gate (pure ASP).
+
+    Example::
+
+        >>> gate = StalenessGate(max_staleness=1)
+        >>> gate.tick(0)
+        >>> gate.tick(1)  # joins level with worker 0, then counts its update
+        >>> gate.clocks
+        {0: 1, 1: 2}
+        >>> gate.tick(1)
+        >>> gate.may_proceed(1), gate.may_proceed(0)  # worker 1 is two updates ahead; the slowest never waits
+        (False, True)
+        >>> gate.finish(0)  # worker 0 ended its epoch: nobody to wait for
+        >>> gate.may_proceed(1)
+        True
+    """
+
+    def __init__(self, max_staleness: int | None = None) -> None:
+        if max_staleness is not None and max_staleness < 0:
+            raise ValueError(f"max_staleness must be >= 0 or None, got {max_staleness}")
+        self.max_staleness = max_staleness
+        self._clocks: dict[int, int] = {}
+
+    @property
+    def clocks(self) -> dict[int, int]:
+        """Active workers' clocks (copies)."""
+        return dict(self._clocks)
+
+    def join(self, worker: int) -> None:
+        """Activate ``worker`` (it starts computing on fresh parameters) level with the slowest active worker.
+
+        Args:
+            worker: the worker's global rank.
+        """
+        if worker not in self._clocks:
+            self._clocks[worker] = min(self._clocks.values(), default=0)
+
+    def tick(self, worker: int) -> None:
+        """Count one update of ``worker``, activating it first if it was idle.
+
+        Args:
+            worker: the pushing worker's global rank.
+        """
+        self.join(worker)
+        self._clocks[worker] += 1
+
+    def finish(self, worker: int) -> None:
+        """Mark ``worker`` idle (its epoch's data is done, or it stopped).
+
+        Args:
+            worker: the worker's global rank.
+        """
+        self._clocks.pop(worker, None)
+
+    def may_proceed(self, worker: int) -> bool:
+        """Whether ``worker`` may start its next step now.
+
+        Args:
+            worker: the worker's global rank.
+        """
+        if self.max_staleness is None or worker not in self._clocks:
+            return True
+        return self._clocks[worker] - min(self._clocks.values()) <= self.max_staleness
+
+
+def staleness_lr_factor(staleness: int, rule: str = "none") -> float:
+    """The learning-rate multiplier for an update of the given staleness.
+
+    ``"inverse"`` divides the learning rate by the staleness (at least 1), as in staleness-aware asynchronous SGD
+    (Zhang et al., IJCAI 2016); ``"none"`` keeps it.
+
+    Args:
+        staleness: versions between the worker's pull and the update's application.
+        rule: one of ``"none"``, ``"inverse"``.
+
+    Example::
+
+        >>> staleness_lr_factor(0, "inverse"), staleness_lr_factor(4, "inverse"), staleness_lr_factor(4)
+        (1.0, 0.25, 1.0)
+    """
+    if rule == "none":
+        return 1.0
+    if rule == "inverse":
+        return 1.0 / max(1, staleness)
+    raise ValueError(f"lr_scaling must be one of {LR_SCALING_RULES}, got {rule!r}")

@@ -1,0 +1,674 @@
+"""``AsyncPSStrategy``: asynchronous parameter-server training (ASP) and synchronous all-reduce (BSP) in one
+Lightning strategy, switchable between epochs.
+
+Topology: launched like DDP (``devices=N`` processes, or several nodes through Lightning's cluster environments);
+all N processes are workers and the parameter server (PS) runs as threads inside global rank 0, one receiving
+thread per remote worker. See ``docs/async_ps.md`` for how steps, epochs, logging, checkpoints and faults work.
+"""
+
+from __future__ import annotations
+
+import copy
+import signal
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+import torch.distributed as dist
+from lightning.fabric.strategies import _StrategyRegistry
+from lightning.fabric.utilities.optimizer import _optimizers_to_device
+from lightning.fabric.utilities.types import ReduceOp
+from lightning.pytorch.overrides.distributed import _sync_module_states
+from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
+from lightning.pytorch.trainer.states import RunningStage, TrainerFn
+from lightning.pytorch.utilities.data import _update_dataloader
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+from torch import Tensor
+from torch.optim import Optimizer
+from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, SequentialSampler
+from typing_extensions import override
+
+from lightning_hetero.ps.layout import FlatLayout, bind_parameters_to_flat, flatten_grads_into
+from lightning_hetero.ps.protocol import (
+    FLAG_JOIN,
+    FLAG_LAST,
+    FLAG_PULL_ONLY,
+    STATUS_ABORTED,
+    STATUS_OK,
+    PeerLostError,
+    ReplyHeader,
+    all_reduce_weighted,
+    new_message,
+    payload,
+    push_and_pull,
+    read_push_header,
+    send_done,
+    write_push_header,
+)
+from lightning_hetero.ps.sampler import ClaimSampler
+from lightning_hetero.ps.server import ParameterServer, ServerLoop
+from lightning_hetero.ps.staleness import staleness_lr_factor
+
+MODES = ("asp", "bsp")
+SERVER_RANK = 0
+# The server's threads block in receives for as long as their worker is alive (it may validate, or the strategy may
+# train synchronously for many epochs); a dead worker breaks the connection at once, so no timeout is needed there.
+_SERVER_RECEIVE_TIMEOUT = timedelta(days=7)
+
+
+def _hyperparameters(param_group: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in param_group.items() if key != "params"}
+
+
+class _RemoteStepOptimizer:
+    """Stands in for the user's optimizer in asynchronous mode: ``step`` runs the closure (forward, backward, hooks,
+    clipping) and then hands the gradients to the parameter server instead of updating locally."""
+
+    def __init__(self, optimizer: Optimizer, remote_step: Callable[[Callable[[], Any]], Any]) -> None:
+        self._optimizer = optimizer
+        self._remote_step = remote_step
+
+    def step(self, closure: Callable[[], Any], **kwargs: Any) -> Any:
+        return self._remote_step(closure)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._optimizer, name)
+
+
+class AsyncPSStrategy(DDPStrategy):
+    """Asynchronous parameter-server training (``mode="asp"``) or synchronous all-reduce (``mode="bsp"``).
+
+    In ASP each worker computes gradients on its own batch and pushes them (one flat buffer) to the parameter server,
+    which applies the user's optimizer at once, bumps its version and replies with the new parameters (one flat
+    buffer); faster workers make more updates. In BSP every rank all-reduces its share-weighted gradients and steps
+    its own copy of the optimizer, as DDP does. :meth:`set_mode` switches between the two at an epoch's end.
+
+    Args:
+        mode: ``"asp"`` or ``"bsp"``; can be changed later with :meth:`set_mode`.
+        max_staleness: stale-synchronous bound: a worker more than this many of its own updates ahead of the slowest
+            active worker waits (``None``: no bound, pure ASP).
+        lr_scaling: ``"none"``, or ``"inverse"`` to divide the learning rate of each update by its staleness.
+        fault_timeout_s: how long any rank waits for a peer before failing with an error naming it (also the
+            default process group's timeout). A rank that dies is detected at once.
+        accelerator: see :class:`~lightning.pytorch.strategies.DDPStrategy`.
+        parallel_devices: see :class:`~lightning.pytorch.strategies.DDPStrategy`.
+        cluster_environment: see :class:`~lightning.pytorch.strategies.DDPStrategy`.
+        checkpoint_io: see :class:`~lightning.pytorch.strategies.DDPStrategy`.
+        precision_plugin: see :class:`~lightning.pytorch.strategies.DDPStrategy`.
+        process_group_backend: backend of the default group (used in BSP); the server always talks gloo.
+
+    Notes:
+        Supports automatic optimization with exactly one optimizer. In ASP, ``trainer.global_step`` is the server's
+        version (updates from all workers) and ``max_steps`` bounds it; validation runs at epoch ends only.
+
+    Example::
+
+        >>> strategy = AsyncPSStrategy(mode="bsp", max_staleness=4)
+        >>> strategy.mode, strategy.max_staleness, strategy.last_switch_s
+        ('bsp', 4, None)
+    """
+
+    strategy_name = "async_ps"
+
+    def __init__(
+        self,
+        mode: str = "asp",
+        max_staleness: int | None = None,
+        lr_scaling: str = "none",
+        fault_timeout_s: float = 60.0,
+        accelerator: pl.accelerators.Accelerator | None = None,
+        parallel_devices: list[torch.device] | None = None,
+        cluster_environment: Any = None,
+        checkpoint_io: Any = None,
+        precision_plugin: Any = None,
+        process_group_backend: str | None = None,
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if max_staleness is not None and max_staleness < 0:
+            raise ValueError(f"max_staleness must be >= 0 or None, got {max_staleness}")
+        staleness_lr_factor(0, lr_scaling)
+        if not fault_timeout_s > 0:
+            raise ValueError(f"fault_timeout_s must be positive, got {fault_timeout_s}")
+        super().__init__(
+            accelerator=accelerator,
+            parallel_devices=parallel_devices,
+            cluster_environment=cluster_environment,
+            checkpoint_io=checkpoint_io,
+            precision_plugin=precision_plugin,
+            process_group_backend=process_group_backend,
+            timeout=timedelta(seconds=fault_timeout_s),
+        )
+        self._mode = mode
+        self.max_staleness = max_staleness
+        self.lr_scaling = lr_scaling
+        self.fault_timeout_s = fault_timeout_s
+        #: seconds the last effective :meth:`set_mode` took (``None`` before any switch)
+        self.last_switch_s: float | None = None
+        #: updates applied to the model so far (the server's version in ASP, the step count in BSP)
+        self.version = 0
+        #: the server's statistics (rank 0, after fitting): updates, per-worker updates, staleness mean and max
+        self.server_summary: dict[str, Any] | None = None
+        self._compute_timer: Any = None
+        self._batch_share: Callable[[], float] | None = None
+        self._last_staleness = 0
+        self._snapshot: dict[str, Any] | None = None
+        self._restored: dict[str, Any] | None = None
+        self._active = False
+        self._joined = False
+        self._server: ParameterServer | None = None
+        self._loop: ServerLoop | None = None
+        self._group: dist.ProcessGroup | None = None
+        self._store: dist.Store | None = None
+
+    # ------------------------------------------------------------------ public API
+
+    @property
+    def mode(self) -> str:
+        return self._mode
+
+    @property
+    @override
+    def is_distributed(self) -> bool:
+        return True
+
+    def set_mode(self, mode: str) -> None:
+        """Switch between ``"asp"`` and ``"bsp"``; call on every rank with the same value at an epoch's end (e.g. from
+        ``on_train_epoch_end``). Takes effect for the next epoch without restarting processes. Entering BSP gives
+        every rank the server's parameters, optimizer state and version; entering ASP loads rank 0's into the server.
+        The time taken is kept in :attr:`last_switch_s`.
+
+        Args:
+            mode: ``"asp"`` or ``"bsp"``.
+        """
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if mode == self._mode:
+            return
+        if not self._active:
+            self._mode = mode
+            return
+        start = time.perf_counter()
+        if mode == "bsp":
+            self._enter_bsp()
+        else:
+            self._enter_asp()
+        self._mode = mode
+        self.last_switch_s = time.perf_counter() - start
+
+    def attach_hetero_batches(self, compute_timer: Any, batch_share: Callable[[], float]) -> None:
+        """Connect per-rank batch sizes (called once at setup by ``HeteroBatchCallback``).
+
+        The strategy calls ``compute_timer.mark_compute_end()`` as soon as local gradients are ready, before any
+        communication. In BSP gradients are multiplied by ``batch_share()`` before a SUM all-reduce (a batch-weighted
+        mean); in ASP an update's gradient is multiplied by ``batch_share() * world_size`` (1 for equal shares), so a
+        worker's update weighs as much as its data would in the synchronous mean.
+
+        Args:
+            compute_timer: a :class:`~lightning_hetero.measurement.ComputeTimer`.
+            batch_share: returns this rank's ``b_k / sum(b)`` for the current step.
+        """
+        self._compute_timer = compute_timer
+        self._batch_share = batch_share
+
+    @classmethod
+    @override
+    def register_strategies(cls, strategy_registry: _StrategyRegistry) -> None:
+        if cls.strategy_name not in strategy_registry:
+            strategy_registry.register(
+                cls.strategy_name, cls, description="Asynchronous parameter-server training (lightning-hetero)"
+            )
+
+    # ------------------------------------------------------------------ setup and teardown
+
+    @override
+    def setup(self, trainer: pl.Trainer) -> None:
+        assert self.accelerator is not None and self.model is not None
+        self.accelerator.setup(trainer)
+        self.model = self.precision_plugin.convert_module(self.model)
+        self.model_to_device()
+        fitting = trainer.state.fn == TrainerFn.FITTING
+        if fitting:
+            self._check_trainer(trainer)
+            self.setup_optimizers(trainer)
+            if len(self.optimizers) != 1:
+                raise ValueError(
+                    f"AsyncPSStrategy supports exactly one optimizer; configure_optimizers returned "
+                    f"{len(self.optimizers)}."
+                )
+        self.setup_precision_plugin()
+        if fitting:
+            _optimizers_to_device(self.optimizers, self.root_device)
+            self._setup_server(trainer)
+        else:
+            _sync_module_states(self.model)
+
+    def _check_trainer(self, trainer: pl.Trainer) -> None:
+        module = self.lightning_module
+        assert module is not None
+        if not module.automatic_optimization:
+            raise ValueError(
+                "AsyncPSStrategy supports automatic optimization only; the parameter server applies the optimizer. "
+                "Remove `self.automatic_optimization = False`."
+            )
+        if isinstance(trainer.val_check_interval, int) or getattr(trainer, "_val_check_time_interval", None):
+            raise ValueError(
+                "AsyncPSStrategy validates at epoch ends only (ranks run different numbers of batches in ASP); "
+                f"got val_check_interval={trainer.val_check_interval!r}."
+            )
+
+    def _setup_server(self, trainer: pl.Trainer) -> None:
+        module = self.lightning_module
+        assert module is not None
+        named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
+        if not named:
+            raise ValueError("AsyncPSStrategy: the model has no trainable parameters.")
+        kinds = {(p.device, p.dtype) for _, p in named}
+        if len(kinds) != 1 or not named[0][1].is_floating_point():
+            raise ValueError(
+                "AsyncPSStrategy needs all trainable parameters on one device with one floating dtype to lay them "
+                f"out in a flat buffer; found {sorted(str(k) for k in kinds)}."
+            )
+        self._layout = FlatLayout.from_named_parameters(named)
+        self._params = [p for _, p in named]
+        self._flat = torch.empty(self._layout.numel, dtype=self._params[0].dtype, device=self._params[0].device)
+        bind_parameters_to_flat(self._params, self._flat)
+        self._grad_flat = torch.empty_like(self._flat)
+        _sync_module_states(module)
+
+        pin = self.root_device.type == "cuda"
+        self._push = new_message(self._layout.numel, pin_memory=pin)
+        self._reply = new_message(self._layout.numel, pin_memory=pin)
+        self._group = dist.new_group(backend="gloo", timeout=_SERVER_RECEIVE_TIMEOUT)
+        self._store = self._connect_store()
+        if self.global_rank == SERVER_RANK:
+            self._server = ParameterServer(
+                self._layout,
+                self._flat,
+                self.optimizers[0],
+                {id(p): i for i, p in enumerate(self._params)},
+                world_size=self.world_size,
+                max_staleness=self.max_staleness,
+                lr_scaling=self.lr_scaling,
+            )
+            self._server.max_updates = trainer.max_steps
+            workers = [rank for rank in range(self.world_size) if rank != SERVER_RANK]
+            self._loop = ServerLoop(self._server, workers, self._group, timedelta(seconds=self.fault_timeout_s))
+            self._loop.start()
+        self._install_local_sigterm_check(trainer)
+        self._active = True
+
+    def _connect_store(self) -> dist.Store:
+        """A key-value store hosted by rank 0 for the epoch's shared claim counters."""
+        assert self.cluster_environment is not None
+        host = self.cluster_environment.main_address
+        timeout = timedelta(seconds=self.fault_timeout_s)
+        if self.global_rank == SERVER_RANK:
+            store = dist.TCPStore(host, 0, None, True, timeout=timeout, wait_for_workers=False)
+            port = store.port
+        else:
+            port = None
+        port = self.broadcast(port, src=SERVER_RANK)
+        if self.global_rank != SERVER_RANK:
+            store = dist.TCPStore(host, port, None, False, timeout=timeout)
+        return store
+
+    def _install_local_sigterm_check(self, trainer: pl.Trainer) -> None:
+        # Lightning broadcasts a SIGTERM flag from rank 0 before every training batch. In ASP ranks run different
+        # numbers of batches, so that broadcast would pair unrelated batches and deadlock at the epoch's end; while
+        # asynchronous, each rank checks its own flag instead.
+        epoch_loop = trainer.fit_loop.epoch_loop
+        synchronous_check = getattr(epoch_loop, "_broadcast_sigterm_tensor", None)
+        if synchronous_check is None:
+            return
+
+        def sigterm_check() -> None:
+            if self._mode == "bsp":
+                synchronous_check()
+            elif getattr(trainer, "received_sigterm", False):
+                raise SIGTERMException()
+
+        epoch_loop._broadcast_sigterm_tensor = sigterm_check
+
+    @override
+    def on_train_start(self) -> None:
+        if self._restored is not None:
+            self._set_step_counter(self.version, in_step=False)
+
+    @override
+    def on_train_end(self) -> None:
+        if not self._active:
+            return
+        if self._mode == "asp":
+            self._meet()
+            self._pull()
+        if self._server is not None:
+            self.server_summary = self._server.tracker.summary()
+        if self.global_rank == SERVER_RANK:
+            assert self._loop is not None
+            self._loop.join(self.fault_timeout_s)
+        else:
+            assert self._group is not None
+            send_done(self._push, SERVER_RANK, self._group, timedelta(seconds=self.fault_timeout_s))
+        self._active = False
+
+    @override
+    def teardown(self) -> None:
+        self._active = False
+        self._loop = None
+        self._store = None
+        super().teardown()
+
+    # ------------------------------------------------------------------ data
+
+    @override
+    def process_dataloader(self, dataloader: object) -> object:
+        """Give the training loader a :class:`~lightning_hetero.ps.sampler.ClaimSampler` (in place of Lightning's
+        ``DistributedSampler``), so that in ASP faster workers take more batches and the epoch still covers the data
+        once. Loaders with a custom sampler or batch sampler are left alone."""
+        trainer = self._trainer()
+        if (
+            trainer is None
+            or not self._active
+            or trainer.state.fn != TrainerFn.FITTING
+            or trainer.state.stage != RunningStage.TRAINING
+            or not trainer._accelerator_connector.use_distributed_sampler
+            or not isinstance(dataloader, DataLoader)
+            or dataloader.batch_size is None
+        ):
+            return dataloader
+        sampler = dataloader.sampler
+        if isinstance(sampler, DistributedSampler):
+            shuffle, seed = sampler.shuffle, sampler.seed
+        elif isinstance(sampler, (RandomSampler, SequentialSampler)):
+            shuffle, seed = isinstance(sampler, RandomSampler), 0
+        else:
+            return dataloader  # a custom sampler decides itself which rank sees what
+        claim_sampler = ClaimSampler(
+            len(dataloader.dataset),
+            dataloader.batch_size,
+            self._claim,
+            epoch=lambda: trainer.current_epoch,
+            asynchronous=lambda: self._mode == "asp",
+            rank=self.global_rank,
+            world_size=self.world_size,
+            shuffle=shuffle,
+            seed=seed,
+        )
+        return _update_dataloader(dataloader, claim_sampler, mode=RunningStage.TRAINING)
+
+    def _claim(self, epoch: int, count: int) -> int:
+        assert self._store is not None
+        try:
+            return self._store.add(f"claims/epoch{epoch}", count) - count
+        except RuntimeError as err:
+            raise PeerLostError(SERVER_RANK, "parameter server", str(err).splitlines()[0]) from err
+
+    # ------------------------------------------------------------------ stepping
+
+    @override
+    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        if self._mode == "asp" and self._active and not self._joined:
+            # the epoch's first batch: start on the latest parameters and count for the staleness bound from now on
+            self._pull(FLAG_JOIN)
+            self._joined = True
+        output = super().training_step(*args, **kwargs)
+        if self._mode == "asp" and self._active:
+            # logged at every asynchronous step on every rank (each rank trains at least one batch per epoch), so
+            # the epoch-end synchronisation of these two keys is matched across ranks
+            module = self.lightning_module
+            assert module is not None
+            staleness = float(self._last_staleness or 0)
+            module.log("ps/staleness", staleness, on_step=False, on_epoch=True, batch_size=1, sync_dist=True)
+            module.log(
+                "ps/staleness_max",
+                staleness,
+                on_step=False,
+                on_epoch=True,
+                batch_size=1,
+                sync_dist=True,
+                reduce_fx="max",
+            )
+        return output
+
+    @override
+    def optimizer_step(self, optimizer: Any, closure: Callable[[], Any], model: Any = None, **kwargs: Any) -> Any:
+        model = model or self.lightning_module
+        if not self._active:
+            return super().optimizer_step(optimizer, closure, model, **kwargs)
+        if self._mode == "bsp":
+
+            def synchronised_closure() -> Any:
+                result = closure()
+                self._mark_compute_end()
+                self._all_reduce_gradients()
+                return result
+
+            output = self.precision_plugin.optimizer_step(
+                optimizer, model=model, closure=synchronised_closure, **kwargs
+            )
+            self.version += 1
+            return output
+        remote = _RemoteStepOptimizer(optimizer, self._asynchronous_update)
+        return self.precision_plugin.optimizer_step(remote, model=model, closure=closure, **kwargs)
+
+    def _asynchronous_update(self, closure: Callable[[], Any]) -> Any:
+        result = closure()
+        self._mark_compute_end()
+        trainer = self._trainer()
+        assert trainer is not None
+        flags = FLAG_LAST if trainer.fit_loop.epoch_loop.batch_progress.is_last_batch else 0
+        self._joined = not flags
+        flatten_grads_into(self._params, payload(self._push))
+        write_push_header(self._push, flags, self.version, self._share())
+        header = self._exchange()
+        self._last_staleness = header.staleness if header.status == STATUS_OK else 0
+        self._set_step_counter(header.version, in_step=True)
+        return result
+
+    def _exchange(self) -> ReplyHeader:
+        """Send the filled push message to the server (directly when it lives in this process) and absorb the reply."""
+        if self._server is not None:
+            header = self._server.apply(
+                self.global_rank, read_push_header(self._push), payload(self._push), self._reply
+            )
+        else:
+            assert self._group is not None
+            header = push_and_pull(
+                self._push, self._reply, SERVER_RANK, self._group, timedelta(seconds=self.fault_timeout_s)
+            )
+        if header.status == STATUS_ABORTED:
+            lost = self._server.lost if self._server is not None else None
+            if lost is not None:
+                raise PeerLostError(lost.rank, lost.role, lost.cause)
+            raise PeerLostError(header.lost_rank, "worker", "reported by the parameter server")
+        self._flat.copy_(payload(self._reply), non_blocking=self._reply.is_pinned())
+        self.version = header.version
+        return header
+
+    def _pull(self, flags: int = 0) -> None:
+        write_push_header(self._push, FLAG_PULL_ONLY | flags, self.version, 0.0)
+        self._exchange()
+        self._set_step_counter(self.version, in_step=False)
+
+    def _share(self) -> float:
+        return float(self._batch_share()) if self._batch_share is not None else 1.0 / self.world_size
+
+    def _mark_compute_end(self) -> None:
+        if self._compute_timer is not None:
+            self._compute_timer.mark_compute_end()
+
+    def _all_reduce_gradients(self) -> None:
+        flatten_grads_into(self._params, self._grad_flat)
+        all_reduce_weighted(self._grad_flat, self._share())
+        for param, grad in zip(self._params, self._layout.views(self._grad_flat), strict=True):
+            if param.grad is None:
+                param.grad = grad.clone()
+            else:
+                param.grad.copy_(grad)
+
+    def _set_step_counter(self, version: int, in_step: bool) -> None:
+        """Make ``trainer.global_step`` the number of updates the model received (the loop adds one after a step)."""
+        trainer = self._trainer()
+        assert trainer is not None
+        counter = trainer.fit_loop.epoch_loop.automatic_optimization.optim_progress.optimizer.step.total
+        counter.ready = version
+        counter.completed = version - 1 if in_step else version
+
+    # ------------------------------------------------------------------ mode switches
+
+    def _enter_bsp(self) -> None:
+        self._meet()
+        if self._server is not None:
+            state = self._server.state_dict()
+            self._flat.copy_(state["params"])
+            payload_obj = (state["optimizer"], state["version"])
+        else:
+            payload_obj = None
+        optimizer_state, version = super().broadcast(payload_obj, src=SERVER_RANK)
+        # the server's hyper-parameters date from its last update; each rank's own are the schedules' current ones
+        optimizer = self.optimizers[0]
+        current = [_hyperparameters(group) for group in optimizer.param_groups]
+        optimizer.load_state_dict(copy.deepcopy(optimizer_state))
+        for group, hyperparameters in zip(optimizer.param_groups, current, strict=True):
+            group.update(hyperparameters)
+        _optimizers_to_device(self.optimizers, self.root_device)
+        _sync_module_states(self.lightning_module)
+        self.version = version
+        self._set_step_counter(version, in_step=False)
+
+    def _enter_asp(self) -> None:
+        self._joined = False
+        if self._server is not None:
+            self._server.load(self._flat, copy.deepcopy(self.optimizers[0].state_dict()), self.version)
+        self._meet()
+
+    # ------------------------------------------------------------------ collectives while asynchronous
+
+    def _meet(self) -> None:
+        """A barrier at an epoch's end that names the ranks that did not arrive within ``fault_timeout_s`` (gloo's
+        monitored barrier; a plain barrier with the process group's timeout on other backends)."""
+        if dist.get_backend() != "gloo":
+            super().barrier()
+            return
+        try:
+            dist.monitored_barrier(timeout=timedelta(seconds=self.fault_timeout_s), wait_all_ranks=True)
+        except RuntimeError as err:
+            raise RuntimeError(f"AsyncPSStrategy: a rank did not reach the epoch's end in time: {err}") from err
+
+    @override
+    def on_exception(self, exception: BaseException) -> None:
+        super().on_exception(exception)
+        # Lightning leaves the processes it launched running when the main one fails (except on KeyboardInterrupt);
+        # a hung worker would then outlive the job.
+        if isinstance(self.launcher, _SubprocessScriptLauncher):
+            self.launcher.kill(signal.SIGKILL)
+
+    def _trainer(self) -> pl.Trainer | None:
+        module = self.lightning_module
+        return None if module is None else module._trainer
+
+    def _inside_asynchronous_batch(self) -> bool:
+        """True inside a training batch in ASP, where ranks are not in lock-step and collectives must stay local."""
+        if self._mode != "asp" or not self._active:
+            return False
+        trainer = self._trainer()
+        if trainer is None or trainer.state.stage != RunningStage.TRAINING:
+            return False
+        progress = trainer.fit_loop.epoch_loop.batch_progress.current
+        return progress.ready > progress.completed
+
+    @override
+    def reduce(self, tensor: Tensor | Any, group: Any = None, reduce_op: ReduceOp | str | None = "mean") -> Any:
+        if self._inside_asynchronous_batch():
+            return tensor
+        return super().reduce(tensor, group, reduce_op)
+
+    @override
+    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
+        if self._inside_asynchronous_batch():
+            return decision
+        return super().reduce_boolean_decision(decision, all)
+
+    @override
+    def barrier(self, *args: Any, **kwargs: Any) -> None:
+        if not self._inside_asynchronous_batch():
+            super().barrier(*args, **kwargs)
+
+    @override
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        if self._inside_asynchronous_batch():
+            return obj
+        return super().broadcast(obj, src)
+
+    @override
+    def all_gather(self, tensor: Tensor, group: Any = None, sync_grads: bool = False) -> Tensor:
+        if self._inside_asynchronous_batch():
+            return tensor.unsqueeze(0)
+        return super().all_gather(tensor, group, sync_grads)
+
+    # ------------------------------------------------------------------ validation and checkpoints
+
+    @override
+    def on_validation_start(self) -> None:
+        trainer = self._trainer()
+        if self._active and self._mode == "asp" and trainer is not None and trainer.state.fn == TrainerFn.FITTING:
+            self._meet()
+            self._pull()
+
+    @override
+    def lightning_module_state_dict(self) -> dict[str, Any]:
+        state = super().lightning_module_state_dict()
+        if self._server is None or self._mode != "asp" or not self._active:
+            return state
+        self._snapshot = self._server.state_dict()
+        for name, value in zip(self._layout.names, self._layout.views(self._snapshot["params"]), strict=True):
+            state[name] = value.to(dtype=state[name].dtype)
+        return state
+
+    @override
+    def optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
+        if self._snapshot is None:
+            return super().optimizer_state(optimizer)
+        # the server's state, with the hyper-parameters rank 0's schedulers set since the server's last update
+        state = self._snapshot["optimizer"]
+        for saved, group in zip(state["param_groups"], self.optimizers[0].param_groups, strict=True):
+            saved.update(_hyperparameters(group))
+        return state
+
+    @override
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
+        version = self._snapshot["version"] if self._snapshot is not None else self.version
+        self._snapshot = None
+        checkpoint["async_ps"] = {"version": version, "mode": self._mode}
+        super().save_checkpoint(checkpoint, filepath, storage_options)
+
+    @property
+    @override
+    def restore_checkpoint_after_setup(self) -> bool:
+        return True
+
+    @override
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        checkpoint = super().load_checkpoint(checkpoint_path, weights_only=weights_only)
+        self._restored = checkpoint.get("async_ps")
+        if self._restored is not None:
+            self.version = int(self._restored["version"])
+            self._mode = self._restored["mode"]
+        return checkpoint
+
+    @override
+    def load_model_state_dict(self, checkpoint: Any, strict: bool = True) -> None:
+        super().load_model_state_dict(checkpoint, strict=strict)
+        if self._server is not None:
+            self._server.load(self._flat, None, self.version)
+
+    @override
+    def load_optimizer_state_dict(self, checkpoint: Any) -> None:
+        super().load_optimizer_state_dict(checkpoint)
+        if self._server is not None:
+            self._server.load(self._flat, checkpoint["optimizer_states"][0], self.version)

@@ -1,0 +1,62 @@
+import itertools
+import random
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from lightning_hetero.ps.sampler import ClaimSampler, epoch_order, round_robin_chunks
+
+
+class Counter:
+    def __init__(self) -> None:
+        self.values: dict[int, int] = {}
+
+    def claim(self, epoch: int, count: int) -> int:
+        start = self.values.get(epoch, 0)
+        self.values[epoch] = start + count
+        return start
+
+
+@given(
+    num_samples=st.integers(1, 200),
+    chunk=st.integers(1, 17),
+    world=st.integers(1, 4),
+    seed=st.integers(0, 10_000),
+)
+def test_asynchronous_claims_cover_the_epoch_exactly_once(num_samples, chunk, world, seed):
+    counter = Counter()
+    samplers = [
+        ClaimSampler(num_samples, chunk, counter.claim, lambda: 2, lambda: True, rank, world, shuffle=True, seed=5)
+        for rank in range(world)
+    ]
+    iterators = [iter(s) for s in samplers]
+    seen: list[list[int]] = [[] for _ in range(world)]
+    rng = random.Random(seed)
+    live = list(range(world))
+    while live:  # workers draw at random speeds
+        rank = rng.choice(live)
+        batch = list(itertools.islice(iterators[rank], chunk))
+        if not batch:
+            live.remove(rank)
+        seen[rank].extend(batch)
+    everything = sorted(i for indices in seen for i in indices)
+    assert everything == list(range(num_samples))
+    if num_samples >= world * chunk:
+        assert all(len(indices) >= chunk for indices in seen)  # everybody trains at least one batch
+
+
+def test_synchronous_mode_deals_equal_numbers_of_chunks():
+    counter = Counter()
+    per_rank = []
+    for rank in range(3):
+        sampler = ClaimSampler(100, 8, counter.claim, lambda: 0, lambda: False, rank, 3)
+        per_rank.append(list(sampler))
+    assert counter.values == {}
+    chunks = [round_robin_chunks(100, 8, rank, 3) for rank in range(3)]
+    assert len({len(c) for c in chunks}) == 1
+    assert set().union(*map(set, per_rank)) == set(range(100))
+
+
+def test_epoch_order_changes_with_epoch_and_is_shared():
+    assert epoch_order(50, 1, True, 3) == epoch_order(50, 1, True, 3)
+    assert epoch_order(50, 1, True, 3) != epoch_order(50, 2, True, 3)

@@ -1,0 +1,151 @@
+import threading
+
+import pytest
+import torch
+
+from lightning_hetero.ps.layout import FlatLayout
+from lightning_hetero.ps.protocol import (
+    FLAG_LAST,
+    FLAG_PULL_ONLY,
+    STATUS_ABORTED,
+    STATUS_OK,
+    STATUS_STOPPED,
+    PeerLostError,
+    PushHeader,
+    new_message,
+    payload,
+)
+from lightning_hetero.ps.server import ParameterServer, clone_optimizer
+
+
+def _server(
+    lr: float = 0.1, momentum: float = 0.0, **kwargs
+) -> tuple[ParameterServer, torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    template = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    layout = FlatLayout.from_named_parameters(model.named_parameters())
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    index_of = {id(p): i for i, p in enumerate(model.parameters())}
+    kwargs.setdefault("world_size", 2)
+    return ParameterServer(layout, flat, template, index_of, **kwargs), model, template
+
+
+def _push(server, worker, grad, base_version, share=0.5, flags=0):
+    reply = new_message(server.layout.numel)
+    header = server.apply(worker, PushHeader(flags, base_version, share), grad.clone(), reply)
+    return header, payload(reply).clone()
+
+
+def test_update_applies_the_users_optimizer_with_share_weighting():
+    server, _, _ = _server(lr=0.1, momentum=0.9)
+    start = server.params.clone()
+    grad = torch.arange(float(server.layout.numel))
+    header, params = _push(server, worker=1, grad=grad, base_version=0, share=0.25)
+    assert (header.status, header.version, header.staleness) == (STATUS_OK, 1, 0)
+    # SGD's first step: p - lr * (share * world_size) * g
+    assert torch.allclose(params, start - 0.1 * 0.5 * grad)
+    header, params2 = _push(server, worker=1, grad=grad, base_version=1, share=0.25)
+    assert header.version == 2
+    # momentum lives on the server: second step moves by lr * (0.9 * g' + g')
+    assert torch.allclose(params2, params - 0.1 * (0.9 + 1) * 0.5 * grad)
+
+
+def test_staleness_is_versions_since_the_pull_and_is_tracked():
+    server, _, _ = _server()
+    grad = torch.zeros(server.layout.numel)
+    _push(server, 0, grad, base_version=0)
+    _push(server, 0, grad, base_version=1)
+    header, _ = _push(server, 1, grad, base_version=0)
+    assert header.staleness == 2
+    summary = server.tracker.summary()
+    assert summary["updates_per_worker"] == {0: 2, 1: 1}
+    assert summary["staleness_max"] == 2
+
+
+def test_hyper_parameters_follow_the_template_and_inverse_scaling():
+    server, _, template = _server(lr=1.0, lr_scaling="inverse")
+    grad = torch.ones(server.layout.numel)
+    _push(server, 0, grad, base_version=0, share=0.5)  # staleness 0: full lr
+    template.param_groups[0]["lr"] = 0.5  # e.g. a scheduler stepped the user's optimizer
+    before = server.params.clone()
+    _push(server, 1, grad, base_version=-1, share=0.5)  # staleness 2: lr / 2
+    assert torch.allclose(server.params, before - 0.25 * grad)
+
+
+def test_budget_spent_drops_updates_and_pull_only_reads():
+    server, _, _ = _server()
+    server.max_updates = 1
+    grad = torch.ones(server.layout.numel)
+    _push(server, 0, grad, 0)
+    after_budget = server.params.clone()
+    header, params = _push(server, 1, grad, 0)
+    assert header.status == STATUS_STOPPED and header.version == 1
+    assert torch.equal(params, after_budget)
+    header, params = _push(server, 1, grad, 0, flags=FLAG_PULL_ONLY)
+    assert header.status == STATUS_OK and torch.equal(params, after_budget)
+
+
+def test_lost_rank_aborts_waiting_and_later_requests():
+    server, _, _ = _server(max_staleness=0)
+    grad = torch.zeros(server.layout.numel)
+    _push(server, 0, grad, 0)
+    results = []
+    blocked = threading.Thread(target=lambda: results.append(_push(server, 1, grad, 1)[0]))
+    blocked.start()  # worker 1 is now ahead of worker 0 and waits for it
+    server.fail(PeerLostError(0, "worker", "connection closed"))
+    blocked.join(30)
+    assert not blocked.is_alive()
+    assert results[0].status == STATUS_ABORTED and results[0].lost_rank == 0
+    header, _ = _push(server, 1, grad, 1)
+    assert header.status == STATUS_ABORTED
+
+
+def test_stale_synchronous_gate_holds_the_fast_worker_until_the_slow_one_pushes():
+    server, _, _ = _server(max_staleness=0)
+    grad = torch.zeros(server.layout.numel)
+    _push(server, 0, grad, 0)
+    done = threading.Event()
+
+    def fast_worker():
+        _push(server, 1, grad, 1)
+        done.set()
+
+    thread = threading.Thread(target=fast_worker)
+    thread.start()
+    assert not done.wait(0.2)  # held back: one update ahead of worker 0
+    _push(server, 0, grad, 1, flags=FLAG_LAST)  # worker 0 catches up (and ends its epoch)
+    thread.join(30)
+    assert done.is_set()
+    assert server.version == 3
+
+
+def test_state_round_trip_and_clone_errors():
+    server, _, _ = _server(momentum=0.9)
+    _push(server, 0, torch.ones(server.layout.numel), 0)
+    state = server.state_dict()
+    other, _, _ = _server(momentum=0.9)
+    other.load(state["params"], state["optimizer"], state["version"])
+    assert other.version == 1 and torch.equal(other.params, server.params)
+    assert other.optimizer.state_dict()["state"][0]["momentum_buffer"] is not None
+    stray = torch.nn.Parameter(torch.zeros(1))
+    with pytest.raises(ValueError, match="not trainable parameters"):
+        clone_optimizer(torch.optim.SGD([stray], lr=0.1), [], {})
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda params: torch.optim.AdamW(params, lr=1e-3, weight_decay=0.1),
+        lambda params: torch.optim.Adam(params, lr=1e-3, betas=(0.8, 0.9)),
+        lambda params: torch.optim.RMSprop(params, lr=1e-3, momentum=0.5),
+    ],
+)
+def test_clone_keeps_class_and_every_hyper_parameter(make):
+    model = torch.nn.Linear(3, 2)
+    template = make(model.parameters())
+    copies = [p.detach().clone() for p in model.parameters()]
+    clone = clone_optimizer(template, copies, {id(p): i for i, p in enumerate(model.parameters())})
+    assert type(clone) is type(template)
+    hyper = [{k: v for k, v in g.items() if k != "params"} for g in template.param_groups]
+    assert [{k: v for k, v in g.items() if k != "params"} for g in clone.param_groups] == hyper

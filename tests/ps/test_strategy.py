@@ -1,0 +1,44 @@
+import pytest
+from lightning.pytorch.strategies import StrategyRegistry
+
+import lightning_hetero
+from lightning_hetero.measurement import ComputeTimer
+from lightning_hetero.ps import AsyncPSStrategy
+
+
+def test_registered_and_exported():
+    assert "AsyncPSStrategy" in lightning_hetero.__all__
+    assert StrategyRegistry["async_ps"]["strategy"] is AsyncPSStrategy
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"mode": "sync"}, "mode"),
+        ({"max_staleness": -1}, "max_staleness"),
+        ({"lr_scaling": "sqrt"}, "lr_scaling"),
+        ({"fault_timeout_s": 0}, "fault_timeout_s"),
+    ],
+)
+def test_bad_arguments_name_the_argument(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        AsyncPSStrategy(**kwargs)
+
+
+def test_set_mode_before_setup_just_records_it():
+    strategy = AsyncPSStrategy()
+    assert strategy.mode == "asp"
+    strategy.set_mode("bsp")
+    assert strategy.mode == "bsp" and strategy.last_switch_s is None
+    with pytest.raises(ValueError, match="mode"):
+        strategy.set_mode("hybrid")
+
+
+def test_shares_default_to_equal_and_follow_attached_callable():
+    strategy = AsyncPSStrategy()
+    timer = ComputeTimer()
+    strategy.attach_hetero_batches(timer, lambda: 0.75)
+    assert strategy._share() == 0.75
+    timer.start()
+    strategy._mark_compute_end()
+    assert timer.elapsed_s() is not None

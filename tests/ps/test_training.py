@@ -1,0 +1,155 @@
+"""End-to-end CPU runs of AsyncPSStrategy: the parameter server in rank 0 and two worker processes.
+
+Each run is ``tests/scripts/ps_train.py`` in a fresh interpreter; its ranks write JSON reports.
+"""
+
+import re
+
+import pytest
+import torch
+
+from tests.conftest import read_json
+
+pytestmark = pytest.mark.multiprocess
+
+SAMPLES = 1024
+
+
+def _reports(out, world_size=2):
+    return [read_json(out / f"rank{rank}.json") for rank in range(world_size)]
+
+
+def _mean(values):
+    return sum(values) / len(values)
+
+
+def test_asynchronous_training_converges_covers_each_epoch_once_and_follows_speed(run_script, tmp_path):
+    run_script(
+        "ps_train.py", str(tmp_path), "--epochs", "3", "--slow-rank", "1", "--sleep-per-sample-s", "0.0005",
+        "--by-name",
+        timeout_s=120,
+    )  # fmt: skip
+    fast, slow = _reports(tmp_path)
+    summary = fast["server_summary"]
+    # every epoch visits each sample exactly once across the two workers
+    for epoch in ("0", "1", "2"):
+        assert sorted(fast["seen"][epoch] + slow["seen"][epoch]) == list(range(SAMPLES))
+    # the slowed worker makes fewer updates; global_step is the server's version on every rank
+    assert summary["updates_per_worker"]["0"] > 2 * summary["updates_per_worker"]["1"]
+    assert summary["updates"] == sum(summary["updates_per_worker"].values()) == 3 * SAMPLES // 32
+    assert fast["global_step"] == slow["global_step"] == fast["version"] == summary["updates"]
+    assert summary["staleness_max"] >= 1 and fast["staleness_logged"]
+    # both end on the server's final parameters, and the model learned
+    assert fast["checksum"] == slow["checksum"]
+    assert _mean(fast["losses"][-5:]) < 0.3 * _mean(fast["losses"][:5])
+    assert fast["val_acc"] > 0.9
+
+
+def test_max_staleness_bounds_the_lead_and_max_steps_counts_server_updates(run_script, tmp_path):
+    run_script(
+        "ps_train.py", str(tmp_path), "--epochs", "5", "--max-steps", "40", "--max-staleness", "1",
+        "--slow-rank", "1", "--sleep-per-sample-s", "0.0003",
+        timeout_s=120,
+    )  # fmt: skip
+    fast, slow = _reports(tmp_path)
+    summary = fast["server_summary"]
+    assert summary["updates"] == fast["global_step"] == slow["global_step"] == 40
+    # two workers, clock lead <= 1: an update is at most (1 + 1) * (2 - 1) versions stale
+    assert summary["staleness_max"] <= 2
+    counts = summary["updates_per_worker"]
+    assert abs(counts["0"] - counts["1"]) <= 2 * 2  # lock-step up to the bound (and one epoch boundary)
+
+
+def test_checkpoint_resume_continues_from_the_servers_state(run_script, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    first, second = tmp_path / "first", tmp_path / "second"
+    run_script("ps_train.py", str(first), "--epochs", "2", "--ckpt-dir", str(ckpt), "--momentum", "0.9", timeout_s=120)
+    saved = torch.load(ckpt / "last.ckpt", weights_only=False)
+    run_script(
+        "ps_train.py", str(second), "--epochs", "3", "--resume", str(ckpt / "last.ckpt"), "--momentum", "0.9",
+        timeout_s=120,
+    )  # fmt: skip
+    before, after = _reports(first), _reports(second)
+    version = before[0]["version"]
+    assert saved["async_ps"] == {"version": version, "mode": "asp"}
+    assert saved["global_step"] == version == 2 * SAMPLES // 32
+    assert saved["optimizer_states"][0]["state"]  # the server's momentum buffers
+    for report in after:
+        assert report["start"]["global_step"] == version
+        assert report["start"]["checksum"] == before[0]["checksum"]
+        assert report["global_step"] == version + SAMPLES // 32
+        assert list(report["seen"]) == ["2"]
+
+
+@pytest.mark.parametrize(("start", "switch_to"), [("asp", "bsp"), ("bsp", "asp")])
+def test_switching_mode_between_epochs(run_script, tmp_path, start, switch_to):
+    run_script(
+        "ps_train.py", str(tmp_path), "--epochs", "3", "--mode", start, "--switch-at-epoch", "0",
+        "--switch-to", switch_to, "--momentum", "0.9",
+        timeout_s=120,
+    )  # fmt: skip
+    reports = _reports(tmp_path)
+    updates_per_epoch = {"asp": SAMPLES // 32, "bsp": SAMPLES // (2 * 32)}  # BSP: one update per pair of batches
+    expected_steps = updates_per_epoch[start] + 2 * updates_per_epoch[switch_to]
+    for report in reports:
+        assert report["mode"] == switch_to
+        assert report["last_switch_s"] is not None
+        assert report["global_step"] == report["version"] == expected_steps
+        assert report["val_acc"] > 0.9
+    assert reports[0]["checksum"] == reports[1]["checksum"]
+    if switch_to == "bsp":  # synchronous epochs: equal batches per rank
+        assert all(len(r["seen"][e]) == SAMPLES // 2 for r in reports for e in ("1", "2"))
+
+
+def test_worker_killed_mid_run_ends_the_job_naming_it(run_script, tmp_path):
+    proc = run_script(
+        "ps_train.py", str(tmp_path), "--epochs", "50", "--kill-rank", "1", "--kill-after", "5",
+        "--fault-timeout-s", "20",
+        timeout_s=90, expect_ok=False,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    # Usually the server notices the broken connection; when the worker dies just before an epoch's end, the
+    # epoch-end monitored barrier notices first. Either way the error names rank 1.
+    assert re.search(r"AsyncPSStrategy lost the worker on rank 1|Ranks 1 failed to pass monitoredBarrier", proc.stderr)
+
+
+def test_hung_worker_ends_the_job_within_the_fault_timeout_naming_it(run_script, tmp_path):
+    proc = run_script(
+        "ps_train.py", str(tmp_path), "--epochs", "50", "--kill-rank", "1", "--kill-after", "3", "--hang",
+        "--fault-timeout-s", "5",
+        timeout_s=90, expect_ok=False,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert "Ranks 1 failed to pass monitoredBarrier" in proc.stderr
+
+
+def test_parameter_server_killed_mid_run_stops_the_workers_naming_it(run_script, tmp_path):
+    proc = run_script(
+        "ps_train.py", str(tmp_path), "--epochs", "50", "--kill-rank", "0", "--kill-after", "5",
+        "--fault-timeout-s", "20",
+        timeout_s=90, expect_ok=False,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert "AsyncPSStrategy lost the parameter server on rank 0" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("flag", "message"),
+    [("--manual", "supports automatic optimization only"), ("--two-optimizers", "multiple optimizers")],
+)
+def test_unsupported_setups_raise_at_setup(run_script, tmp_path, flag, message):
+    proc = run_script("ps_train.py", str(tmp_path), "--devices", "1", flag, timeout_s=60, expect_ok=False)
+    assert proc.returncode != 0
+    assert message in proc.stderr
+
+
+def test_heterogeneous_batches_in_bsp_give_the_batch_weighted_mean(run_script, tmp_path):
+    """With HeteroBatchCallback, a 48/16 split of each global batch of 64 trains exactly like a 32/32 split: the
+    strategy weights each rank's gradient by its share (a plain mean would over-weight the 16-sample rank)."""
+    uneven, even = tmp_path / "uneven", tmp_path / "even"
+    for out, sizes in ((uneven, "48,16"), (even, "32,32")):
+        run_script("ps_train.py", str(out), "--mode", "bsp", "--hetero", sizes, "--epochs", "2", timeout_s=120)
+    uneven_reports, even_reports = _reports(uneven), _reports(even)
+    assert [len(r["seen"]["1"]) for r in uneven_reports] == [768, 256]
+    assert uneven_reports[0]["checksum"] == uneven_reports[1]["checksum"]
+    assert uneven_reports[0]["checksum"] == pytest.approx(even_reports[0]["checksum"], rel=1e-4, abs=1e-5)
