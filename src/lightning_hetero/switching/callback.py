@@ -62,10 +62,6 @@ def summarize_phases(epochs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return phases
 
 
-def _hyperparams_of(group: dict[str, Any]) -> dict[str, Any]:
-    return {key: value for key, value in group.items() if key != "params"}
-
-
 class SyncSwitchCallback(Callback):
     """Switch a strategy between synchronous (BSP) and asynchronous (ASP) training at epoch boundaries.
 
@@ -216,16 +212,9 @@ class SyncSwitchCallback(Callback):
         previous = strategy.mode
         if previous == mode:
             return
-        hyperparams = [[_hyperparams_of(group) for group in opt.param_groups] for opt in trainer.optimizers]
         started = time.perf_counter()
         strategy.set_mode(mode)
         elapsed_s = time.perf_counter() - started
-        # Entering BSP, AsyncPSStrategy loads the server's optimizer state into every rank, hyper-parameters included;
-        # the server copies those from rank 0 only at each update, so they miss the schedule's steps since the last
-        # one. Every rank's own values are the schedule's current ones (the schedules agree at epoch boundaries).
-        for optimizer, groups in zip(trainer.optimizers, hyperparams, strict=True):
-            for group, saved in zip(optimizer.param_groups, groups, strict=True):
-                group.update(saved)
         cost_s = getattr(strategy, "last_switch_s", None)
         self.switches.append(
             {"epoch": epoch, "from": previous, "to": mode, "cost_s": elapsed_s if cost_s is None else cost_s}
@@ -344,13 +333,6 @@ class SyncSwitchCallback(Callback):
                 f"switch {switch['from']} -> {switch['to']} before epoch {switch['epoch']}: {switch['cost_s']:.3f} s"
             )
         return "\n".join(lines)
-
-    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
-        # In ASP, AsyncPSStrategy checkpoints the server's optimizer, whose hyper-parameters are copied from rank 0
-        # only at each update and so miss the schedule's (and this callback's) changes since the last one.
-        for state, optimizer in zip(checkpoint.get("optimizer_states", []), trainer.optimizers, strict=False):
-            for saved, group in zip(state["param_groups"], optimizer.param_groups, strict=True):
-                saved.update(_hyperparams_of(group))
 
     def state_dict(self) -> dict[str, Any]:
         return {
