@@ -109,6 +109,7 @@ def test_ddp_slowdown_falls_inside_the_comm_hook_window(run_script, tmp_path):
     run_script("slowdown_ddp.py", str(tmp_path), "2.0")
     fast, slow = (read_json(tmp_path / f"rank{rank}.json")["steps"] for rank in range(2))
     assert all(slept == 0.0 for _, slept in fast)
-    assert all(window > slept > 0 for window, slept in slow)
+    assert slow[0][1] == 0.0, "the first step (one-off costs) is not stretched"
+    assert all(window > slept > 0 for window, slept in slow[1:])
     achieved = [window / (window - slept) for window, slept in slow[4:]]
     assert statistics.median(achieved) == pytest.approx(2.0, rel=0.10), achieved

@@ -110,7 +110,8 @@ class SlowdownEmulator(Callback):
         its core (other ranks on the same host are not slowed, unlike with a real CPU quota), it has no cache,
         memory-bandwidth or thermal effects, data loading and the optimizer step are not slowed, and only compute
         between batch start and the end of backward is stretched. The backward share is estimated from earlier
-        steps, so the first step of a run (and a step right after the model changes) is stretched less exactly.
+        steps, so the first step of a run is not stretched, and a step right after the model changes is stretched
+        less exactly.
         For real throttling use the Docker companion (``lightning-hetero emulate``).
     """
 
@@ -163,9 +164,10 @@ class SlowdownEmulator(Callback):
     def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor) -> None:
         forward_s = time.perf_counter() - self._segment_start
         factor = self.schedule.factor(trainer.global_rank, trainer.current_epoch, trainer.global_step)
-        if factor > 1.0:
-            # before the first measured backward, guess that backward costs what forward did
-            backward_s = statistics.median(self._backward_s) if self._backward_s else forward_s
+        # The first step of a run pays one-off costs (lazy initialisation, first collectives: up to a second under
+        # AsyncPSStrategy) that a slower machine would not multiply; stretching starts once a backward is measured.
+        if factor > 1.0 and self._backward_s:
+            backward_s = statistics.median(self._backward_s)
             slept_from = time.perf_counter()
             time.sleep(stretch_s(factor, forward_s, backward_s))
             self.batch_stretch_s += time.perf_counter() - slept_from
