@@ -101,6 +101,15 @@ def test_switching_mode_between_epochs(run_script, tmp_path, start, switch_to):
         assert all(len(r["seen"][e]) == SAMPLES // 2 for r in reports for e in ("1", "2"))
 
 
+def test_early_stopping_ends_every_worker_at_the_same_epoch(run_script, tmp_path):
+    run_script("ps_train.py", str(tmp_path), "--epochs", "30", "--early-stop-acc", "0.9", timeout_s=120)
+    reports = _reports(tmp_path)
+    stopped = {report["current_epoch"] for report in reports}
+    assert len(stopped) == 1, "all workers stop together"
+    assert stopped.pop() < 30, "EarlyStopping ended the run before max_epochs"
+    assert all(report["val_acc"] >= 0.9 for report in reports)
+
+
 def test_worker_killed_mid_run_ends_the_job_naming_it(run_script, tmp_path):
     proc = run_script(
         "ps_train.py", str(tmp_path), "--epochs", "50", "--kill-rank", "1", "--kill-after", "5",

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, EarlyStopping, ModelCheckpoint
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
@@ -137,6 +137,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--manual", action="store_true")
     parser.add_argument("--by-name", action="store_true", help='pass strategy="async_ps" (the registry entry)')
     parser.add_argument("--hetero", default=None, help="HeteroBatchCallback initial batch sizes, e.g. 48,16")
+    parser.add_argument("--early-stop-acc", type=float, default=None, help="EarlyStopping once val_acc reaches this")
     return parser.parse_args()
 
 
@@ -155,6 +156,10 @@ def main() -> None:
     if args.hetero:
         sizes = [int(size) for size in args.hetero.split(",")]
         callbacks.append(HeteroBatchCallback(initial_batch_sizes=sizes, deadband=10.0, verbose=False))
+    if args.early_stop_acc is not None:
+        callbacks.append(
+            EarlyStopping(monitor="val_acc", mode="max", stopping_threshold=args.early_stop_acc, patience=1000)
+        )
     if args.ckpt_dir:
         callbacks.append(ModelCheckpoint(dirpath=args.ckpt_dir, save_last=True, save_top_k=0))
     trainer = L.Trainer(
