@@ -38,6 +38,18 @@ def test_slowed_rank_ends_with_the_smaller_batch(run_script, tmp_path, num_worke
 
 
 @pytest.mark.multiprocess
+def test_asynchronous_strategy_adjusts_at_epoch_ends(run_script, tmp_path):
+    """Under AsyncPSStrategy in ASP the ranks are not in lock-step: mid-epoch exchanges are skipped, epoch-end
+    ones still rebalance, and every sample is still used once per epoch."""
+    run_script("hetero_train.py", str(tmp_path), "slow", "--strategy", "asp", "--adjust-every", "4")
+    fast, slow = results(tmp_path, "slow")
+    assert fast["final_split"] == slow["final_split"]
+    assert fast["final_split"][1] < fast["final_split"][0]
+    assert sum(fast["local_sizes"]) + sum(slow["local_sizes"]) == 3 * 1024
+    assert fast["adjustments"] <= 3, "at most one adjustment per epoch end"
+
+
+@pytest.mark.multiprocess
 def test_resumed_run_continues_with_the_learned_split(run_script, tmp_path):
     run_script("hetero_train.py", str(tmp_path), "resume", "--epochs", "2")
     first = results(tmp_path, "resume")

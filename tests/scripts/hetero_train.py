@@ -19,7 +19,7 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.strategies import DDPStrategy
 from torch.utils.data import DataLoader
 
-from lightning_hetero import HeteroBatchCallback
+from lightning_hetero import AsyncPSStrategy, HeteroBatchCallback
 from lightning_hetero.synthetic import MLPClassifier, SyntheticClassificationDataModule, make_classification
 
 
@@ -51,10 +51,14 @@ class Recorder(Callback):
 
 def trainer_for(args, callbacks, **kwargs):
     kwargs.setdefault("logger", False)
+    if args.strategy == "asp":
+        strategy = AsyncPSStrategy(mode="asp", fault_timeout_s=60)
+    else:
+        strategy = DDPStrategy(process_group_backend="gloo", timeout=timedelta(seconds=60))
     return L.Trainer(
         accelerator="cpu",
         devices=2,
-        strategy=DDPStrategy(process_group_backend="gloo", timeout=timedelta(seconds=60)),
+        strategy=strategy,
         callbacks=callbacks,
         enable_progress_bar=False,
         enable_model_summary=False,
@@ -111,6 +115,7 @@ def main():
     parser.add_argument("--num-workers", type=int, default=0)
     parser.add_argument("--per-sample-s", type=float, default=0.0005)
     parser.add_argument("--tag", default="")
+    parser.add_argument("--strategy", choices=["ddp", "asp"], default="ddp")
     args = parser.parse_args()
     torch.set_num_threads(1)
     args.out.mkdir(parents=True, exist_ok=True)

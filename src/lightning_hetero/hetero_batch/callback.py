@@ -72,6 +72,8 @@ class HeteroBatchCallback(Callback):
         - Collectives inside ``training_step`` (for example ``self.log(..., sync_dist=True)``) make a fast rank wait
           inside its compute window and blur the measurement; log with ``sync_dist=False`` during training.
         - Gradient accumulation is not supported (``accumulate_grad_batches`` must be 1).
+        - While a strategy trains asynchronously (``AsyncPSStrategy`` in ASP) ranks are not in lock-step, so
+          ``adjust_every_n_steps`` is ignored there and the split changes at epoch ends only.
         - The split in force is part of the callback's checkpoint state; a resumed run continues with it.
     """
 
@@ -251,7 +253,8 @@ class HeteroBatchCallback(Callback):
             self.cost.update(self._local_batch_size, elapsed)
         n = self.adjust_every_n_steps
         assert self.sampler is not None
-        if n is not None and (batch_idx + 1) % n == 0 and batch_idx + 1 < len(self.sampler):
+        mid_epoch = n is not None and (batch_idx + 1) % n == 0 and batch_idx + 1 < len(self.sampler)
+        if mid_epoch and not _asynchronous(trainer.strategy):
             self._adjust(trainer, epoch_end=False)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -331,6 +334,12 @@ class HeteroBatchCallback(Callback):
         self._lr_scale_applied = state_dict.get("lr_scale_applied", False)
         self.history = list(state_dict.get("history", []))
         self.plan = None
+
+
+def _asynchronous(strategy: Any) -> bool:
+    # Ranks of an asynchronous strategy (AsyncPSStrategy in ASP) are not in lock-step inside an epoch: exchanging
+    # measurements there would make fast ranks wait, so the split changes only at epoch ends.
+    return getattr(strategy, "mode", None) == "asp"
 
 
 def _is_ddp(strategy: Any) -> bool:
