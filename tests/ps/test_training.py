@@ -101,6 +101,15 @@ def test_switching_mode_between_epochs(run_script, tmp_path, start, switch_to):
         assert all(len(r["seen"][e]) == SAMPLES // 2 for r in reports for e in ("1", "2"))
 
 
+def test_batchnorm_statistics_are_averaged_where_workers_meet(run_script, tmp_path):
+    run_script("ps_train.py", str(tmp_path), "--epochs", "2", "--batchnorm", timeout_s=120)
+    reports = _reports(tmp_path)
+    assert reports[0]["buffers"], "the model has BatchNorm buffers"
+    # the workers trained on different batches, so only averaging makes their running statistics agree
+    assert reports[0]["buffers"] == pytest.approx(reports[1]["buffers"], rel=1e-6)
+    assert all(report["val_acc"] > 0.9 for report in reports)
+
+
 def test_early_stopping_ends_every_worker_at_the_same_epoch(run_script, tmp_path):
     run_script("ps_train.py", str(tmp_path), "--epochs", "30", "--early-stop-acc", "0.9", timeout_s=120)
     reports = _reports(tmp_path)

@@ -42,6 +42,8 @@ class PSTestModel(MLPClassifier):
     def __init__(self, config: dict) -> None:
         super().__init__(lr=config["lr"], momentum=config["momentum"])
         args = self.args = argparse.Namespace(**config)
+        if args.batchnorm:
+            self.net.insert(1, nn.BatchNorm1d(self.hparams.hidden))
         self.seen: dict[int, list[int]] = {}
         self.losses: list[float] = []
         data = make_classification(args.samples + args.samples // 4, seed=0).tensors
@@ -137,6 +139,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--manual", action="store_true")
     parser.add_argument("--by-name", action="store_true", help='pass strategy="async_ps" (the registry entry)')
     parser.add_argument("--hetero", default=None, help="HeteroBatchCallback initial batch sizes, e.g. 48,16")
+    parser.add_argument("--batchnorm", action="store_true", help="a BatchNorm1d after the first layer")
     parser.add_argument("--early-stop-acc", type=float, default=None, help="EarlyStopping once val_acc reaches this")
     return parser.parse_args()
 
@@ -191,6 +194,7 @@ def main() -> None:
         "seen": model.seen,
         "losses": model.losses,
         "checksum": checksum(model),
+        "buffers": [float(b.double().sum()) for b in model.buffers() if b.is_floating_point()],
         "start": recorder.start,
         "val_acc": float(trainer.callback_metrics.get("val_acc", float("nan"))),
         "staleness_logged": "ps/staleness" in trainer.callback_metrics,

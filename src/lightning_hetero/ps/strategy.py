@@ -346,6 +346,7 @@ class AsyncPSStrategy(DDPStrategy):
         if self._mode == "asp":
             self._meet()
             self._pull()
+            self._average_buffers()
         if self._server is not None:
             self.server_summary = self._server.tracker.summary()
         if self.global_rank == SERVER_RANK:
@@ -523,6 +524,7 @@ class AsyncPSStrategy(DDPStrategy):
 
     def _enter_bsp(self) -> None:
         self._meet()
+        self._average_buffers()
         if self._server is not None:
             state = self._server.state_dict()
             self._flat.copy_(state["params"])
@@ -619,6 +621,20 @@ class AsyncPSStrategy(DDPStrategy):
         if self._active and self._mode == "asp" and trainer is not None and trainer.state.fn == TrainerFn.FITTING:
             self._meet()
             self._pull()
+            self._average_buffers()
+
+    def _average_buffers(self) -> None:
+        """Average the workers' floating-point module buffers (BatchNorm running statistics): in ASP each worker
+        updates its own from its own batches, and the server holds parameters only. Called where all ranks meet."""
+        buffers = [b for b in self.lightning_module.buffers() if b.is_floating_point()]
+        if not buffers or self.world_size == 1:
+            return
+        flat = torch.cat([b.detach().reshape(-1).to(torch.float64) for b in buffers])
+        flat = super().reduce(flat, reduce_op="mean")
+        offset = 0
+        for buffer in buffers:
+            buffer.copy_(flat[offset : offset + buffer.numel()].view_as(buffer))
+            offset += buffer.numel()
 
     @override
     def lightning_module_state_dict(self) -> dict[str, Any]:
