@@ -61,6 +61,19 @@ def test_resumed_run_continues_with_the_learned_split(run_script, tmp_path):
     assert second[0]["global_step"] == 3 * 16
 
 
+@pytest.mark.multiprocess
+def test_mid_epoch_resume_weights_every_batch_by_its_real_size(run_script, tmp_path):
+    """1000 samples in global batches of 64 end with a 40-sample step. A mid-epoch resume replays the epoch from its
+    start while Lightning's batch_idx continues, so sizes must come from the delivered batches, not batch_idx."""
+    common = ["--samples", "1000", "--ckpt-every", "10"]
+    run_script("hetero_train.py", str(tmp_path), "resume", *common, "--epochs", "3", "--max-steps", "20")
+    assert results(tmp_path, "resume")[0]["global_step"] == 20  # stopped (and checkpointed) inside epoch 1
+    run_script("hetero_train.py", str(tmp_path), "resume", *common, "--epochs", "3", "--tag", "b")
+    resumed = results(tmp_path, "resume", "b")
+    assert all(result["weight_mismatches"] == 0 for result in resumed)
+    assert len(resumed[0]["local_sizes"]) == len(resumed[1]["local_sizes"]) > 0
+
+
 class CountingModel(MLPClassifier):
     def __init__(self):
         super().__init__()

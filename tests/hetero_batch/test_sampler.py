@@ -114,3 +114,16 @@ def test_mid_epoch_changes_stay_consistent_under_dataloader_prefetching(num_work
                 plan.schedule(position, split)
     assert sorted(seen) == list(range(400))
     assert not new_splits
+
+
+def test_next_sizes_pairs_each_delivered_batch_with_its_split():
+    plan = SplitPlan([5, 3])
+    sampler = HeteroBatchSampler(range(40), plan, rank=1, shuffle=False)
+    abandoned = iter(sampler)
+    next(abandoned)  # an iterator Lightning creates and drops must not leave sizes behind
+    plan.schedule(2, [2, 6])
+    batches = list(sampler)
+    assert [sampler.next_sizes() for _ in batches] == [(5, 3), (5, 3), (2, 6), (2, 6), (2, 6)]
+    assert [len(batch) for batch in batches] == [3, 3, 6, 6, 6]
+    with pytest.raises(IndexError):
+        sampler.next_sizes()

@@ -40,6 +40,7 @@ class Recorder(Callback):
     def __init__(self, hetero: HeteroBatchCallback) -> None:
         self.hetero = hetero
         self.local_sizes: list[int] = []
+        self.weight_mismatches = 0
         self.start_split = None
 
     def on_train_start(self, trainer, pl_module):
@@ -47,6 +48,8 @@ class Recorder(Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         self.local_sizes.append(int(batch[0].shape[0]))
+        # the callback (earlier in the list) has just set the size it weights this batch's gradient by
+        self.weight_mismatches += int(self.hetero._local_batch_size != int(batch[0].shape[0]))
 
 
 def trainer_for(args, callbacks, **kwargs):
@@ -86,11 +89,18 @@ def run_slow(args, resume: bool = False):
     dm = SyntheticClassificationDataModule(num_samples=args.samples, batch_size=32, num_workers=args.num_workers)
     hetero = HeteroBatchCallback(adjust_every_n_steps=args.adjust_every, warmup_steps=2, deadband=0.05)
     recorder = Recorder(hetero)
-    checkpoint = ModelCheckpoint(dirpath=args.out, save_last=True, save_top_k=0)
+    checkpoint = ModelCheckpoint(
+        dirpath=args.out, save_last=True, save_top_k=0, every_n_train_steps=args.ckpt_every or None
+    )
     ckpt = args.out / "last.ckpt"
     logger = CSVLogger(args.out, name="logs", version=args.mode + args.tag)
     trainer = trainer_for(
-        args, [hetero, recorder, checkpoint], max_epochs=args.epochs, limit_val_batches=0, logger=logger
+        args,
+        [hetero, recorder, checkpoint],
+        max_epochs=args.epochs,
+        max_steps=args.max_steps,
+        limit_val_batches=0,
+        logger=logger,
     )
     trainer.fit(model, datamodule=dm, ckpt_path=str(ckpt) if resume and ckpt.exists() else None)
     return {
@@ -100,6 +110,7 @@ def run_slow(args, resume: bool = False):
         "own_throughput": hetero.meter.value,
         "adjustments": len(hetero.history),
         "local_sizes": recorder.local_sizes,
+        "weight_mismatches": recorder.weight_mismatches,
         "global_step": trainer.global_step,
         "summary": hetero.summary(),
     }
@@ -115,6 +126,8 @@ def main():
     parser.add_argument("--num-workers", type=int, default=0)
     parser.add_argument("--per-sample-s", type=float, default=0.0005)
     parser.add_argument("--tag", default="")
+    parser.add_argument("--max-steps", type=int, default=-1)
+    parser.add_argument("--ckpt-every", type=int, default=0, help="also checkpoint every n training steps")
     parser.add_argument("--strategy", choices=["ddp", "asp"], default="ddp")
     args = parser.parse_args()
     torch.set_num_threads(1)

@@ -235,7 +235,7 @@ class HeteroBatchCallback(Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         assert self.sampler is not None
-        sizes = self.sampler.sizes_at(trainer.current_epoch, batch_idx)
+        sizes = self.sampler.next_sizes()
         self._local_batch_size = sizes[self._rank]
         self._share = sizes[self._rank] / sum(sizes)
         self.timer.start()

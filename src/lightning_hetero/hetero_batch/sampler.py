@@ -13,6 +13,7 @@ use the same split for the same step.
 from __future__ import annotations
 
 import bisect
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -112,6 +113,7 @@ class HeteroBatchSampler(DistributedSampler):
         self._remainder = 0 if drop_last else remainder
         self.steps_per_epoch = full + (1 if self._remainder >= world_size else 0)
         self.produced_position = -1
+        self._pending_sizes: deque[tuple[int, ...]] = deque()
 
     def __len__(self) -> int:
         return self.steps_per_epoch
@@ -130,7 +132,17 @@ class HeteroBatchSampler(DistributedSampler):
         extra = apportion(split, self._remainder, [0] * world, [self._remainder] * world)
         return tuple(b + e for b, e in zip(split, extra, strict=True))
 
+    def next_sizes(self) -> tuple[int, ...]:
+        """Every rank's batch size for the oldest batch yielded and not yet claimed by the training loop.
+
+        DataLoaders deliver batches in the order the sampler yields them (prefetching included), so this pairs each
+        batch with its sizes even when Lightning's ``batch_idx`` does not match the sampler's step (a mid-epoch
+        resume replays the epoch from its start while ``batch_idx`` continues).
+        """
+        return self._pending_sizes.popleft()
+
     def __iter__(self) -> Iterator[list[int]]:
+        self._pending_sizes.clear()  # batches of an abandoned iterator never reach the training loop
         epoch = self.epoch
         if self.shuffle:
             generator = torch.Generator().manual_seed(self.seed + epoch)
@@ -142,6 +154,7 @@ class HeteroBatchSampler(DistributedSampler):
             sizes = self.sizes_at(epoch, step)
             offset = start + sum(sizes[: self.rank])
             self.produced_position = max(self.produced_position, self.position(epoch, step))
+            self._pending_sizes.append(sizes)
             yield order[offset : offset + sizes[self.rank]]
             start += sum(sizes)
 
