@@ -118,6 +118,7 @@ def test_stale_synchronous_gate_holds_the_fast_worker_until_the_slow_one_pushes(
     thread.join(30)
     assert done.is_set()
     assert server.version == 3
+    assert server.tracker.summary()["lead_max"] == 0  # nobody was released ahead of the bound
 
 
 def test_state_round_trip_and_clone_errors():

@@ -56,8 +56,10 @@ def test_max_staleness_bounds_the_lead_and_max_steps_counts_server_updates(run_s
     assert summary["updates"] == fast["global_step"] == slow["global_step"] == 40
     # two workers, clock lead <= 1: an update is at most (1 + 1) * (2 - 1) versions stale
     assert summary["staleness_max"] <= 2
-    counts = summary["updates_per_worker"]
-    assert abs(counts["0"] - counts["1"]) <= 2 * 2  # lock-step up to the bound (and one epoch boundary)
+    # no worker went on to a step more than one update ahead of the slowest active one (unbounded, the fast worker
+    # would lead by many: see the first test); per-worker totals are not bounded, as a worker between epochs
+    # holds nobody back
+    assert summary["lead_max"] <= 1
 
 
 def test_checkpoint_resume_continues_from_the_servers_state(run_script, tmp_path):

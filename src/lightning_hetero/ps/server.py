@@ -175,6 +175,8 @@ class ParameterServer:
                 self.cond.wait()
             if self.lost is not None:
                 return self._reply(reply, STATUS_ABORTED, staleness)
+            if not self.budget_spent:
+                self.tracker.record_lead(self.gate.lead(worker))
             return self._reply(reply, STATUS_OK, staleness)
 
     def _step(self, grad: torch.Tensor, share: float, staleness: int) -> None:

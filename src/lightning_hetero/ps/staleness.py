@@ -14,20 +14,22 @@ LR_SCALING_RULES = ("none", "inverse")
 
 @dataclass
 class StalenessTracker:
-    """Counts applied updates per worker and summarises their staleness.
+    """Counts applied updates per worker and summarises their staleness and the stale-synchronous clock leads.
 
     Example::
 
         >>> tracker = StalenessTracker()
         >>> for worker, staleness in [(0, 0), (1, 1), (0, 2)]:
         ...     tracker.record(worker, staleness)
+        >>> tracker.record_lead(1)
         >>> tracker.summary()
-        {'updates': 3, 'staleness_mean': 1.0, 'staleness_max': 2, 'updates_per_worker': {0: 2, 1: 1}}
+        {'updates': 3, 'staleness_mean': 1.0, 'staleness_max': 2, 'lead_max': 1, 'updates_per_worker': {0: 2, 1: 1}}
     """
 
     updates: int = 0
     staleness_sum: int = 0
     staleness_max: int = 0
+    lead_max: int = 0
     updates_per_worker: dict[int, int] = field(default_factory=dict)
 
     def record(self, worker: int, staleness: int) -> None:
@@ -42,12 +44,21 @@ class StalenessTracker:
         self.staleness_max = max(self.staleness_max, staleness)
         self.updates_per_worker[worker] = self.updates_per_worker.get(worker, 0) + 1
 
+    def record_lead(self, lead: int) -> None:
+        """Account the clock lead a worker was released with (see :meth:`StalenessGate.lead`).
+
+        Args:
+            lead: its updates ahead of the slowest active worker when it went on to its next step.
+        """
+        self.lead_max = max(self.lead_max, lead)
+
     def summary(self) -> dict[str, Any]:
         mean = self.staleness_sum / self.updates if self.updates else 0.0
         return {
             "updates": self.updates,
             "staleness_mean": mean,
             "staleness_max": self.staleness_max,
+            "lead_max": self.lead_max,
             "updates_per_worker": dict(sorted(self.updates_per_worker.items())),
         }
 
@@ -57,8 +68,8 @@ class StalenessGate:
     *active* worker must wait.
 
     A worker is active from the start of its epoch (``join``, or its first push) until its last push of the epoch
-    (``finish``); a worker between epochs or done does not hold others back. A worker that (re)joins starts level with the slowest active worker, so a lead
-    or lag does not carry over from one epoch to the next. The slowest active worker never waits, so the gate cannot
+    (``finish``); a worker between epochs or done does not hold others back. A worker that (re)joins starts level
+    with the slowest active worker, so a lead or lag does not carry over from one epoch to the next. The slowest active worker never waits, so the gate cannot
     deadlock. With ``N`` workers each update's version staleness is at most ``(max_staleness + 1) * (N - 1)``.
 
     Args:
@@ -72,8 +83,8 @@ class StalenessGate:
         >>> gate.clocks
         {0: 1, 1: 2}
         >>> gate.tick(1)
-        >>> gate.may_proceed(1), gate.may_proceed(0)  # worker 1 is two updates ahead; the slowest never waits
-        (False, True)
+        >>> gate.lead(1), gate.may_proceed(1), gate.may_proceed(0)  # worker 1 is 2 ahead; the slowest never waits
+        (2, False, True)
         >>> gate.finish(0)  # worker 0 ended its epoch: nobody to wait for
         >>> gate.may_proceed(1)
         True
@@ -116,15 +127,23 @@ class StalenessGate:
         """
         self._clocks.pop(worker, None)
 
+    def lead(self, worker: int) -> int:
+        """How many updates ``worker`` is ahead of the slowest active worker (0 when it is idle).
+
+        Args:
+            worker: the worker's global rank.
+        """
+        if worker not in self._clocks:
+            return 0
+        return self._clocks[worker] - min(self._clocks.values())
+
     def may_proceed(self, worker: int) -> bool:
         """Whether ``worker`` may start its next step now.
 
         Args:
             worker: the worker's global rank.
         """
-        if self.max_staleness is None or worker not in self._clocks:
-            return True
-        return self._clocks[worker] - min(self._clocks.values()) <= self.max_staleness
+        return self.max_staleness is None or self.lead(worker) <= self.max_staleness
 
 
 def staleness_lr_factor(staleness: int, rule: str = "none") -> float:
