@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -19,24 +20,37 @@ collect_ignore_glob = ["scripts/*"]
 
 
 def _run_script(name: str, *args: str, timeout_s: float = 120, expect_ok: bool = True) -> subprocess.CompletedProcess:
-    """Run ``tests/scripts/<name>`` in a fresh interpreter; Lightning's launcher starts the other ranks from it."""
+    """Run ``tests/scripts/<name>`` in a fresh interpreter; Lightning's launcher starts the other ranks from it.
+
+    The script runs in its own session, so a run past ``timeout_s`` is killed with every rank it started, and the
+    failure shows what the ranks printed until then.
+    """
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.pop("MASTER_PORT", None)
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPTS / name), *args],
-        capture_output=True,
+    command = [sys.executable, str(SCRIPTS / name), *args]
+    with subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=timeout_s,
         env=env,
         cwd=str(SCRIPTS),
-    )
+        start_new_session=True,
+    ) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            stdout, stderr = proc.communicate()
+            raise AssertionError(f"{name} ran past {timeout_s} s and was killed\n{_tails(stdout, stderr)}") from None
     if expect_ok and proc.returncode != 0:
-        raise AssertionError(
-            f"{name} exited with {proc.returncode}\n--- stdout ---\n{proc.stdout[-4000:]}\n"
-            f"--- stderr ---\n{proc.stderr[-6000:]}"
-        )
-    return proc
+        raise AssertionError(f"{name} exited with {proc.returncode}\n{_tails(stdout, stderr)}")
+    return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
+
+
+def _tails(stdout: str, stderr: str) -> str:
+    return f"--- stdout ---\n{stdout[-4000:]}\n--- stderr ---\n{stderr[-6000:]}"
 
 
 @pytest.fixture
