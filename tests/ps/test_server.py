@@ -63,6 +63,23 @@ def test_staleness_is_versions_since_the_pull_and_is_tracked():
     assert summary["staleness_max"] == 2
 
 
+def test_on_update_sees_each_new_version_before_the_next_update_reads_the_template():
+    server, _, template = _server(lr=1.0)
+    versions = []
+
+    def halve_lr(version):
+        versions.append(version)
+        template.param_groups[0]["lr"] /= 2
+
+    server.on_update = halve_lr
+    grad = torch.ones(server.layout.numel)
+    _, first = _push(server, 0, grad, base_version=0)
+    _, second = _push(server, 0, grad, base_version=1)
+    assert versions == [1, 2]
+    # the first update used lr 1, the second the halved lr 0.5 (share 0.5 x world size 2 = weight 1)
+    assert torch.allclose(first - second, 0.5 * grad)
+
+
 def test_hyper_parameters_follow_the_template_and_inverse_scaling():
     server, _, template = _server(lr=1.0, lr_scaling="inverse")
     grad = torch.ones(server.layout.numel)

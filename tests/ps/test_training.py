@@ -83,11 +83,26 @@ def test_checkpoint_resume_continues_from_the_servers_state(run_script, tmp_path
         assert list(report["seen"]) == ["2"]
 
 
+def test_step_schedulers_count_server_updates_in_asp(run_script, tmp_path):
+    run_script(
+        "ps_train.py", str(tmp_path), "--epochs", "2", "--step-lr", "4", "--slow-rank", "1",
+        "--sleep-per-sample-s", "0.0003",
+        timeout_s=120,
+    )  # fmt: skip
+    fast = _reports(tmp_path)[0]
+    version = fast["version"]
+    assert version == 2 * SAMPLES // 32
+    # rank 0 trained fewer batches than the model received updates, yet its scheduler (the server's) counted updates
+    assert fast["local_batches"] < version
+    assert fast["scheduler_steps"] == [version]
+    assert fast["lr"] == pytest.approx(0.1 * 0.9 ** (version // 4))
+
+
 @pytest.mark.parametrize(("start", "switch_to"), [("asp", "bsp"), ("bsp", "asp")])
 def test_switching_mode_between_epochs(run_script, tmp_path, start, switch_to):
     run_script(
         "ps_train.py", str(tmp_path), "--epochs", "3", "--mode", start, "--switch-at-epoch", "0",
-        "--switch-to", switch_to, "--momentum", "0.9",
+        "--switch-to", switch_to, "--momentum", "0.9", "--step-lr", "4",
         timeout_s=120,
     )  # fmt: skip
     reports = _reports(tmp_path)
@@ -99,6 +114,11 @@ def test_switching_mode_between_epochs(run_script, tmp_path, start, switch_to):
         assert report["global_step"] == report["version"] == expected_steps
         assert report["val_acc"] > 0.9
     assert reports[0]["checksum"] == reports[1]["checksum"]
+    # the step-interval scheduler counted every update of the model: per step in BSP, per server update in ASP
+    assert reports[0]["scheduler_steps"] == [expected_steps]
+    if switch_to == "bsp":  # entering BSP gave every rank rank 0's schedule, so the replicas stay identical
+        assert reports[1]["scheduler_steps"] == [expected_steps]
+        assert reports[1]["lr"] == reports[0]["lr"]
     if switch_to == "bsp":  # synchronous epochs: equal batches per rank
         assert all(len(r["seen"][e]) == SAMPLES // 2 for r in reports for e in ("1", "2"))
 

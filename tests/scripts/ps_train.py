@@ -77,6 +77,9 @@ class PSTestModel(MLPClassifier):
         optimizer = torch.optim.SGD(self.parameters(), lr=self.hparams.lr, momentum=self.hparams.momentum)
         if self.args.two_optimizers:
             return [optimizer, torch.optim.SGD(self.parameters(), lr=0.1)]
+        if self.args.step_lr:
+            scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=self.args.step_lr, gamma=0.9)
+            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
         return optimizer
 
     def train_dataloader(self):
@@ -141,6 +144,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--hetero", default=None, help="HeteroBatchCallback initial batch sizes, e.g. 48,16")
     parser.add_argument("--batchnorm", action="store_true", help="a BatchNorm1d after the first layer")
     parser.add_argument("--early-stop-acc", type=float, default=None, help="EarlyStopping once val_acc reaches this")
+    parser.add_argument("--step-lr", type=int, default=0, help="a StepLR (gamma 0.9) with interval='step'")
     return parser.parse_args()
 
 
@@ -198,6 +202,9 @@ def main() -> None:
         "start": recorder.start,
         "val_acc": float(trainer.callback_metrics.get("val_acc", float("nan"))),
         "staleness_logged": "ps/staleness" in trainer.callback_metrics,
+        "local_batches": model.local_batches,
+        "lr": trainer.optimizers[0].param_groups[0]["lr"],
+        "scheduler_steps": [config.scheduler.last_epoch for config in trainer.lr_scheduler_configs],
     }
     (out / f"rank{trainer.global_rank}.json").write_text(json.dumps(result))
     if torch.distributed.is_initialized():

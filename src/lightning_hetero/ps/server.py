@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -88,7 +88,7 @@ class ParameterServer:
         initial: the initial flat parameters (copied).
         template: the user's optimizer; the server's optimizer is a clone, and before every update its
             hyper-parameters (learning rate and the rest) are copied from the template, so learning-rate schedulers
-            stepping the template steer the server.
+            stepping the template steer the server (:attr:`on_update` can step them once per update).
         index_of: ``id(model_parameter) -> layout index``.
         world_size: number of workers (an update's gradient is scaled by ``share * world_size``).
         max_staleness: stale-synchronous bound, see :class:`~lightning_hetero.ps.staleness.StalenessGate`.
@@ -136,6 +136,8 @@ class ParameterServer:
         self.tracker = StalenessTracker()
         self.lost: PeerLostError | None = None
         self.cond = threading.Condition()
+        #: called with the new version after each update, under the server's lock (steps LR schedulers)
+        self.on_update: Callable[[int], None] | None = None
 
     @property
     def budget_spent(self) -> bool:
@@ -166,6 +168,8 @@ class ParameterServer:
             staleness = self.version - header.base_version
             self._step(grad, header.share, staleness)
             self.version += 1
+            if self.on_update is not None:
+                self.on_update(self.version)
             self.tracker.record(worker, staleness)
             self.gate.tick(worker)
             if header.flags & FLAG_LAST:

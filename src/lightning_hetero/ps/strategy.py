@@ -50,6 +50,7 @@ from lightning_hetero.ps.protocol import (
     write_push_header,
 )
 from lightning_hetero.ps.sampler import ClaimSampler
+from lightning_hetero.ps.schedules import ServerStepSchedules
 from lightning_hetero.ps.server import ParameterServer, ServerLoop
 from lightning_hetero.ps.staleness import staleness_lr_factor
 
@@ -162,6 +163,7 @@ class AsyncPSStrategy(DDPStrategy):
         self._joined = False
         self._server: ParameterServer | None = None
         self._loop: ServerLoop | None = None
+        self._step_schedules = ServerStepSchedules()
         self._group: dist.ProcessGroup | None = None
         self._store: dist.Store | None = None
 
@@ -296,6 +298,7 @@ class AsyncPSStrategy(DDPStrategy):
                 lr_scaling=self.lr_scaling,
             )
             self._server.max_updates = trainer.max_steps
+            self._server.on_update = self._step_schedules.after_update
             workers = [rank for rank in range(self.world_size) if rank != SERVER_RANK]
             self._loop = ServerLoop(self._server, workers, self._group, timedelta(seconds=self.fault_timeout_s))
             self._loop.start()
@@ -338,6 +341,15 @@ class AsyncPSStrategy(DDPStrategy):
     def on_train_start(self) -> None:
         if self._restored is not None:
             self._set_step_counter(self.version, in_step=False)
+        if self._mode == "asp":
+            self._take_over_step_schedules()
+
+    def _take_over_step_schedules(self) -> None:
+        """In ASP, step-interval LR schedulers count the server's updates (rank 0's schedulers, which the server's
+        hyper-parameters follow), not each rank's own batches."""
+        trainer = self._trainer()
+        assert trainer is not None
+        self._step_schedules.take_over(trainer.lr_scheduler_configs)
 
     @override
     def on_train_end(self) -> None:
@@ -347,6 +359,7 @@ class AsyncPSStrategy(DDPStrategy):
             self._meet()
             self._pull()
             self._average_buffers()
+        self._step_schedules.release()
         if self._server is not None:
             self.server_summary = self._server.tracker.summary()
         if self.global_rank == SERVER_RANK:
@@ -525,19 +538,26 @@ class AsyncPSStrategy(DDPStrategy):
     def _enter_bsp(self) -> None:
         self._meet()
         self._average_buffers()
+        self._step_schedules.release()
+        optimizer = self.optimizers[0]
+        trainer = self._trainer()
+        assert trainer is not None
+        schedulers = [config.scheduler for config in trainer.lr_scheduler_configs]
         if self._server is not None:
             state = self._server.state_dict()
             self._flat.copy_(state["params"])
-            payload_obj = (state["optimizer"], state["version"])
+            # the server's hyper-parameters date from its last update; rank 0's are the schedules' current ones
+            current = [_hyperparameters(group) for group in optimizer.param_groups]
+            payload_obj = (state["optimizer"], state["version"], current, [s.state_dict() for s in schedulers])
         else:
             payload_obj = None
-        optimizer_state, version = super().broadcast(payload_obj, src=SERVER_RANK)
-        # the server's hyper-parameters date from its last update; each rank's own are the schedules' current ones
-        optimizer = self.optimizers[0]
-        current = [_hyperparameters(group) for group in optimizer.param_groups]
+        optimizer_state, version, current, scheduler_states = super().broadcast(payload_obj, src=SERVER_RANK)
         optimizer.load_state_dict(copy.deepcopy(optimizer_state))
         for group, hyperparameters in zip(optimizer.param_groups, current, strict=True):
             group.update(hyperparameters)
+        if self.global_rank != SERVER_RANK:  # schedulers counted server updates on rank 0 only
+            for scheduler, scheduler_state in zip(schedulers, scheduler_states, strict=True):
+                scheduler.load_state_dict(scheduler_state)
         _optimizers_to_device(self.optimizers, self.root_device)
         _sync_module_states(self.lightning_module)
         self.version = version
@@ -545,6 +565,7 @@ class AsyncPSStrategy(DDPStrategy):
 
     def _enter_asp(self) -> None:
         self._joined = False
+        self._take_over_step_schedules()
         if self._server is not None:
             self._server.load(self._flat, copy.deepcopy(self.optimizers[0].state_dict()), self.version)
         self._meet()

@@ -8,7 +8,6 @@ mode at epoch boundaries, logs what happened and keeps the state a resumed run n
 from __future__ import annotations
 
 import math
-import sys
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -21,6 +20,7 @@ from lightning.pytorch.utilities.data import extract_batch_size
 
 from lightning_hetero.hetero_batch import HeteroBatchCallback
 from lightning_hetero.measurement import ComputeTimer, ThroughputMeter
+from lightning_hetero.ps.schedules import NEVER
 from lightning_hetero.switching.hyperparams import PhaseHyperparamController, PhaseHyperparams, StepScheduleClock
 from lightning_hetero.switching.policies import EpochContext, FixedFractionPolicy, SchedulePolicy, SwitchPolicy
 from lightning_hetero.switching.straggler import StragglerDetector
@@ -184,8 +184,9 @@ class SyncSwitchCallback(Callback):
         for config in trainer.lr_scheduler_configs:
             if config.interval == "step" and not config.reduce_on_plateau:
                 self._step_schedules.append((config, config.frequency))
-                # Lightning steps a scheduler when the batch index is a multiple of its frequency; this one never is.
-                config.frequency = sys.maxsize
+                # Lightning steps a scheduler when the batch index is a multiple of its frequency; this one never is
+                # (and AsyncPSStrategy leaves a scheduler with this frequency to its owner).
+                config.frequency = NEVER
 
     def _release_step_schedules(self) -> None:
         for config, frequency in self._step_schedules:
