@@ -50,9 +50,9 @@ from lightning_hetero.ps.protocol import (
     write_push_header,
 )
 from lightning_hetero.ps.sampler import ClaimSampler
-from lightning_hetero.ps.schedules import ServerStepSchedules
 from lightning_hetero.ps.server import ParameterServer, ServerLoop
 from lightning_hetero.ps.staleness import staleness_lr_factor
+from lightning_hetero.schedules import StepSchedules
 
 MODES = ("asp", "bsp")
 SERVER_RANK = 0
@@ -163,7 +163,7 @@ class AsyncPSStrategy(DDPStrategy):
         self._joined = False
         self._server: ParameterServer | None = None
         self._loop: ServerLoop | None = None
-        self._step_schedules = ServerStepSchedules()
+        self._step_schedules = StepSchedules()
         self._group: dist.ProcessGroup | None = None
         self._store: dist.Store | None = None
 
@@ -298,7 +298,7 @@ class AsyncPSStrategy(DDPStrategy):
                 lr_scaling=self.lr_scaling,
             )
             self._server.max_updates = trainer.max_steps
-            self._server.on_update = self._step_schedules.after_update
+            self._server.on_update = self._step_schedules.step_at
             workers = [rank for rank in range(self.world_size) if rank != SERVER_RANK]
             self._loop = ServerLoop(self._server, workers, self._group, timedelta(seconds=self.fault_timeout_s))
             self._loop.start()

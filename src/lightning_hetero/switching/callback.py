@@ -20,7 +20,7 @@ from lightning.pytorch.utilities.data import extract_batch_size
 
 from lightning_hetero.hetero_batch import HeteroBatchCallback
 from lightning_hetero.measurement import ComputeTimer, ThroughputMeter
-from lightning_hetero.ps.schedules import NEVER
+from lightning_hetero.schedules import StepSchedules
 from lightning_hetero.switching.hyperparams import PhaseHyperparamController, PhaseHyperparams, StepScheduleClock
 from lightning_hetero.switching.policies import EpochContext, FixedFractionPolicy, SchedulePolicy, SwitchPolicy
 from lightning_hetero.switching.straggler import StragglerDetector
@@ -148,7 +148,7 @@ class SyncSwitchCallback(Callback):
         self._epoch_samples = 0
         self._epoch_steps = 0
         self._local_steps: dict[str, int] = {}
-        self._step_schedules: list[tuple[Any, int]] = []
+        self._step_schedules = StepSchedules()
 
     # ------------------------------------------------------------------ setup
 
@@ -180,25 +180,13 @@ class SyncSwitchCallback(Callback):
         self._apply_mode(trainer, mode, epoch)
 
     def _take_over_step_schedules(self, trainer: L.Trainer) -> None:
-        self._step_schedules = []
-        for config in trainer.lr_scheduler_configs:
-            if config.interval == "step" and not config.reduce_on_plateau:
-                self._step_schedules.append((config, config.frequency))
-                # Lightning steps a scheduler when the batch index is a multiple of its frequency; this one never is
-                # (and AsyncPSStrategy leaves a scheduler with this frequency to its owner).
-                config.frequency = NEVER
-
-    def _release_step_schedules(self) -> None:
-        for config, frequency in self._step_schedules:
-            config.frequency = frequency
-        self._step_schedules = []
+        self._step_schedules.release()
+        self._step_schedules.take_over(trainer.lr_scheduler_configs)
 
     def _advance_step_schedules(self, reference_steps: int) -> None:
         last = self.schedule_clock.taken
-        for config, frequency in self._step_schedules:
-            for step in range(last - reference_steps + 1, last + 1):
-                if step % frequency == 0:
-                    config.scheduler.step()
+        for count in range(last - reference_steps + 1, last + 1):
+            self._step_schedules.step_at(count)
 
     def _decide(self, epoch: int) -> str:
         context = EpochContext(epoch, self._max_epochs, tuple(self.history), self.straggler)
@@ -312,12 +300,12 @@ class SyncSwitchCallback(Callback):
     # ------------------------------------------------------------------ summary and state
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._release_step_schedules()
+        self._step_schedules.release()
         if self.verbose:
             rank_zero_info(self.summary())
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        self._release_step_schedules()
+        self._step_schedules.release()
 
     def summary(self) -> str:
         """The phases trained (mode, epochs, time, throughput) and the switches with their cost."""

@@ -1,10 +1,10 @@
-"""Step-interval learning-rate schedulers counted in parameter-server updates while training asynchronously.
+"""Step-interval learning-rate schedulers stepped by a count other than the rank's own optimizer steps.
 
 Lightning steps a scheduler with ``interval="step"`` after each of a rank's own optimizer steps. In ASP the ranks make
-different numbers of steps and the model's updates happen on the parameter server, so each rank's count would drift
-from the model's. :class:`ServerStepSchedules` takes such schedulers away from Lightning's loop and steps them once per
-server update instead (every ``frequency`` updates). Pure bookkeeping over Lightning's scheduler configs: no threads,
-no torch.distributed.
+different numbers of steps, so that count drifts from the model's: ``AsyncPSStrategy`` counts parameter-server updates
+instead, and ``SyncSwitchCallback`` a fixed number of reference steps per epoch. :class:`StepSchedules` takes such
+schedulers away from Lightning's loop and steps them by the owner's count (every ``frequency``-th). Pure bookkeeping
+over Lightning's scheduler configs: no threads, no torch.distributed.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from typing import Any
 NEVER = sys.maxsize
 
 
-class ServerStepSchedules:
-    """Holds the step-interval schedulers taken over from Lightning and steps them by server version.
+class StepSchedules:
+    """Holds the step-interval schedulers taken over from Lightning's loop and steps them by an external count.
 
     ``ReduceLROnPlateau`` (it needs a metric) and epoch-interval schedulers stay with Lightning. A config whose
-    frequency is already :data:`NEVER` is stepped by someone else (``SyncSwitchCallback`` steps schedules by a fixed
-    count per epoch) and is left alone.
+    frequency is already :data:`NEVER` belongs to another owner and is left alone (``SyncSwitchCallback`` takes its
+    schedulers before ``AsyncPSStrategy`` looks).
 
     Example::
 
@@ -31,13 +31,13 @@ class ServerStepSchedules:
         >>> optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
         >>> scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
         >>> config = SimpleNamespace(scheduler=scheduler, interval="step", frequency=1, reduce_on_plateau=False)
-        >>> schedules = ServerStepSchedules()
+        >>> schedules = StepSchedules()
         >>> schedules.take_over([config])
         >>> config.frequency == NEVER  # Lightning's loop no longer steps it
         True
         >>> optimizer.step()
-        >>> for version in range(1, 5):  # four server updates: two StepLR periods
-        ...     schedules.after_update(version)
+        >>> for count in range(1, 5):  # four counted steps (e.g. server updates): two StepLR periods
+        ...     schedules.step_at(count)
         >>> optimizer.param_groups[0]["lr"]
         0.25
         >>> schedules.release()
@@ -50,7 +50,7 @@ class ServerStepSchedules:
 
     @property
     def active(self) -> bool:
-        """Whether any scheduler is stepped by server updates now."""
+        """Whether any scheduler is taken now."""
         return bool(self._taken)
 
     def take_over(self, configs: Iterable[Any]) -> None:
@@ -72,12 +72,12 @@ class ServerStepSchedules:
             config.frequency = frequency
         self._taken = []
 
-    def after_update(self, version: int) -> None:
-        """Step every scheduler whose frequency divides the server's new ``version``.
+    def step_at(self, count: int) -> None:
+        """Count one step: step every scheduler whose frequency divides ``count``.
 
         Args:
-            version: the number of updates applied so far, this one included.
+            count: the steps counted so far, this one included (for example the server's new version).
         """
         for config, frequency in self._taken:
-            if version % frequency == 0:
+            if count % frequency == 0:
                 config.scheduler.step()

@@ -2,7 +2,7 @@ from types import SimpleNamespace
 
 import torch
 
-from lightning_hetero.ps.schedules import NEVER, ServerStepSchedules
+from lightning_hetero.schedules import NEVER, StepSchedules
 
 
 def _config(interval="step", frequency=1, plateau=False):
@@ -17,23 +17,23 @@ def _config(interval="step", frequency=1, plateau=False):
 
 def test_only_step_interval_schedulers_are_taken_and_frequency_counts_updates():
     every_third, epoch, plateau = _config(frequency=3), _config(interval="epoch"), _config(plateau=True)
-    schedules = ServerStepSchedules()
+    schedules = StepSchedules()
     schedules.take_over([every_third, epoch, plateau])
     assert schedules.active
     assert (every_third.frequency, epoch.frequency, plateau.frequency) == (NEVER, 1, 1)
     for version in range(1, 8):
-        schedules.after_update(version)
+        schedules.step_at(version)
     assert every_third.scheduler.last_epoch == 2  # stepped at updates 3 and 6
     assert epoch.scheduler.last_epoch == 0
 
 
 def test_taking_over_twice_or_a_config_owned_elsewhere_is_a_no_op():
     config, owned = _config(frequency=2), _config(frequency=NEVER)
-    schedules = ServerStepSchedules()
+    schedules = StepSchedules()
     schedules.take_over([config, owned])
     schedules.take_over([config, owned])
     for version in range(1, 5):
-        schedules.after_update(version)
+        schedules.step_at(version)
     assert config.scheduler.last_epoch == 2, "stepped once per two updates, not twice"
     assert owned.scheduler.last_epoch == 0
     schedules.release()
