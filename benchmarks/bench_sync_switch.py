@@ -229,7 +229,12 @@ def run_config(args: argparse.Namespace) -> None:
         if hetero is not None:
             result["final_split"] = list(hetero.batch_sizes or ())
             result["split_history"] = [
-                {"epoch": entry["epoch"], "from": list(entry["from"]), "to": list(entry["to"])}
+                {
+                    "epoch": entry["epoch"],
+                    "from": list(entry["from"]),
+                    "to": list(entry["to"]),
+                    "costs_overhead_s_per_sample_s": [list(cost) for cost in entry["costs"]],
+                }
                 for entry in hetero.history
             ]
         Path(args.out).write_text(json.dumps(result, default=str))
