@@ -118,6 +118,14 @@ def test_lost_rank_aborts_waiting_and_later_requests():
     assert header.status == STATUS_ABORTED
 
 
+def test_wait_lost_returns_the_lost_rank_once_recorded():
+    server, _, _ = _server()
+    assert server.wait_lost(0.01) is None
+    threading.Timer(0.05, server.fail, args=(PeerLostError(1, "worker", "connection closed"),)).start()
+    lost = server.wait_lost(30)
+    assert lost is not None and lost.rank == 1
+
+
 def test_stale_synchronous_gate_holds_the_fast_worker_until_the_slow_one_pushes():
     server, _, _ = _server(max_staleness=0)
     grad = torch.zeros(server.layout.numel)

@@ -153,6 +153,18 @@ def test_worker_killed_mid_run_ends_the_job_naming_it(run_script, tmp_path):
     assert re.search(r"AsyncPSStrategy lost the worker on rank 1|Ranks 1 failed to pass monitoredBarrier", proc.stderr)
 
 
+def test_worker_dying_while_the_server_waits_at_the_epoch_end_is_named(run_script, tmp_path):
+    # rank 1 is slow, so rank 0 claims the rest of the epoch and waits in the epoch-end barrier when rank 1 dies;
+    # the barrier breaks with gloo's "connection closed" (no rank named) and the server's thread names the worker
+    proc = run_script(
+        "ps_train.py", str(tmp_path), "--epochs", "5", "--slow-rank", "1", "--sleep-per-sample-s", "0.01",
+        "--kill-rank", "1", "--kill-after", "3", "--fault-timeout-s", "20",
+        timeout_s=90, expect_ok=False,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert "AsyncPSStrategy lost the worker on rank 1" in proc.stderr
+
+
 def test_hung_worker_ends_the_job_within_the_fault_timeout_naming_it(run_script, tmp_path):
     proc = run_script(
         "ps_train.py", str(tmp_path), "--epochs", "50", "--kill-rank", "1", "--kill-after", "3", "--hang",

@@ -223,6 +223,16 @@ class ParameterServer:
                 self.lost = error
             self.cond.notify_all()
 
+    def wait_lost(self, timeout_s: float) -> PeerLostError | None:
+        """The recorded lost rank, waiting up to ``timeout_s`` for one to be recorded (``None`` if none is).
+
+        Args:
+            timeout_s: the longest wait.
+        """
+        with self.cond:
+            self.cond.wait_for(lambda: self.lost is not None, timeout=timeout_s)
+            return self.lost
+
     def state_dict(self) -> dict[str, Any]:
         """A consistent snapshot: flat parameters (copy), optimizer state and version."""
         with self.cond:

@@ -59,6 +59,8 @@ SERVER_RANK = 0
 # The server's threads block in receives for as long as their worker is alive (it may validate, or the strategy may
 # train synchronously for many epochs); a dead worker breaks the connection at once, so no timeout is needed there.
 _SERVER_RECEIVE_TIMEOUT = timedelta(days=7)
+# How long a failed epoch-end barrier waits for the server's threads to name a worker whose connection broke.
+_LOST_WORKER_GRACE_S = 5.0
 
 
 def _hyperparameters(param_group: dict[str, Any]) -> dict[str, Any]:
@@ -581,6 +583,11 @@ class AsyncPSStrategy(DDPStrategy):
         try:
             dist.monitored_barrier(timeout=timedelta(seconds=self.fault_timeout_s), wait_all_ranks=True)
         except RuntimeError as err:
+            # A worker that died (rather than hung) breaks the barrier at once with gloo's "connection closed",
+            # which names no rank; the server's thread for that worker sees its own connection break and knows it.
+            lost = self._server.wait_lost(_LOST_WORKER_GRACE_S) if self._server is not None else None
+            if lost is not None:
+                raise PeerLostError(lost.rank, lost.role, lost.cause) from err
             raise RuntimeError(f"AsyncPSStrategy: a rank did not reach the epoch's end in time: {err}") from err
 
     @override
