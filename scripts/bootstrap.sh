@@ -21,7 +21,7 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 
 cpu_torch_wheel() {
     local links
-    links=$("${PIP[@]}" config get global.find-links 2>/dev/null || true)
+    links=$("$VENV/bin/python" -m pip --disable-pip-version-check config get global.find-links 2>/dev/null || true)
     for dir in ${links//file:\/\//}; do
         ls "$dir"/torch-*+cpu-*.whl 2>/dev/null | sort -V | tail -n 1
     done | tail -n 1
