@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -132,3 +133,59 @@ def test_example_trains_on_two_ranks(example, mode, tmp_path):
         timeout_s=180,
     )
     assert list((tmp_path / "checkpoints").glob("epoch=1-*.ckpt"))
+
+
+def outside_env() -> dict[str, str]:
+    """The environment of a user outside the checkout: no PYTHONPATH, no inherited rendezvous port."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    for name in ("PYTHONPATH", "MASTER_PORT", "MASTER_ADDR"):
+        env.pop(name, None)
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_script_runs_by_path_from_another_directory(example, tmp_path):
+    script = REPO / Path(*EXAMPLES[example][0].split(".")).with_suffix(".py")
+    proc = subprocess.run(
+        [sys.executable, str(script), "fit", *config_args(example, "bsp"), "--print_config"],
+        cwd=tmp_path,
+        env=outside_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    assert "HeteroBatchCallback" in proc.stdout
+
+
+@pytest.mark.multiprocess
+def test_fabric_run_trains_an_example_on_two_processes(tmp_path):
+    # `fabric run` (Lightning 2.x's runner) starts the script by path, through torchrun, with no PYTHONPATH
+    fabric = Path(sys.executable).with_name("fabric")
+    _, _, tiny_data = EXAMPLES["resnet20"]
+    command = [
+        str(fabric),
+        "run",
+        "--accelerator=cpu",
+        "--devices=2",
+        f"--main-port={free_port()}",
+        str(REPO / "examples" / "image_classification" / "train.py"),
+        "fit",
+        *config_args("resnet20", "bsp"),
+        "--trainer.max_steps=3",
+        "--trainer.limit_val_batches=1",
+        f"--trainer.default_root_dir={tmp_path}",
+        *QUIET_TRAINER,
+        *tiny_data,
+    ]
+    proc = subprocess.run(command, cwd=tmp_path, env=outside_env(), capture_output=True, text=True, timeout=180)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-6000:]
+    assert "MEMBER: 2/2" in output
+    assert [p.name.split("-")[1] for p in (tmp_path / "checkpoints").iterdir()] == ["step=3.ckpt"]
