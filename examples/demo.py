@@ -197,7 +197,7 @@ def report(results: dict) -> list[str]:
         ("best fixed split (sweep)", "-", "-", best_split),
     ]
     lines = [
-        f"{'':<25}{'training run':^20}  {'fixed-split sweep':^19}",
+        f"{'':<25}{'training run':^20}  {'fixed-split sweep':^19}".rstrip(),
         f"{'':<25}{'samples/s':>11}{'val acc':>9}  {'samples/s':>11}{'of best':>8}   batch per rank",
     ]
     for name, rate, acc, split in rows:
