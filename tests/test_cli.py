@@ -1,5 +1,6 @@
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
@@ -40,6 +41,14 @@ def test_cluster_dry_runs(capsys):
         (["emulate", "--dry-run", "level=HL3"], "level: unknown level 'HL3'"),
         (["emulate", "--dry-run", "level=HL2", "lvl=3"], "lvl: unknown key"),
         (["emulate", "--dry-run", "levels.x=['0','1','2','7']", "level=x", "host_cpus=4"], "beyond the host's 4"),
+        (
+            ["emulate", "--dry-run", "level=HL4", "allocation=cpuset", "host_cpus=2"],
+            "the host has 2 cores; use allocation=quota",
+        ),
+        (
+            ["emulate", "--dry-run", "schedule=omnilearn-resnet18", "schedule.unit=seconds"],
+            "schedule.unit: schedule 'omnilearn-resnet18' is a named schedule, by epoch",
+        ),
     ],
 )
 def test_configuration_errors_exit_2_naming_the_key(argv, message, capsys):
@@ -53,13 +62,25 @@ def test_unreachable_daemon_is_a_clear_error(monkeypatch, capsys, tmp_path):
     assert f"cannot reach the Docker daemon at unix://{tmp_path}/no-docker.sock" in capsys.readouterr().err
 
 
-def test_dry_run_never_imports_the_docker_sdk():
-    code = (
-        "import sys; from lightning_hetero.cli import main; "
-        "main(['emulate', '--dry-run', 'level=HL2']); print('docker' in sys.modules)"
+def test_dry_run_and_help_import_neither_docker_nor_lightning():
+    # the host companion starts in well under a second: no Docker SDK, Lightning or torch until it needs them
+    code = textwrap.dedent(
+        """
+        import contextlib, sys
+        from lightning_hetero.cli import main
+        main(["emulate", "--dry-run", "level=HL2"])
+        with contextlib.suppress(SystemExit):
+            main(["--help"])
+        print(sorted(m for m in ("docker", "lightning", "torch") if m in sys.modules))
+        """
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.splitlines()[-1] == "False"
+    assert out.splitlines()[-1] == "[]"
+
+
+def test_named_schedule_still_overrides_a_seconds_schedule(capsys):
+    assert main(["emulate", "--dry-run", "schedule.unit=seconds", "schedule=omnilearn-resnet18", "host_cpus=48"]) == 0
+    assert "epoch 15: HL8:" in capsys.readouterr().out
 
 
 def test_help_lists_the_commands(capsys):
@@ -68,3 +89,5 @@ def test_help_lists_the_commands(capsys):
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
     assert "emulate" in out and "cluster" in out
+    assert "variant=bsp (worker1-4)                HL1 12,12,12,12  HL2 12,12,8,16  HL4 9,9,6,24  HL8 6,6,4,32" in out
+    assert "omnilearn-resnet18   0: HL1  5: HL2  10: HL4  15: HL8" in out

@@ -1,21 +1,51 @@
-"""lightning-hetero: PyTorch Lightning plugins for training on heterogeneous clusters."""
+"""lightning-hetero: PyTorch Lightning plugins for training on heterogeneous clusters.
+
+The public names load on first use, so that the ``lightning-hetero`` command starts without importing Lightning.
+Importing any of them registers ``"async_ps"`` in Lightning's ``StrategyRegistry``, and so does importing the
+package where Lightning is imported already (``import lightning`` first, as sorted imports have it).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import TYPE_CHECKING, Any
 
 from lightning_hetero.__about__ import __version__
-from lightning_hetero.emulation import ProgressReporter, SlowdownEmulator
-from lightning_hetero.hetero_batch import BatchSizeController, HeteroBatchCallback
-from lightning_hetero.measurement import ComputeTimer, ThroughputMeter
-from lightning_hetero.ps import AsyncPSStrategy
-from lightning_hetero.switching import (
-    FixedFractionPolicy,
-    GreedyPolicy,
-    PhaseHyperparams,
-    SchedulePolicy,
-    StragglerDetector,
-    SwitchPolicy,
-    SyncSwitchCallback,
-    search_bsp_fraction,
-)
 
+if TYPE_CHECKING:
+    from lightning_hetero.emulation import ProgressReporter, SlowdownEmulator
+    from lightning_hetero.hetero_batch import BatchSizeController, HeteroBatchCallback
+    from lightning_hetero.measurement import ComputeTimer, ThroughputMeter
+    from lightning_hetero.ps import AsyncPSStrategy
+    from lightning_hetero.switching import (
+        FixedFractionPolicy,
+        GreedyPolicy,
+        PhaseHyperparams,
+        SchedulePolicy,
+        StragglerDetector,
+        SwitchPolicy,
+        SyncSwitchCallback,
+        search_bsp_fraction,
+    )
+
+_MODULES = {
+    "AsyncPSStrategy": "lightning_hetero.ps",
+    "BatchSizeController": "lightning_hetero.hetero_batch",
+    "ComputeTimer": "lightning_hetero.measurement",
+    "FixedFractionPolicy": "lightning_hetero.switching",
+    "GreedyPolicy": "lightning_hetero.switching",
+    "HeteroBatchCallback": "lightning_hetero.hetero_batch",
+    "PhaseHyperparams": "lightning_hetero.switching",
+    "ProgressReporter": "lightning_hetero.emulation",
+    "SchedulePolicy": "lightning_hetero.switching",
+    "SlowdownEmulator": "lightning_hetero.emulation",
+    "StragglerDetector": "lightning_hetero.switching",
+    "SwitchPolicy": "lightning_hetero.switching",
+    "SyncSwitchCallback": "lightning_hetero.switching",
+    "ThroughputMeter": "lightning_hetero.measurement",
+    "search_bsp_fraction": "lightning_hetero.switching",
+}
 __all__ = [
     "AsyncPSStrategy",
     "BatchSizeController",
@@ -34,3 +64,18 @@ __all__ = [
     "__version__",
     "search_bsp_fraction",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _MODULES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    importlib.import_module("lightning_hetero.ps")  # registers "async_ps"
+    return getattr(importlib.import_module(_MODULES[name]), name)
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_MODULES})
+
+
+if "lightning.pytorch" in sys.modules:
+    importlib.import_module("lightning_hetero.ps")

@@ -24,7 +24,9 @@ from typing import TYPE_CHECKING
 
 from lightning_hetero.emulation.config import ConfigError, EmulationConfig, load_config
 from lightning_hetero.emulation.plan import ContainerUpdate, PlanError, plan_level
+from lightning_hetero.emulation.presets import OMNILEARN_CORES, TABLE_HOST_CPUS
 from lightning_hetero.emulation.runner import BackendError, describe_plan, run_dynamic, run_static
+from lightning_hetero.emulation.schedule import OMNILEARN_SCHEDULES
 
 if TYPE_CHECKING:
     from lightning_hetero.emulation.docker_backend import DockerBackend
@@ -33,10 +35,41 @@ EXIT_USAGE = 2
 EXIT_FAILED = 1
 
 
+def catalogue() -> str:
+    """The preset levels and named schedules, for ``--help``.
+
+    Example::
+
+        >>> print(catalogue().splitlines()[1])
+          variant=bsp (worker1-4)                HL1 12,12,12,12  HL2 12,12,8,16  HL4 9,9,6,24  HL8 6,6,4,32
+    """
+    lines = [f"levels (cores per container on a {TABLE_HOST_CPUS}-core host, scaled to the Docker host's cores):"]
+    for variant, containers in (("bsp", "worker1-4"), ("asp", "aspworker1 = server, 2-5")):
+        levels = "  ".join(f"{name} {','.join(map(str, cores))}" for name, cores in OMNILEARN_CORES[variant].items())
+        lines.append(f"  {f'variant={variant} ({containers})':<38} {levels}")
+    lines.append("  your own: levels.NAME=[1.0,1.0,1.0,0.25] level=NAME (CPUs or quoted cpuset strings per container)")
+    lines.append("schedules (by epoch, from ProgressReporter's records):")
+    for name, steps in OMNILEARN_SCHEDULES.items():
+        lines.append(f"  {name:<20} " + "  ".join(f"{start}: {level}" for start, level in steps))
+    lines.append(
+        "  your own: schedule='{unit: epoch|seconds, steps: [{start: 0, level: HL1}, {start: 600, level: HL4}]}'"
+    )
+    lines += [
+        "examples:",
+        "  lightning-hetero emulate --dry-run level=HL4",
+        "  lightning-hetero emulate schedule=omnilearn-resnet18",
+        "  lightning-hetero cluster up level=HL1",
+        "configuration reference: https://github.com/lightning-hetero/lightning-hetero/blob/main/docs/emulation.md",
+    ]
+    return "\n".join(lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lightning-hetero",
         description="Emulate heterogeneous workers with Docker CPU limits (cpusets and quotas).",
+        epilog=catalogue(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -51,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="apply a level (static) or follow a schedule by epoch or wall-clock time (dynamic)",
         description="Static mode applies `level`; dynamic mode follows `schedule`, reading epochs from "
         "`progress_dir` (written by lightning_hetero.ProgressReporter) or the clock.",
+        epilog=catalogue(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_common(emulate)
     cluster = commands.add_parser("cluster", help="create or remove the worker containers")

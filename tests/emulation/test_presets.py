@@ -52,7 +52,7 @@ def test_apportion_sums_exactly_and_respects_minimum():
         ({"name": "HL1", "variant": "sync"}, "unknown variant"),
         ({"name": "HL1", "allocation": "pin"}, "unknown allocation"),
         ({"name": "HL1", "host_cpus": 0}, "host_cpus must be positive"),
-        ({"name": "HL1", "host_cpus": 3, "allocation": "cpuset"}, "at least 1 of 3"),
+        ({"name": "HL1", "host_cpus": 3, "allocation": "cpuset"}, "the host has 3 cores; use allocation=quota"),
     ],
 )
 def test_bad_preset_arguments(kwargs, message):

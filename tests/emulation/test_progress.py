@@ -1,6 +1,7 @@
 import pytest
 
-from lightning_hetero.emulation.progress import PROGRESS_DIR_ENV, ProgressReporter, read_progress, write_progress
+from lightning_hetero.emulation.progress import PROGRESS_DIR_ENV, read_progress, write_progress
+from lightning_hetero.emulation.reporter import ProgressReporter
 
 
 def test_records_are_replaced_per_rank(tmp_path):

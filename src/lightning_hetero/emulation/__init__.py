@@ -1,9 +1,27 @@
 """Heterogeneity emulation: a Docker host companion (``lightning-hetero emulate``) and an in-process emulator.
 
-The Docker SDK is imported only by :mod:`lightning_hetero.emulation.docker_backend`, never from here.
+The host companion's modules (``config``, ``presets``, ``schedule``, ``plan``, ``runner``, ``progress``) need
+neither Lightning nor torch; the two callbacks below load on first use. The Docker SDK is imported only by
+:mod:`lightning_hetero.emulation.docker_backend`, never from here.
 """
 
-from lightning_hetero.emulation.progress import ProgressReporter
-from lightning_hetero.emulation.slowdown import SlowdownEmulator
+from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lightning_hetero.emulation.reporter import ProgressReporter
+    from lightning_hetero.emulation.slowdown import SlowdownEmulator
+
+_MODULES = {
+    "ProgressReporter": "lightning_hetero.emulation.reporter",
+    "SlowdownEmulator": "lightning_hetero.emulation.slowdown",
+}
 __all__ = ["ProgressReporter", "SlowdownEmulator"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _MODULES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_MODULES[name]), name)

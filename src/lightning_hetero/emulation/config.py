@@ -176,6 +176,13 @@ def _merge(base: dict[str, Any], new: Mapping[str, Any], schema: Mapping[str, An
         if schema is not None and key not in schema:
             raise ConfigError(f"{name}: unknown key (known: {', '.join(schema)})")
         child_schema = schema.get(key) if schema is not None and key not in FREE_FORM_KEYS else None
+        if key == "schedule" and isinstance(value, dict) and isinstance(base.get(key), str):
+            # a key set on a named schedule would replace the whole preset with that one key
+            raise ConfigError(
+                f"{name}.{next(iter(value), 'unit')}: schedule {base[key]!r} is a named schedule, by epoch, and has no "
+                "settings; a schedule in seconds needs its own steps, in seconds: "
+                "schedule='{unit: seconds, steps: [{start: 0, level: HL1}, {start: 600, level: HL4}]}'"
+            )
         if isinstance(value, dict) and isinstance(base.get(key), dict):
             _merge(base[key], value, child_schema if isinstance(child_schema, dict) else None, f"{name}.")
         else:

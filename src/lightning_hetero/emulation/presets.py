@@ -136,6 +136,11 @@ def preset_level(name: str, variant: str = "bsp", host_cpus: int = TABLE_HOST_CP
         raise ValueError(f"host_cpus must be positive, got {host_cpus}")
     cores = table[name]
     if allocation == "cpuset" or (allocation == "auto" and host_cpus >= TABLE_HOST_CPUS):
+        if host_cpus < len(cores):
+            raise ValueError(
+                f"{name} with allocation=cpuset pins at least one whole core to each of {len(cores)} containers, "
+                f"but the host has {host_cpus} cores; use allocation=quota (fractions of a CPU) on this host"
+            )
         return pinned_level(name, apportion(cores, host_cpus))
     scale = host_cpus / TABLE_HOST_CPUS
     return Level(name, tuple(Allocation(cpus=round(c * scale, 3)) for c in cores))
