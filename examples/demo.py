@@ -63,7 +63,7 @@ def train_all(out: Path) -> None:
             print(PROGRESS + message, flush=True)
 
     class StepClock(Callback):
-        """The wall-clock time at the end of every training step, with its epoch (rank 0's view)."""
+        """The wall-clock time at the end of every training step, with its epoch (rank 0's are reported)."""
 
         def __init__(self) -> None:
             self.steps: list[tuple[int, float]] = []
@@ -99,9 +99,10 @@ def train_all(out: Path) -> None:
         def __init__(self, schedule: list[list[int]], rank: int, num_samples: int) -> None:
             self.sizes = [split[rank] for split in schedule]
             self.num_samples = num_samples
+            self.seed = rank
 
         def __iter__(self):
-            generator = torch.Generator().manual_seed(rank)
+            generator = torch.Generator().manual_seed(self.seed)
             for size in self.sizes:
                 yield torch.randint(self.num_samples, (size,), generator=generator).tolist()
 
