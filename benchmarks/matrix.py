@@ -24,12 +24,15 @@ Plain DDP at the same HL and rank count is the reference for "vs DDP" and for th
 
 Usage:
     python benchmarks/matrix.py                # the full matrix, ~10 minutes on 2 cores
-    python benchmarks/matrix.py --quick        # HL1 and HL8, 2 ranks, 3 short epochs (~1 minute)
+    python benchmarks/matrix.py --quick        # HL1 and HL8, 2 ranks, 3 short epochs (~2 minutes)
     python benchmarks/matrix.py --replot       # table and plots again from the JSON, without training
+    python benchmarks/matrix.py --out benchmarks/results/matrix.json   # replace the committed results
 
-Writes ``benchmarks/results/matrix.json`` (``--out``) and, when matplotlib is installed (``pip install -e
-".[plots]"``), ``<out stem>_throughput.png``, ``_batch_sizes.png`` and ``_accuracy.png`` beside it. Without
-matplotlib the plots are skipped with a note (said at the start, before the long run); the JSON and table are written.
+Writes ``benchmarks/results/local/matrix.json`` (``matrix_quick.json`` with ``--quick``; the folder is not tracked by
+git, so a run never overwrites the committed ``benchmarks/results/matrix.json`` unless ``--out`` names it) and, when
+matplotlib is installed (``pip install -e ".[plots]"``), ``<out stem>_throughput.png``, ``_batch_sizes.png`` and
+``_accuracy.png`` beside it. Without matplotlib the plots are skipped with a note (said at the start, before the long
+run); the JSON and table are written.
 """
 
 from __future__ import annotations
@@ -383,6 +386,11 @@ def write_outputs(report: dict[str, Any], out: Path, plots: bool) -> None:
         print("plots skipped: matplotlib is not installed (pip install -e '.[plots]'); JSON and table written")
 
 
+def default_out(quick: bool) -> Path:
+    """Where a run writes unless ``--out`` says otherwise: a folder git ignores, never the committed results."""
+    return HERE / "results" / "local" / ("matrix_quick.json" if quick else "matrix.json")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="HL1 and HL8 on 2 ranks, 3 epochs of 1024 samples")
@@ -402,13 +410,14 @@ def main() -> None:
     parser.add_argument("--hybrid-asp-lr-scale", type=float, default=1.0, help="hybrid: LR scale in its ASP phase")
     parser.add_argument("--hybrid-asp-momentum-ramp", type=int, default=0, help="hybrid: momentum ramp steps in ASP")
     parser.add_argument("--timeout-s", type=float, default=240.0, help="per configuration")
-    parser.add_argument("--out", type=Path, default=None, help="JSON path (default benchmarks/results/matrix.json)")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="JSON path (default benchmarks/results/local/matrix[_quick].json)"
+    )
     args = parser.parse_args()
     if args.quick:
         args.levels, args.ranks, args.epochs, args.samples = "HL1,HL8", "2", 3, 1024
         args.hybrid_schedule = "bsp:0-1,asp:2-"
-    default_name = "matrix_quick.json" if args.quick else "matrix.json"
-    out = args.out or HERE / "results" / default_name
+    out = args.out or default_out(args.quick)
     plots = importlib.util.find_spec("matplotlib") is not None
     if not plots:
         print("note: matplotlib is not installed (pip install -e '.[plots]'): the plots will be skipped")

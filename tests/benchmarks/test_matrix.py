@@ -133,3 +133,12 @@ def test_without_matplotlib_the_plots_are_skipped_with_a_note(tmp_path, monkeypa
     assert "matplotlib is not installed" in printed and "plots skipped" in printed
     assert json.loads(out.read_text())["rows"][0]["method"] == "ddp"
     assert not list(tmp_path.glob("*.png"))
+
+
+@pytest.mark.parametrize("quick", [False, True])
+def test_runs_write_where_git_ignores_them(quick):
+    repo = SCRIPT.parents[1]
+    out = matrix.default_out(quick).relative_to(repo)
+    ignored = [line.strip("/") for line in (repo / ".gitignore").read_text().splitlines() if line.endswith("/")]
+    assert any(str(out).startswith(folder + "/") for folder in ignored), out
+    assert out != Path("benchmarks/results/matrix.json")
