@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import doctest
+import importlib.util
 import os
 import subprocess
 import sys
@@ -120,3 +122,11 @@ def test_check_names_a_cuda_torch_and_nvidia_packages(tmp_path):
     assert proc.returncode == 1
     assert "nvidia-cublas-cu12 12.8.4.1" in proc.stderr
     assert "torch 2.14.1 (built for CUDA 12.8)" in proc.stderr
+
+
+def test_docstring_examples_pass():
+    spec = importlib.util.spec_from_file_location("cpu_torch", REPO / "scripts" / "cpu_torch.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    result = doctest.testmod(module)
+    assert result.attempted > 0 and result.failed == 0
