@@ -198,11 +198,11 @@ def report(results: dict) -> list[str]:
         ("best fixed split (sweep)", "-", "-", best_split),
     ]
     lines = [
-        f"{'':<25}{'training run':^20}  {'fixed-split sweep':^19}".rstrip(),
-        f"{'':<25}{'samples/s':>11}{'val acc':>9}  {'samples/s':>11}{'of best':>8}   batch per rank",
+        f"{'':<25}{'training run':^20}  {'fixed-split sweep':^20}".rstrip(),
+        f"{'':<25}{'samples/s':>11}{'val acc':>9}  {'samples/s':>11}{'of best':>9}   batch per rank",
     ]
     for name, rate, acc, split in rows:
-        lines.append(f"{name:<25}{rate:>11}{acc:>9}  {sweep[split]:>11.0f}{sweep[split] / best:>8.0%}   {list(split)}")
+        lines.append(f"{name:<25}{rate:>11}{acc:>9}  {sweep[split]:>11.0f}{sweep[split] / best:>9.0%}   {list(split)}")
     points = ", ".join(f"{split[1]}: {rate:.0f}" for split, rate in sorted(sweep.items()))
     lines += [
         "",
