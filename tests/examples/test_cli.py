@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -162,6 +163,24 @@ def test_script_runs_by_path_from_another_directory(example, tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-5000:]
     assert "HeteroBatchCallback" in proc.stdout
+
+
+def test_a_copy_of_the_examples_runs_against_the_installed_package(tmp_path):
+    # what a user of an installed lightning-hetero does: the examples folder copied out of the repository or sdist
+    copy = tmp_path / "mine"
+    shutil.copytree(REPO / "examples", copy / "examples", ignore=shutil.ignore_patterns("__pycache__"))
+    script = copy / "examples" / "image_classification" / "train.py"
+    config = copy / "examples" / "configs" / "resnet20.yaml"
+    proc = subprocess.run(
+        [sys.executable, str(script), "fit", f"--config={config}", "--print_config"],
+        cwd=tmp_path,
+        env=outside_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    assert "arch: resnet20" in proc.stdout
 
 
 @pytest.mark.multiprocess
