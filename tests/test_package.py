@@ -32,10 +32,27 @@ def test_import_alone_loads_no_lightning():
     assert run_python("import sys, lightning_hetero; print('lightning' in sys.modules)") == "False"
 
 
-def test_async_ps_is_registered_after_lightning_or_on_first_use():
+@pytest.mark.parametrize(
+    "imports",
+    [
+        "import lightning, lightning_hetero",
+        "import lightning_hetero, lightning",
+        "import lightning_hetero; import lightning.pytorch as pl",
+        "from lightning_hetero import HeteroBatchCallback",
+    ],
+)
+def test_async_ps_is_registered_whatever_the_import_order(imports):
     registered = "from lightning.pytorch.strategies import StrategyRegistry; print('async_ps' in StrategyRegistry)"
-    assert run_python(f"import lightning, lightning_hetero; {registered}") == "True"
-    assert run_python(f"from lightning_hetero import HeteroBatchCallback; {registered}") == "True"
+    assert run_python(f"{imports}; {registered}") == "True"
+
+
+def test_a_trainer_resolves_async_ps_when_the_package_is_imported_first():
+    code = (
+        "import lightning_hetero; import lightning as L; "
+        "t = L.Trainer(strategy='async_ps', accelerator='cpu', devices=1, logger=False, enable_progress_bar=False); "
+        "print(type(t.strategy).__name__)"
+    )
+    assert run_python(code) == "AsyncPSStrategy"
 
 
 def test_unknown_names_raise_attribute_error():

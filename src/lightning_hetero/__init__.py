@@ -1,17 +1,17 @@
 """lightning-hetero: PyTorch Lightning plugins for training on heterogeneous clusters.
 
 The public names load on first use, so that the ``lightning-hetero`` command starts without importing Lightning.
-Importing any of them registers ``"async_ps"`` in Lightning's ``StrategyRegistry``, and so does importing the
-package where Lightning is imported already (``import lightning`` first, as sorted imports have it).
+``"async_ps"`` is registered in Lightning's ``StrategyRegistry`` as soon as both this package and Lightning are
+imported, in either order (see ``_registration``).
 """
 
 from __future__ import annotations
 
 import importlib
-import sys
 from typing import TYPE_CHECKING, Any
 
 from lightning_hetero.__about__ import __version__
+from lightning_hetero._registration import register_now_or_after_lightning
 
 if TYPE_CHECKING:
     from lightning_hetero.emulation import ProgressReporter, SlowdownEmulator
@@ -69,7 +69,6 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     if name not in _MODULES:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    importlib.import_module("lightning_hetero.ps")  # registers "async_ps"
     return getattr(importlib.import_module(_MODULES[name]), name)
 
 
@@ -77,5 +76,4 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *_MODULES})
 
 
-if "lightning.pytorch" in sys.modules:
-    importlib.import_module("lightning_hetero.ps")
+register_now_or_after_lightning()
