@@ -48,6 +48,10 @@ while [ $# -gt 0 ]; do
     esac
 done
 
+# One build at a time on a host: a second caller waits, then finds the image up to date.
+exec 9>"${TMPDIR:-/tmp}/lightning-hetero-build-image.lock"
+flock 9
+
 docker info >/dev/null 2>&1 || die "cannot reach the Docker daemon; start it (sudo systemctl start docker, or sudo dockerd &) or set DOCKER_HOST"
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
