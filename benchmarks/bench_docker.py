@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import shutil
 import statistics
@@ -166,7 +167,7 @@ class Cluster:
         self.backend.remove_cluster(load_config(overrides=self.base))
 
 
-def run_workers(workers: int, args: argparse.Namespace, run_dir: Path) -> list[dict[str, Any]]:
+def run_workers(workers: int, args: argparse.Namespace, run_dir: Path) -> tuple[list[dict[str, Any]], dict]:
     cluster = Cluster(workers, run_dir)
     rows = []
     try:
@@ -175,7 +176,10 @@ def run_workers(workers: int, args: argparse.Namespace, run_dir: Path) -> list[d
         ideal_at = {}
         for quota in quotas:
             ideal_at[quota] = cluster.standalone(quota, args.epochs)
-            print(f"standalone at {quota:g} CPU: {ideal_at[quota]:.0f} samples/s", flush=True)
+            print(
+                f"standalone at {quota:g} CPU: {ideal_at[quota]:.0f} samples/s (load {os.getloadavg()[0]:.1f})",
+                flush=True,
+            )
         configs = [(level, False) for level in args.levels] + ([("HL1->HL4", True)] if args.schedule else [])
         for repeat in range(args.repeats):
             for level, dynamic in configs:
@@ -204,12 +208,13 @@ def run_workers(workers: int, args: argparse.Namespace, run_dir: Path) -> list[d
                         "val_acc": result["reports"][0]["epochs"][-1].get("val_acc"),
                         "throttling": result["throttling"],
                         "wall_s": result["wall_s"],
+                        "load_average_1min": os.getloadavg()[0],
                     }
                     rows.append(row)
                     print(format_row(row), flush=True)
     finally:
         cluster.remove()
-    return rows
+    return rows, {f"{quota:g}": throughput for quota, throughput in ideal_at.items()}
 
 
 def format_row(row: dict[str, Any]) -> str:
@@ -256,10 +261,11 @@ def main() -> None:
     build = subprocess.run([str(ROOT / "docker" / "build-image.sh"), "--tag", IMAGE])
     if build.returncode != 0:
         sys.exit("bench_docker: the worker image could not be built (above)")
-    rows = []
+    rows, standalone = [], {}
     with tempfile.TemporaryDirectory(prefix="lh-bench-docker-") as tmp:
         for workers in args.workers:
-            rows += run_workers(workers, args, Path(tmp))
+            workers_rows, standalone[workers] = run_workers(workers, args, Path(tmp) / f"{workers}w")
+            rows += workers_rows
     lines = summarise(rows)
     print("\n".join(lines))
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -271,7 +277,8 @@ def main() -> None:
         "levels": {str(n): LEVELS[n] for n in args.workers},
         "schedule": SCHEDULE,
     }
-    args.out.write_text(json.dumps({"conditions": conditions, "rows": rows, "summary": lines}, indent=1))
+    result = {"conditions": conditions, "standalone_samples_per_s": standalone, "rows": rows, "summary": lines}
+    args.out.write_text(json.dumps(result, indent=1))
     print(f"wrote {args.out}")
 
 
