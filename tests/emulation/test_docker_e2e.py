@@ -82,3 +82,27 @@ def test_hetero_batch_training_in_containers_under_real_quotas(docker_client, wo
     assert not docker_client.containers.list(all=True, filters={"name": names[0]})
     assert not docker_client.containers.list(all=True, filters={"name": names[1]})
     assert not docker_client.networks.list(names=[network])
+
+
+def _build(*args: str, **env: str) -> subprocess.CompletedProcess:
+    script = str(ROOT / "docker" / "build-image.sh")
+    return subprocess.run([script, *args], capture_output=True, text=True, timeout=300, env={**os.environ, **env})
+
+
+def test_an_unbuildable_debian_base_fails_with_what_to_do(docker_client, unique_name):
+    tag = f"{unique_name('unbuildable')}:test"
+    build = _build("--base", "debian", "--tag", tag, DEBIAN_MIRROR="http://127.0.0.1:9/debian")
+    assert build.returncode == 1
+    if shutil.which("debootstrap"):
+        assert "failed (above); set DEBIAN_MIRROR to a reachable Debian mirror, or pass --base IMAGE" in build.stderr
+    else:
+        assert "debootstrap is not installed: sudo apt-get install debootstrap (or pass --base IMAGE" in build.stderr
+    assert not docker_client.images.list(name=tag.split(":")[0])
+
+
+def test_a_base_without_python_fails_with_what_to_do(docker_client, busybox_image, unique_name):
+    tag = f"{unique_name('no-python')}:test"
+    build = _build("--base", busybox_image, "--tag", tag)
+    assert build.returncode == 1
+    assert f"base image {busybox_image} has no python3 3.11 with venv; pass --base IMAGE" in build.stderr
+    assert not docker_client.images.list(name=tag.split(":")[0])
