@@ -2,9 +2,9 @@
 
 Each configuration trains ``docker_worker.py``'s model (real compute, one thread per container) on 2 (or 4)
 containers of the worker image (``docker/build-image.sh``), with CPU quotas set through the emulator
-(``lightning-hetero emulate``'s code): static levels HL2 and HL4 (the fastest container at 1 CPU, the slowest at
-1/HL; with 4 containers OmniLearn's BSP table scaled so), and one dynamic schedule by epoch (HL1 for the first
-two epochs, then HL4), applied by the emulator following the ranks' progress records. The ideal is measured, not
+(``lightning-hetero emulate``'s code): static levels HL2 and HL4 (2 containers: the fastest at 1 CPU, the slowest
+at 1/HL; 4 containers: OmniLearn's BSP table with the fastest at 0.5 CPU, see ``LEVELS``), and one dynamic schedule
+by epoch (HL1 for the first two epochs, then HL4), applied by the emulator following the ranks' progress records. The ideal is measured, not
 assumed: each distinct quota trains alone in one container (``--standalone``), and a configuration's ideal
 throughput is the sum of its containers' standalone throughputs (per epoch, for the schedule). CFS statistics
 (periods throttled, time throttled) are read from each container's own cgroup before and after each run.
@@ -51,11 +51,12 @@ WORKER = HERE / "docker_worker.py"
 METHODS = ("ddp", "hetero", "asp", "hybrid")
 METHOD_NAMES = {"ddp": "plain DDP", "hetero": "HeteroBatch", "asp": "ASP", "hybrid": "hybrid"}
 IMAGE = "lightning-hetero-worker:latest"
-# CPU quotas per container, fastest first: 2 containers keep OmniLearn's max/min ratio; 4 scale its BSP table
-# (cores 12, 12, 8, 16 for HL2 and 9, 9, 6, 24 for HL4 on 48) so that the fastest has 1 CPU.
+# CPU quotas per container, fastest first: 2 containers keep OmniLearn's max/min ratio with the fastest at 1 CPU;
+# 4 keep the shape of its BSP table (cores 12, 12, 8, 16 for HL2 and 9, 9, 6, 24 for HL4 on 48) with the fastest
+# at 0.5 CPU, so that no level asks for more than the 2 cores of the host this was written on.
 LEVELS = {
     2: {"HL1": [1.0, 1.0], "HL2": [1.0, 0.5], "HL4": [1.0, 0.25]},
-    4: {"HL1": [0.5, 0.5, 0.5, 0.5], "HL2": [0.75, 0.75, 0.5, 1.0], "HL4": [0.375, 0.375, 0.25, 1.0]},
+    4: {"HL1": [0.5, 0.5, 0.5, 0.5], "HL2": [0.375, 0.375, 0.25, 0.5], "HL4": [0.1875, 0.1875, 0.125, 0.5]},
 }
 SCHEDULE = [(0, "HL1"), (2, "HL4")]
 
