@@ -151,9 +151,13 @@ pick_base() {
     esac
 }
 
-# The host's pip settings, last one listed winning (pip lists global, user, site, then PIP_* variables).
+# The host's pip settings, last one listed winning (pip lists global, user, site, then PIP_* variables); where
+# python3 has no pip, the PIP_* variables alone.
 pip_setting() {
-    python3 -m pip config list 2>/dev/null | sed -n "s/^[^ ]*\.$1='\(.*\)'\$/\1/p" | tail -n 1 || true
+    local value variable
+    value=$(python3 -m pip config list 2>/dev/null | sed -n "s/^[^ ]*\.$1='\(.*\)'\$/\1/p" | tail -n 1 || true)
+    variable=PIP_$(echo "$1" | tr 'a-z-' 'A-Z_')
+    echo "${value:-${!variable:-}}"
 }
 
 stage_context() {
