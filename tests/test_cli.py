@@ -91,3 +91,10 @@ def test_help_lists_the_commands(capsys):
     assert "emulate" in out and "cluster" in out
     assert "variant=bsp (worker1-4)                HL1 12,12,12,12  HL2 12,12,8,16  HL4 9,9,6,24  HL8 6,6,4,32" in out
     assert "omnilearn-resnet18   0: HL1  5: HL2  10: HL4  15: HL8" in out
+
+
+def test_dry_run_into_a_closed_pipe_exits_cleanly():
+    script = f"{sys.executable} -m lightning_hetero.cli emulate --dry-run schedule=omnilearn-resnet18 | head -n 1"
+    result = subprocess.run(["bash", "-o", "pipefail", "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.stdout.startswith("dry run:") and result.stdout.count("\n") == 1
+    assert result.returncode == 0 and result.stderr == "", result.stderr

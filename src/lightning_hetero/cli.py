@@ -107,18 +107,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     logger.setLevel(logging.INFO)
     try:
         config = load_config(args.config, args.overrides)
-        if args.command == "emulate":
-            return _emulate(config, args)
-        return _cluster(config, args)
+        status = _emulate(config, args) if args.command == "emulate" else _cluster(config, args)
+        sys.stdout.flush()  # a closed pipe shows here, not as a traceback at exit
+        return status
+    except BrokenPipeError:
+        # the reader stopped early (`emulate --dry-run ... | head`); nothing more is printed
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except (ConfigError, PlanError, ValueError) as err:
         print(f"lightning-hetero: error: {err}", file=sys.stderr)
         return EXIT_USAGE
     except BackendError as err:
         print(f"lightning-hetero: error: {err}", file=sys.stderr)
         return EXIT_FAILED
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:
         logger.info("interrupted; the containers keep their current limits")
-        return 130
+        return 128 + getattr(interrupt, "signum", 2)  # 130 for Ctrl-C, 143 for SIGTERM
     finally:
         logger.removeHandler(handler)
 

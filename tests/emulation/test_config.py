@@ -77,6 +77,8 @@ def test_overrides_can_add_a_user_level():
         (["schedule.every=3"], "schedule.every: unknown key"),
         (["levels.x=[1,1,1]"], "levels.x: 3 allocations for 4 containers"),
         (["levels.x=[1,1,1,-1]"], r"levels.x\[3\].cpus: expected a positive number"),
+        (["levels.pin=[0,1,2,3]"], r"levels.pin\[0\].cpus: expected a positive number, got 0; .* quote it"),
+        (["progress_timeout_s=0"], "progress_timeout_s: expected a positive number"),
         (["levels.x=[1,1,1,'9-1']"], r"levels.x\[3\].cpuset: invalid cpuset"),
         (["levels.x=[1,1,1,{cores: 2}]"], r"levels.x\[3\].cores: unknown key"),
         (["levels.HL2=[1,1,1,1]"], "levels.HL2: the name is taken by a preset"),

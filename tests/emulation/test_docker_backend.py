@@ -120,3 +120,22 @@ def test_cluster_up_and_down(docker_client, busybox_image, unique_name, tmp_path
     finally:
         assert main(["cluster", "down", *overrides]) == 0
     assert not docker_client.containers.list(all=True, filters={"name": names[0]})
+
+
+def test_unreachable_daemon_says_what_to_do():
+    with pytest.raises(DockerBackendError, match=r"cannot reach the Docker daemon at tcp://127.0.0.1:9.*start it"):
+        DockerBackend.connect("tcp://127.0.0.1:9", timeout_s=2)
+
+
+def test_missing_image_creates_nothing(docker_client, unique_name, tmp_path, capsys):
+    names, network = [unique_name("w0"), unique_name("w1")], unique_name("net")
+    overrides = [
+        f"containers=[{names[0]},{names[1]}]",
+        f"cluster.image={unique_name('no-such-image')}:latest",
+        f"cluster.network={network}",
+        f"progress_dir={tmp_path}",
+    ]
+    assert main(["cluster", "up", *overrides]) == 1
+    assert "build it with `docker/build-image.sh --tag" in capsys.readouterr().err
+    assert not docker_client.containers.list(all=True, filters={"name": names[0]})
+    assert not docker_client.networks.list(names=[network])

@@ -1,9 +1,22 @@
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
 import pytest
 
 from lightning_hetero.emulation.config import load_config
 from lightning_hetero.emulation.plan import PlanError
 from lightning_hetero.emulation.progress import write_progress
-from lightning_hetero.emulation.runner import describe_plan, plan_levels, run_dynamic, run_static
+from lightning_hetero.emulation.runner import (
+    NoProgressError,
+    describe_plan,
+    plan_levels,
+    run_dynamic,
+    run_static,
+    stop_on_signals,
+)
 
 
 class FakeBackend:
@@ -85,6 +98,63 @@ def test_dynamic_stops_when_training_is_done(tmp_path):
     run_dynamic(config, backend, clock=clock, sleep=clock.sleep)
     assert backend.applied == [("HL1 at epoch 0", [50000] * 4)]
     assert clock.sleeps == 2
+
+
+def test_dynamic_by_epoch_gives_up_without_training_progress(tmp_path):
+    config = load_config(overrides=["schedule=omnilearn-resnet18", f"progress_dir={tmp_path}", "progress_timeout_s=5"])
+
+    def training(clock):  # reports epoch 0 once, after two polls, and then nothing
+        if clock.sleeps == 2:
+            write_progress(tmp_path, rank=0, epoch=0, time_s=clock.now)
+
+    backend, clock = FakeBackend(), FakeClock(on_sleep=training)
+    with pytest.raises(NoProgressError, match=f"no training progress in {tmp_path} for 6 s .*ProgressReporter"):
+        run_dynamic(config, backend, clock=clock, sleep=clock.sleep)
+    assert clock.sleeps == 2 + 6  # the clock restarted at the record
+    assert backend.applied == [("HL1 at epoch 0", [50000] * 4)]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_signals_interrupt_the_block_even_where_sigint_was_ignored(signum):
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as in a job a script starts with `&`
+    try:
+        with pytest.raises(KeyboardInterrupt) as interrupt, stop_on_signals():
+            os.kill(os.getpid(), signum)
+        assert interrupt.value.signum == signum
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # restored
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+def test_background_job_of_a_script_stops_on_sigint(tmp_path):
+    emulator = textwrap.dedent(f"""
+        import sys
+        from pathlib import Path
+        from lightning_hetero.emulation.config import load_config
+        from lightning_hetero.emulation.runner import run_dynamic
+
+        class Backend:
+            def host_cpus(self):
+                return 2
+            def apply(self, updates, reason):
+                Path({str(tmp_path / "applied")!r}).touch()
+
+        config = load_config(overrides=["schedule=omnilearn-resnet18", "progress_dir={tmp_path}", "poll_interval_s=0.05"])
+        try:
+            run_dynamic(config, Backend())  # no training: it polls
+        except KeyboardInterrupt as interrupt:
+            sys.exit(128 + interrupt.signum)
+    """)
+    (tmp_path / "emulator.py").write_text(emulator)
+    script = f"""
+        {sys.executable} {tmp_path / "emulator.py"} &
+        pid=$!
+        while [ ! -e {tmp_path / "applied"} ]; do sleep 0.1; done
+        kill -INT $pid
+        wait $pid
+    """
+    result = subprocess.run(["bash", "-c", script], timeout=120, capture_output=True, text=True)
+    assert result.returncode == 130, result.stderr
 
 
 def test_every_scheduled_level_is_checked_before_the_first_update():

@@ -64,6 +64,7 @@ DEFAULTS: dict[str, Any] = {
     "levels": {},
     "progress_dir": "/tmp/lightning-hetero/progress",
     "poll_interval_s": 1.0,
+    "progress_timeout_s": 1800.0,
     "cluster": {
         "image": "lightning-hetero-worker:latest",
         "network": "lightning-hetero",
@@ -114,6 +115,7 @@ class EmulationConfig:
         levels: user-defined levels by name.
         progress_dir: host directory the training ranks write their epochs into.
         poll_interval_s: how often dynamic mode reads the progress directory or the clock.
+        progress_timeout_s: an epoch schedule gives up after this long without a progress record.
         cluster: container creation settings.
     """
 
@@ -127,6 +129,7 @@ class EmulationConfig:
     levels: Mapping[str, tuple[Allocation, ...]]
     progress_dir: Path
     poll_interval_s: float
+    progress_timeout_s: float
     cluster: ClusterConfig
 
     @property
@@ -234,6 +237,7 @@ def _validate(raw: dict[str, Any]) -> EmulationConfig:
         levels=levels,
         progress_dir=Path(_string(raw["progress_dir"], "progress_dir")).absolute(),
         poll_interval_s=_positive_float(raw["poll_interval_s"], "poll_interval_s"),
+        progress_timeout_s=_positive_float(raw["progress_timeout_s"], "progress_timeout_s"),
         cluster=ClusterConfig(
             image=_string(cluster["image"], "cluster.image"),
             network=_string(cluster["network"], "cluster.network"),
@@ -321,7 +325,15 @@ def _allocation(item: Any, key: str) -> Allocation:
             raise ConfigError(f"{key}.cpuset: {err}") from None
     cpus = item.get("cpus")
     if cpus is not None:
-        cpus = _positive_float(cpus, f"{key}.cpus")
+        try:
+            cpus = _positive_float(cpus, f"{key}.cpus")
+        except ConfigError as err:
+            if isinstance(cpus, int) and not isinstance(cpus, bool):
+                raise ConfigError(
+                    f"{err}; a number is a CPU quota, a cpuset must be a string: quote it, as in "
+                    "\"levels.NAME=['0','1']\" on the command line"
+                ) from None
+            raise
     return Allocation(cpuset=cpuset, cpus=cpus)
 
 

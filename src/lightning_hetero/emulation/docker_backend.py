@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import docker
@@ -34,8 +35,61 @@ MASTER_PORT = "29500"
 WORKER_LABEL = "io.lightning-hetero.worker"
 
 
+#: Prints a container's CFS settings and statistics from inside it, for cgroup v2 and v1.
+_CPU_CGROUP_SCRIPT = """
+if [ -f /sys/fs/cgroup/cpu.max ]; then
+    read quota period < /sys/fs/cgroup/cpu.max; stat=/sys/fs/cgroup/cpu.stat
+else
+    quota=$(cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us); period=$(cat /sys/fs/cgroup/cpu/cpu.cfs_period_us)
+    stat=/sys/fs/cgroup/cpu/cpu.stat
+fi
+echo quota $quota; echo period $period; cat $stat
+"""
+
+
 class DockerBackendError(BackendError):
     """The daemon is unreachable, a container or image is missing, or Docker refused a change."""
+
+
+@dataclass(frozen=True)
+class CpuCgroup:
+    """A container's CFS bandwidth settings and throttling counters, as the kernel holds them.
+
+    Args:
+        quota_us: CPU time allowed per period (``None``: unlimited).
+        period_us: the CFS period.
+        nr_throttled: periods in which the container used up its quota and was stopped.
+        throttled_s: total time it spent stopped.
+    """
+
+    quota_us: int | None
+    period_us: int
+    nr_throttled: int
+    throttled_s: float
+
+    @classmethod
+    def parse(cls, text: str) -> CpuCgroup:
+        """Read the output of the in-container script (cgroup v2's ``max``/``throttled_usec``, v1's ``-1``/ns).
+
+        Example::
+
+            >>> CpuCgroup.parse("quota 25000\\nperiod 100000\\nnr_periods 40\\nnr_throttled 30\\nthrottled_usec 2500000")
+            CpuCgroup(quota_us=25000, period_us=100000, nr_throttled=30, throttled_s=2.5)
+            >>> CpuCgroup.parse("quota -1\\nperiod 100000\\nnr_throttled 0\\nthrottled_time 0").quota_us is None
+            True
+        """
+        values = dict(line.split(maxsplit=1) for line in text.splitlines() if len(line.split()) == 2)
+        quota = values["quota"]
+        if "throttled_usec" in values:
+            throttled_s = int(values["throttled_usec"]) / 1e6
+        else:
+            throttled_s = int(values.get("throttled_time", 0)) / 1e9
+        return cls(
+            quota_us=None if quota in ("max", "-1") else int(quota),
+            period_us=int(values["period"]),
+            nr_throttled=int(values.get("nr_throttled", 0)),
+            throttled_s=throttled_s,
+        )
 
 
 class DockerBackend:
@@ -60,7 +114,10 @@ class DockerBackend:
             )
             client.ping()
         except DockerException as err:
-            raise DockerBackendError(f"cannot reach the Docker daemon at {where}: {err}") from None
+            raise DockerBackendError(
+                f"cannot reach the Docker daemon at {where}: {err}; start it (`sudo systemctl start docker`, or "
+                "`sudo dockerd &`) or point --docker-url / DOCKER_HOST at a running one; nothing was changed"
+            ) from None
         return cls(client)
 
     def host_cpus(self) -> int:
@@ -97,6 +154,14 @@ class DockerBackend:
             done.append((container, previous))
             log.info("%s: %s", reason, update.describe())
 
+    def cpu_cgroup(self, name: str) -> CpuCgroup:
+        """The CFS quota, period and throttling counters that container ``name`` sees in its own cgroup."""
+        (container,) = self.containers([name])
+        result = container.exec_run(["sh", "-c", _CPU_CGROUP_SCRIPT])
+        if result.exit_code != 0:
+            raise DockerBackendError(f"{name}: cannot read its CPU cgroup: {result.output.decode(errors='replace')}")
+        return CpuCgroup.parse(result.output.decode())
+
     def create_cluster(self, config: EmulationConfig, initial: Sequence[ContainerUpdate] | None = None) -> None:
         """Start the worker containers (as OmniLearn's ``docker run`` lines do), on one network, sharing progress.
 
@@ -112,7 +177,8 @@ class DockerBackend:
             self.client.images.get(cluster.image)
         except ImageNotFound:
             raise DockerBackendError(
-                f"image {cluster.image} not found; build it with `docker build -t {cluster.image} -f docker/Dockerfile .`"
+                f"image {cluster.image} not found; build it with `docker/build-image.sh --tag {cluster.image}` "
+                "(works without an image registry); nothing was created"
             ) from None
         network = self._network(cluster.network)
         config.progress_dir.mkdir(parents=True, exist_ok=True)

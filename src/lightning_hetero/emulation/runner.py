@@ -20,8 +20,11 @@ Example::
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Protocol
 
 from lightning_hetero.emulation.config import EmulationConfig
@@ -33,6 +36,10 @@ log = logging.getLogger("lightning_hetero.emulation")
 
 class BackendError(RuntimeError):
     """A backend could not reach its containers or apply a change."""
+
+
+class NoProgressError(BackendError):
+    """An epoch schedule saw no training progress for ``progress_timeout_s``."""
 
 
 class Backend(Protocol):
@@ -79,6 +86,32 @@ def run_static(config: EmulationConfig, backend: Backend) -> None:
     backend.apply(plans[config.level], reason=f"{config.level} (static)")
 
 
+@contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """Raise ``KeyboardInterrupt`` on SIGINT or SIGTERM inside the block, then restore the previous handlers.
+
+    A shell script starts background jobs (``lightning-hetero emulate ... &``) with SIGINT ignored, so without this
+    Ctrl-C would stop the script but leave the emulator polling; SIGTERM would end it without a word. The exception
+    carries the signal number as ``signum``. Outside the main thread (where Python cannot set handlers) it does
+    nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        interrupt = KeyboardInterrupt(signal.Signals(signum).name)
+        interrupt.signum = signum  # type: ignore[attr-defined]
+        raise interrupt
+
+    previous = {signum: signal.signal(signum, stop) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
 def run_dynamic(
     config: EmulationConfig,
     backend: Backend,
@@ -88,7 +121,9 @@ def run_dynamic(
     """Follow the config's schedule until its last level is in force or training reports that it finished.
 
     With an epoch schedule the position is the most advanced rank's epoch in ``progress_dir``; records written
-    before this call started (a previous run's) are ignored. With a seconds schedule it is the time since the call.
+    before this call started (a previous run's) are ignored, and when no rank has written a record for
+    ``progress_timeout_s`` (training never started, or died) it raises :class:`NoProgressError`. With a seconds
+    schedule the position is the time since the call. SIGINT and SIGTERM stop it (see :func:`stop_on_signals`).
 
     Args:
         config: a config with a schedule.
@@ -103,20 +138,35 @@ def run_dynamic(
     started = clock()
     applied = None
     log.info("following a schedule by %s over %d steps", schedule.unit, len(schedule.levels))
-    while True:
-        if schedule.unit == "seconds":
-            position = clock() - started
-        else:
-            records = [r for r in read_progress(config.progress_dir).values() if r.time_s >= started]
-            if records and all(r.done for r in records):
-                log.info("training finished (all %d reporting ranks are done)", len(records))
+    if schedule.unit != "seconds":
+        log.info(
+            "reading epochs from %s (lightning_hetero.ProgressReporter); giving up after %g s without a record",
+            config.progress_dir,
+            config.progress_timeout_s,
+        )
+    with stop_on_signals():
+        while True:
+            if schedule.unit == "seconds":
+                position = clock() - started
+            else:
+                records = [r for r in read_progress(config.progress_dir).values() if r.time_s >= started]
+                if records and all(r.done for r in records):
+                    log.info("training finished (all %d reporting ranks are done)", len(records))
+                    return
+                silent_s = clock() - max((r.time_s for r in records), default=started)
+                if silent_s > config.progress_timeout_s:
+                    raise NoProgressError(
+                        f"no training progress in {config.progress_dir} for {silent_s:.0f} s "
+                        f"(progress_timeout_s={config.progress_timeout_s:g}); is training running with "
+                        "lightning_hetero.ProgressReporter, and is that directory mounted into its containers? "
+                        "The containers keep their current limits"
+                    )
+                position = max((r.epoch for r in records), default=0)
+            level = schedule.level_at(position)
+            if level != applied:
+                backend.apply(plans[level], reason=f"{level} at {schedule.unit} {position:g}")
+                applied = level
+            if position >= schedule.final_start:
+                log.info("the schedule's last level (%s) is in force", level)
                 return
-            position = max((r.epoch for r in records), default=0)
-        level = schedule.level_at(position)
-        if level != applied:
-            backend.apply(plans[level], reason=f"{level} at {schedule.unit} {position:g}")
-            applied = level
-        if position >= schedule.final_start:
-            log.info("the schedule's last level (%s) is in force", level)
-            return
-        sleep(config.poll_interval_s)
+            sleep(config.poll_interval_s)

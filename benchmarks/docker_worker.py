@@ -1,0 +1,158 @@
+"""One rank of a ``benchmarks/bench_docker.py`` run, inside a worker container (one process per container).
+
+Unlike ``matrix_worker.py`` nothing is emulated in the process: the model computes for real (a 512-2048-10
+perceptron, about 1 M parameters, one thread) and the container's CPU quota makes it slow. The rank layout comes
+from the environment ``lightning-hetero cluster up`` sets (MASTER_ADDR, MASTER_PORT, NODE_RANK, NUM_NODES); with
+``--standalone`` the process trains alone, for the ideal throughput at its container's quota. Each rank writes
+``OUT/report-rank{k}.json``: per-epoch training windows (validation excluded) and what the method's callback recorded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+import torch.distributed as dist
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.strategies import DDPStrategy
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from lightning_hetero import AsyncPSStrategy, HeteroBatchCallback, ProgressReporter, SyncSwitchCallback
+from lightning_hetero.synthetic import make_classification
+
+METHODS = ("ddp", "hetero", "asp", "hybrid")
+FEATURES, CLASSES, HIDDEN, NOISE = 512, 10, 2048, 8.0
+
+
+class WideMLP(L.LightningModule):
+    def __init__(self, lr: float, momentum: float) -> None:
+        super().__init__()
+        self.lr, self.momentum = lr, momentum
+        self.net = nn.Sequential(nn.Linear(FEATURES, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, CLASSES))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return nn.functional.cross_entropy(self(x), y)
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        x, y = batch
+        self.log("val_acc", (self(x).argmax(-1) == y).float().mean(), sync_dist=True)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=self.momentum)
+
+
+class Recorder(Callback):
+    """Per rank: each epoch's window (epoch start to last batch end), samples, steps and CPU seconds."""
+
+    def __init__(self) -> None:
+        self.epochs: list[dict[str, Any]] = []
+        self._cpu_start = 0.0
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        trainer.strategy.barrier()  # ASP has no collective before its first step
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        now = time.time()
+        self._cpu_start = time.process_time()
+        mode = getattr(trainer.strategy, "mode", "bsp")
+        self.epochs.append({"epoch": trainer.current_epoch, "mode": mode, "start": now, "end": now, "samples": 0})
+        self.epochs[-1].update(steps=0, cpu_s=0.0)
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
+        epoch = self.epochs[-1]
+        epoch.update(end=time.time(), samples=epoch["samples"] + int(batch[1].shape[0]), steps=epoch["steps"] + 1)
+        epoch["cpu_s"] = time.process_time() - self._cpu_start
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        metric = trainer.callback_metrics.get("val_acc")
+        self.epochs[-1]["val_acc"] = None if metric is None else float(metric)
+
+
+def train(args: argparse.Namespace) -> None:
+    torch.set_num_threads(1)
+    L.seed_everything(args.seed, verbose=False)
+    data = make_classification(args.samples + args.val_samples, FEATURES, CLASSES, seed=args.seed, noise=NOISE).tensors
+    train_set = TensorDataset(data[0][: args.samples], data[1][: args.samples])
+    val_set = TensorDataset(data[0][args.samples :], data[1][args.samples :])
+    recorder = Recorder()
+    callbacks: list[Callback] = [recorder, ProgressReporter(args.out / "progress")]
+    hetero = switch = None
+    timeout = timedelta(seconds=args.comm_timeout_s)
+    if args.standalone:
+        strategy: Any = "auto"
+    elif args.method == "ddp":
+        strategy = DDPStrategy(process_group_backend="gloo", timeout=timeout)
+    elif args.method == "hetero":
+        strategy = DDPStrategy(process_group_backend="gloo", timeout=timeout)
+        hetero = HeteroBatchCallback(adjust_every_n_steps=args.adjust_every, warmup_steps=2, verbose=False)
+        callbacks.append(hetero)
+    elif args.method == "asp":
+        strategy = AsyncPSStrategy(mode="asp", fault_timeout_s=args.comm_timeout_s)
+    else:
+        strategy = AsyncPSStrategy(mode="bsp", fault_timeout_s=args.comm_timeout_s)
+        switch = SyncSwitchCallback(args.hybrid_schedule, verbose=False)
+        callbacks.insert(0, switch)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        num_nodes=1 if args.standalone else int(os.environ["NUM_NODES"]),
+        strategy=strategy,
+        max_epochs=args.epochs,
+        callbacks=callbacks,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
+    trainer.fit(
+        WideMLP(args.lr, args.momentum),
+        train_dataloaders=DataLoader(train_set, batch_size=args.batch_size, shuffle=True),
+        val_dataloaders=DataLoader(val_set, batch_size=512),
+    )
+    report = {
+        "rank": trainer.global_rank,
+        "epochs": recorder.epochs,
+        "global_step": trainer.global_step,
+        "final_split": None if hetero is None or hetero.batch_sizes is None else list(hetero.batch_sizes),
+        "switches": None if switch is None else switch.switches,
+    }
+    Path(args.out, f"report-rank{trainer.global_rank}.json").write_text(json.dumps(report))
+    if dist.is_initialized():
+        dist.destroy_process_group()  # an undestroyed gloo group can abort the interpreter at exit
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path, help="directory for report-rank{k}.json (progress records in OUT/progress)")
+    parser.add_argument("--method", choices=METHODS, default="ddp")
+    parser.add_argument("--standalone", action="store_true", help="train alone (the ideal at this quota)")
+    parser.add_argument("--samples", type=int, default=8192, help="training samples (one epoch)")
+    parser.add_argument("--val-samples", type=int, default=1024)
+    parser.add_argument("--batch-size", type=int, default=256, help="per-rank starting batch (ASP: every batch)")
+    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--lr", type=float, default=0.02)
+    parser.add_argument("--momentum", type=float, default=0.9)
+    parser.add_argument("--adjust-every", type=int, default=4, help="HeteroBatch: adjust every n steps")
+    parser.add_argument("--hybrid-schedule", default="bsp:0-1,asp:2-", help="hybrid: SyncSwitchCallback's schedule")
+    parser.add_argument("--comm-timeout-s", type=float, default=300.0)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    train(args)
+
+
+if __name__ == "__main__":
+    main()
