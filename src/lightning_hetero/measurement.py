@@ -6,6 +6,11 @@ has been fetched) to the moment the rank's gradients are ready to leave (the las
 the point where a strategy sends them); time spent waiting for data or for other ranks is outside that window.
 :class:`ThroughputMeter` turns those windows into a smoothed samples-per-second figure.
 
+A compute window cannot see a CPU quota's long-run limit: a throttled rank that waited in the last all-reduce
+starts the next step with a fresh budget and may finish its window unthrottled, then be throttled after it.
+:class:`BusyTimer` measures what a rank's sustained rate needs: the wall time from one step's start to the next
+minus the time spent waiting for other ranks (every collective), i.e. everything the rank itself had to do.
+
 Both are plain objects with no torch.distributed in them.
 """
 
@@ -13,6 +18,8 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 
@@ -54,6 +61,66 @@ class ComputeTimer:
         if self._start is None or self._end is None:
             return None
         return self._end - self._start
+
+
+class BusyTimer:
+    """A rank's busy seconds per step: wall time between consecutive step starts minus time spent waiting for others.
+
+    Waiting is whatever the caller reports with :meth:`add_wait` or times with :meth:`waiting` (collectives: the
+    gradient all-reduce after the rank's own backward, DDP's buffer broadcast, ``sync_dist`` logging, barriers).
+    Everything else in the step, including a CPU quota's throttling wherever it lands, data loading and the
+    optimizer step, is the rank's own cost. A step can be excluded with :meth:`skip` (an epoch boundary, a
+    validation run).
+
+    Example::
+
+        >>> timer = BusyTimer(clock=iter([0.0, 0.100, 0.160, 0.250]).__next__)
+        >>> timer.step_start()  # no earlier step
+        >>> timer.add_wait(0.040)
+        >>> round(timer.step_start(), 3)  # 100 ms wall, 40 ms waiting
+        0.06
+        >>> with timer.waiting():  # 60 ms ... 150 ms
+        ...     pass
+        >>> round(timer.step_start(), 3)  # this step lasted 150 ms, 90 ms of which waiting
+        0.06
+    """
+
+    def __init__(self, clock: Any = time.perf_counter) -> None:
+        self._clock = clock
+        self._start: float | None = None
+        self._wait_s = 0.0
+        #: wall seconds of the last measured step (the synchronous step time, the same on every rank)
+        self.last_wall_s: float | None = None
+
+    def step_start(self) -> float | None:
+        """Close the open step (returning its busy seconds, or ``None`` if none was open) and open a new one."""
+        now = self._clock()
+        busy = None
+        self.last_wall_s = None
+        if self._start is not None:
+            self.last_wall_s = now - self._start
+            busy = max(0.0, self.last_wall_s - self._wait_s)
+        self._start = now
+        self._wait_s = 0.0
+        return busy
+
+    def add_wait(self, seconds: float) -> None:
+        if self._start is not None and seconds > 0:
+            self._wait_s += seconds
+
+    @contextmanager
+    def waiting(self) -> Iterator[None]:
+        """Time the enclosed block as waiting."""
+        start = self._clock()
+        try:
+            yield
+        finally:
+            self.add_wait(self._clock() - start)
+
+    def skip(self) -> None:
+        """Do not measure the open step."""
+        self._start = None
+        self._wait_s = 0.0
 
 
 class ThroughputMeter:
