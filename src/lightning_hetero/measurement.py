@@ -74,15 +74,15 @@ class BusyTimer:
 
     Example::
 
-        >>> timer = BusyTimer(clock=iter([0.0, 0.100, 0.160, 0.250]).__next__)
+        >>> timer = BusyTimer(clock=iter([0.0, 0.100, 0.160, 0.250, 0.260]).__next__)
         >>> timer.step_start()  # no earlier step
         >>> timer.add_wait(0.040)
         >>> round(timer.step_start(), 3)  # 100 ms wall, 40 ms waiting
         0.06
-        >>> with timer.waiting():  # 60 ms ... 150 ms
+        >>> with timer.waiting():  # from 0.160 s to 0.250 s
         ...     pass
-        >>> round(timer.step_start(), 3)  # this step lasted 150 ms, 90 ms of which waiting
-        0.06
+        >>> round(timer.step_start(), 3)  # this step lasted 160 ms, 90 ms of which waiting
+        0.07
     """
 
     def __init__(self, clock: Any = time.perf_counter) -> None:
