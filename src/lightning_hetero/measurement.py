@@ -86,23 +86,36 @@ class BusyTimer:
     """
 
     def __init__(self, clock: Any = time.perf_counter) -> None:
-        self._clock = clock
+        self.clock = clock
         self._start: float | None = None
+        self._ready: float | None = None
         self._wait_s = 0.0
         #: wall seconds of the last measured step (the synchronous step time, the same on every rank)
         self.last_wall_s: float | None = None
 
     def step_start(self) -> float | None:
         """Close the open step (returning its busy seconds, or ``None`` if none was open) and open a new one."""
-        now = self._clock()
+        now = self.clock()
         busy = None
         self.last_wall_s = None
         if self._start is not None:
             self.last_wall_s = now - self._start
             busy = max(0.0, self.last_wall_s - self._wait_s)
         self._start = now
+        self._ready = None
         self._wait_s = 0.0
         return busy
+
+    def mark_ready(self) -> None:
+        """The rank's gradients are ready to leave (may be called once per gradient bucket; the last call counts)."""
+        if self._start is not None:
+            self._ready = self.clock()
+
+    def close_ready(self) -> None:
+        """The collective started at the last :meth:`mark_ready` has returned: the time since was waiting."""
+        if self._ready is not None:
+            self.add_wait(self.clock() - self._ready)
+            self._ready = None
 
     def add_wait(self, seconds: float) -> None:
         if self._start is not None and seconds > 0:
@@ -111,15 +124,16 @@ class BusyTimer:
     @contextmanager
     def waiting(self) -> Iterator[None]:
         """Time the enclosed block as waiting."""
-        start = self._clock()
+        start = self.clock()
         try:
             yield
         finally:
-            self.add_wait(self._clock() - start)
+            self.add_wait(self.clock() - start)
 
     def skip(self) -> None:
         """Do not measure the open step."""
         self._start = None
+        self._ready = None
         self._wait_s = 0.0
 
 
@@ -180,95 +194,3 @@ class ThroughputMeter:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.value, self.last, self.count = state["value"], state["last"], state["count"]
-
-
-class StepCostModel:
-    """A rank's compute time per step as ``overhead_s + per_sample_s x batch``, fitted from recent steps.
-
-    Samples per second is not independent of the batch size: a step also pays a fixed cost (Python, hooks,
-    kernel launches), which dominates small batches. A controller that assumed pure proportionality would see a
-    rank given a small batch as slow, shrink its batch further, and so on down to the minimum. This model learns
-    the fixed part whenever recent steps used different batch sizes (least squares over the last ``window``
-    steps), keeps it while the batch size stays put, and tracks the per-sample part with an EWMA.
-
-    Args:
-        smoothing: EWMA weight of the newest step in the per-sample cost.
-        window: recent steps kept for fitting the fixed cost.
-        warmup_steps: measurements discarded at the start and after :meth:`restart_warmup`.
-        min_spread: the fixed cost is refitted only when the window's batch sizes spread by at least this fraction
-            of their mean (closer sizes give a noisy intercept).
-
-    Example::
-
-        >>> model = StepCostModel(smoothing=1.0, warmup_steps=0)
-        >>> for batch in (32, 32, 16, 16):
-        ...     model.update(batch, 0.002 + 0.0001 * batch)
-        >>> round(model.overhead_s, 6), round(model.per_sample_s, 6)
-        (0.002, 0.0001)
-        >>> round(model.step_time_s(64), 6)
-        0.0084
-    """
-
-    def __init__(
-        self, smoothing: float = 0.5, window: int = 16, warmup_steps: int = 3, min_spread: float = 0.1
-    ) -> None:
-        if not 0.0 < smoothing <= 1.0:
-            raise ValueError(f"smoothing must be in (0, 1], got {smoothing}")
-        if window < 2:
-            raise ValueError(f"window must be >= 2, got {window}")
-        if warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
-        self.smoothing = smoothing
-        self.window = window
-        self.warmup_steps = warmup_steps
-        self.min_spread = min_spread
-        self._to_skip = warmup_steps
-        self._recent: list[tuple[int, float]] = []
-        self.overhead_s = 0.0
-        self.per_sample_s: float | None = None
-
-    def update(self, samples: int, compute_s: float) -> None:
-        if samples <= 0 or not math.isfinite(compute_s) or compute_s <= 0:
-            return
-        if self._to_skip > 0:
-            self._to_skip -= 1
-            return
-        self._recent = [*self._recent[-(self.window - 1) :], (samples, compute_s)]
-        self._refit_overhead()
-        overhead = min(self.overhead_s, 0.9 * compute_s)
-        newest = (compute_s - overhead) / samples
-        self.per_sample_s = (
-            newest if self.per_sample_s is None else (1 - self.smoothing) * self.per_sample_s + self.smoothing * newest
-        )
-
-    def _refit_overhead(self) -> None:
-        sizes = [b for b, _ in self._recent]
-        mean_b = sum(sizes) / len(sizes)
-        if (max(sizes) - min(sizes)) / mean_b < self.min_spread:
-            return
-        times = [t for _, t in self._recent]
-        mean_t = sum(times) / len(times)
-        var_b = sum((b - mean_b) ** 2 for b in sizes)
-        slope = sum((b - mean_b) * (t - mean_t) for b, t in self._recent) / var_b
-        intercept = mean_t - slope * mean_b
-        self.overhead_s = min(max(intercept, 0.0), 0.9 * min(times))
-
-    @property
-    def ready(self) -> bool:
-        return self.per_sample_s is not None
-
-    def step_time_s(self, batch: int) -> float:
-        """Predicted compute seconds for a step of ``batch`` samples."""
-        if self.per_sample_s is None:
-            raise ValueError("no measurement yet")
-        return self.overhead_s + self.per_sample_s * batch
-
-    def restart_warmup(self, steps: int | None = None) -> None:
-        """Discard the next ``steps`` (default ``warmup_steps``) measurements."""
-        self._to_skip = self.warmup_steps if steps is None else steps
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"overhead_s": self.overhead_s, "per_sample_s": self.per_sample_s}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.overhead_s, self.per_sample_s = state["overhead_s"], state["per_sample_s"]
