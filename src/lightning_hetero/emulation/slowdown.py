@@ -20,7 +20,7 @@ import math
 import statistics
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import lightning as L
@@ -157,9 +157,10 @@ class SlowdownEmulator(Callback):
 
     ``throttle="cfs"``: the rank behaves like a container with ``--cpus 1/f`` under Linux's CFS bandwidth control
     (:class:`CfsQuota`): it may use ``period_ms / f`` ms of CPU time (all of its threads, ``time.process_time``)
-    per ``period_ms`` of wall time and then sleeps to the period's end. Its CPU use is charged at every module's
-    forward, every gradient and the batch's start and end, so a throttle can land anywhere in a step, including
-    outside the compute window; time spent blocked waiting for other ranks uses no quota. Its step times
+    per ``period_ms`` of wall time and then sleeps to the period's end. Its CPU use is charged before and after each
+    module's forward, when backward reaches each module's output, after backward and at the batch's start and end,
+    so a throttle can land anywhere in a step, including outside the compute window, but never inside a collective
+    (real CFS can throttle there too); time spent blocked waiting for other ranks uses no quota. Its step times
     therefore jump in period-sized steps and only its *sustained* rate is ``1/f`` of a CPU: this reproduces the
     failure modes of real quotas (quantised, bursty step times) in process and deterministically enough for CI.
 
@@ -170,6 +171,9 @@ class SlowdownEmulator(Callback):
         backward_window: recent backward timings whose median stands in for this step's backward (sleep mode).
         throttle: ``"sleep"`` or ``"cfs"``, as above.
         period_ms: the CFS period in milliseconds (Docker's default is 100); used with ``throttle="cfs"``.
+        cpu_clock: the clock whose advance is charged to the quota (``throttle="cfs"``); default
+            ``time.process_time``. A benchmark whose "compute" is partly emulated by sleeping can add the emulated
+            seconds to it, so that throttling does not depend on how busy the host is.
 
     Example::
 
@@ -199,6 +203,7 @@ class SlowdownEmulator(Callback):
         backward_window: int = 5,
         throttle: str = "sleep",
         period_ms: float = 100.0,
+        cpu_clock: Callable[[], float] = time.process_time,
     ) -> None:
         if backward_window < 1:
             raise ValueError(f"backward_window must be >= 1, got {backward_window}")
@@ -209,6 +214,7 @@ class SlowdownEmulator(Callback):
         self.schedule = SlowdownSchedule(factors, schedule, unit)
         self.throttle = throttle
         self.period_ms = float(period_ms)
+        self.cpu_clock = cpu_clock
         self._backward_s: deque[float] = deque(maxlen=backward_window)
         self._segment_start = 0.0
         self._backward_start: float | None = None
@@ -233,9 +239,10 @@ class SlowdownEmulator(Callback):
                 if p.requires_grad
             ]
             if self.throttle == "cfs":
+                self._cpu_s = self.cpu_clock()  # CPU used before fit (imports, set-up) is not charged
                 for module in pl_module.modules():
                     self._handles.append(module.register_forward_pre_hook(lambda *_: self._charge()))
-                    self._handles.append(module.register_forward_hook(lambda *_: self._charge()))
+                    self._handles.append(module.register_forward_hook(self._charge_forward_and_backward))
             entries = ", ".join(
                 f"{self.schedule.unit} {start}: "
                 + (", ".join(f"rank {r} x{f:g}" for r, f in sorted(entry.items())) or "none")
@@ -289,13 +296,19 @@ class SlowdownEmulator(Callback):
 
     def _on_grad_ready(self, param: torch.Tensor) -> None:
         self._last_grad = time.perf_counter()
+
+    def _charge_forward_and_backward(self, module: torch.nn.Module, inputs: Any, output: Any) -> None:
         self._charge()
+        # Charge again when backward reaches this module's output: during backward, before the module's own
+        # gradients (and so before DDP hands the last gradient bucket to the all-reduce), never inside a collective.
+        if isinstance(output, torch.Tensor) and output.requires_grad:
+            output.register_hook(lambda grad: self._charge())
 
     def _charge(self) -> None:
         """CFS mode: pay for the CPU time used since the last charge point, sleeping when the quota is spent."""
         if self.throttle != "cfs":
             return
-        cpu_s = time.process_time()
+        cpu_s = self.cpu_clock()
         used, self._cpu_s = cpu_s - self._cpu_s, cpu_s
         if self._quota is not None:
             self._sleep(self._quota.charge(used, time.monotonic()))

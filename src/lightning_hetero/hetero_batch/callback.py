@@ -107,8 +107,8 @@ class HeteroBatchCallback(Callback):
         lr_scaling: str | None = None,
         seed: int = 0,
         verbose: bool = True,
-        rollback_tolerance: float = 0.08,
-        change_tolerance: float = 0.25,
+        rollback_tolerance: float = 0.15,
+        change_tolerance: float = 0.4,
     ) -> None:
         for name, value in (("min_batch_size", min_batch_size), ("max_batch_size", max_batch_size)):
             values = [value] if isinstance(value, int) else list(value or [])
@@ -388,7 +388,9 @@ class HeteroBatchCallback(Callback):
         self.costs = tuple((float(a), float(c)) for a, c in gathered[:, :2].tolist())
         walls_s = [w for w in gathered[:, 3].tolist() if math.isfinite(w)]
         self.sync_step_s = max(walls_s) if len(walls_s) == self._world_size else None
-        self.busy_s = tuple(float(b) for b in gathered[:, 4])
+        busy = tuple(float(b) for b in gathered[:, 4])
+        if all(math.isfinite(b) for b in busy):
+            self.busy_s = busy
         self.throughputs = tuple(b / (a + c * b) for b, (a, c) in zip(current, self.costs, strict=True))
         decision = self.policy.decide(
             current, self.costs, self.sync_step_s, known_sizes=[int(n) for n in gathered[:, 2].tolist()]

@@ -287,7 +287,7 @@ class AdjustmentPolicy:
     def __init__(
         self,
         controller: BatchSizeController,
-        rollback_tolerance: float = 0.08,
+        rollback_tolerance: float = 0.15,
         reject_periods: int = 3,
         explore_after: int | None = 3,
     ) -> None:

@@ -7,10 +7,13 @@ narrow range of sizes then has an arbitrary intercept (one real run fitted 81.7 
 gave the throttled rank most of the batch). This model instead
 
 - reduces each period to the **mean busy time of each distinct batch size** (a mean, not a median: a throttle that
-  hits one step in four is a real cost that a median would hide, and the mean over a period is the sustained rate);
+  hits one step in four is a real cost that a median would hide, and the mean over a period is the sustained rate),
+  merged with the earlier periods at the same size (up to ``memory_steps`` steps), so that a split that stays put
+  is measured ever more precisely and a noisy neighbour's occasional stall is averaged out;
 - **checks each period against its prediction**: if the model's prediction for the size just run misses the
-  measured mean by more than ``change_tolerance``, the rank's speed changed (or the model was wrong), so older
-  sizes are forgotten and the model is rescaled to the new measurement, keeping its overhead share;
+  measured mean by more than a factor ``1 + change_tolerance`` either way, the rank's speed changed (or the model
+  was wrong), so older sizes are forgotten and the model is rescaled to the new measurement, keeping its overhead
+  share;
 - fits the line through the remembered size means (``max_sizes`` newest distinct sizes, weighted by step counts)
   only when they spread by at least ``min_spread`` of their mean, and keeps the overhead **physically plausible**:
   ``0 <= overhead_s <= max_overhead_share x`` the measured time of the smallest size, with a positive slope.
@@ -32,7 +35,7 @@ class PeriodReport:
 
     #: the measurement missed the model's prediction by more than the tolerance (a speed change or a bad model)
     changed: bool
-    #: relative error of the prediction for the newest size (``None`` before the model had any data)
+    #: measured / predicted busy time for the newest size, minus 1 (``None`` before the model had any data)
     prediction_error: float | None
 
 
@@ -40,9 +43,11 @@ class PeriodCostModel:
     """Fits ``t(b) = overhead_s + per_sample_s x b`` over per-size mean busy times of recent adjustment periods.
 
     Args:
-        change_tolerance: a period whose mean busy time misses the prediction by more than this fraction resets the
-            remembered sizes to the newest one (and rescales the model to it).
+        change_tolerance: a period whose mean busy time is more than ``1 + change_tolerance`` times the prediction,
+            or less than ``1 / (1 + change_tolerance)`` of it, resets the remembered sizes to the newest one (and
+            rescales the model to it).
         max_sizes: distinct batch sizes remembered for the fit.
+        memory_steps: steps remembered per size: a size's mean is merged over periods with this weight cap.
         min_spread: the line is fitted only when the remembered sizes spread by at least this fraction of their
             mean; otherwise the model keeps its overhead share and rescales to the newest measurement.
         max_overhead_share: upper bound of the overhead as a fraction of the smallest size's measured time.
@@ -65,8 +70,9 @@ class PeriodCostModel:
 
     def __init__(
         self,
-        change_tolerance: float = 0.25,
+        change_tolerance: float = 0.4,
         max_sizes: int = 4,
+        memory_steps: int = 32,
         min_spread: float = 0.1,
         max_overhead_share: float = 0.9,
     ) -> None:
@@ -77,6 +83,9 @@ class PeriodCostModel:
             raise ValueError(f"max_overhead_share must be in [0, 1), got {max_overhead_share!r}")
         if max_sizes < 1:
             raise ValueError(f"max_sizes must be >= 1, got {max_sizes}")
+        if memory_steps < 1:
+            raise ValueError(f"memory_steps must be >= 1, got {memory_steps}")
+        self.memory_steps = memory_steps
         self.change_tolerance = change_tolerance
         self.max_sizes = max_sizes
         self.min_spread = min_spread
@@ -110,19 +119,24 @@ class PeriodCostModel:
         changed = False
         if self.ready:
             predicted = self.step_time_s(newest)
-            error = (means[newest][0] - predicted) / predicted
-            changed = abs(error) > self.change_tolerance
+            error = means[newest][0] / predicted - 1
+            changed = abs(math.log1p(error)) > math.log1p(self.change_tolerance)
         share = self.overhead_s / self.step_time_s(newest) if self.ready else 0.0
         if changed:
             self.sizes = {}
         for size in sorted(means, key=lambda size: size == newest):
-            self.sizes.pop(size, None)
-            self.sizes[size] = means[size]
+            mean_s, count = means[size]
+            old_mean_s, old_count = self.sizes.pop(size, (0.0, 0))
+            kept = min(old_count, max(0, self.memory_steps - count))
+            self.sizes[size] = (
+                (kept * old_mean_s + count * mean_s) / (kept + count),
+                min(kept + count, self.memory_steps),
+            )
         while len(self.sizes) > self.max_sizes:
             del self.sizes[next(iter(self.sizes))]
         if not self._fit():
             # One size (or sizes too close to tell an intercept): keep the overhead's share, rescale to the newest.
-            mean_s = means[newest][0]
+            mean_s = self.sizes[newest][0]
             self.overhead_s = share * mean_s
             self.per_sample_s = (mean_s - self.overhead_s) / newest
         return PeriodReport(changed=changed, prediction_error=error)
