@@ -20,6 +20,7 @@ import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 
@@ -74,7 +75,7 @@ class BusyTimer:
 
     Example::
 
-        >>> timer = BusyTimer(clock=iter([0.0, 0.100, 0.160, 0.250, 0.260]).__next__)
+        >>> timer = BusyTimer(clock=iter([0.0, 0.100, 0.160, 0.250, 0.260]).__next__, cpu_clock=lambda: 0.0)
         >>> timer.step_start()  # no earlier step
         >>> timer.add_wait(0.040)
         >>> round(timer.step_start(), 3)  # 100 ms wall, 40 ms waiting
@@ -85,23 +86,28 @@ class BusyTimer:
         0.07
     """
 
-    def __init__(self, clock: Any = time.perf_counter) -> None:
+    def __init__(self, clock: Any = time.perf_counter, cpu_clock: Any = time.process_time) -> None:
         self.clock = clock
+        self.cpu_clock = cpu_clock
         self._start: float | None = None
+        self._cpu_start = 0.0
         self._ready: float | None = None
         self._wait_s = 0.0
         #: wall seconds of the last measured step (the synchronous step time, the same on every rank)
         self.last_wall_s: float | None = None
+        #: CPU seconds (``cpu_clock``) the process used in the last measured step
+        self.last_cpu_s: float | None = None
 
     def step_start(self) -> float | None:
         """Close the open step (returning its busy seconds, or ``None`` if none was open) and open a new one."""
-        now = self.clock()
+        now, cpu = self.clock(), self.cpu_clock()
         busy = None
-        self.last_wall_s = None
+        self.last_wall_s = self.last_cpu_s = None
         if self._start is not None:
             self.last_wall_s = now - self._start
+            self.last_cpu_s = cpu - self._cpu_start
             busy = max(0.0, self.last_wall_s - self._wait_s)
-        self._start = now
+        self._start, self._cpu_start = now, cpu
         self._ready = None
         self._wait_s = 0.0
         return busy
@@ -194,3 +200,50 @@ class ThroughputMeter:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.value, self.last, self.count = state["value"], state["last"], state["count"]
+
+
+def sustained_step_s(busy_s: float, cpu_s: float | None, quota_cpus: float | None) -> float:
+    """A step's cost to a rank that may use ``quota_cpus`` CPUs on average (a CFS quota), at least its busy time.
+
+    A throttled rank that waits for others in collectives gets its quota refilled meanwhile, so at a split where it
+    does not limit the step it looks as fast as an unthrottled one (busy = its CPU time), and given more samples it
+    falls off a cliff. Its sustained cost is ``cpu_s / quota_cpus``: what the step would take if it had to earn its
+    CPU time at the quota's rate. Without a quota (or without CPU figures) this is the busy time.
+
+    Example::
+
+        >>> sustained_step_s(busy_s=0.010, cpu_s=0.009, quota_cpus=0.25)  # 9 ms of CPU at a quarter CPU
+        0.036
+        >>> sustained_step_s(busy_s=0.040, cpu_s=0.009, quota_cpus=None)
+        0.04
+    """
+    if quota_cpus is None or cpu_s is None or not math.isfinite(quota_cpus) or quota_cpus <= 0:
+        return busy_s
+    return max(busy_s, cpu_s / quota_cpus)
+
+
+def cgroup_cpu_quota(root: str | Path = "/sys/fs/cgroup") -> float | None:
+    """This process's CFS CPU quota in CPUs (Docker's ``--cpus``), or ``None`` when unlimited or not readable.
+
+    Reads cgroup v2 ``cpu.max`` (``"25000 100000"``) or cgroup v1 ``cpu/cpu.cfs_quota_us`` and
+    ``cpu/cpu.cfs_period_us`` under ``root`` (inside a container, the container's own cgroup).
+
+    Example::
+
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as root:
+        ...     _ = (Path(root) / "cpu.max").write_text("25000 100000\n")
+        ...     cgroup_cpu_quota(root)
+        0.25
+    """
+    root = Path(root)
+    try:
+        v2 = root / "cpu.max"
+        if v2.exists():
+            quota, period = v2.read_text().split()[:2]
+            return None if quota == "max" else int(quota) / int(period)
+        quota_us = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+        period_us = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    return None if quota_us <= 0 or period_us <= 0 else quota_us / period_us

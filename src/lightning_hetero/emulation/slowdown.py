@@ -294,6 +294,13 @@ class SlowdownEmulator(Callback):
     ) -> None:
         self._charge()
 
+    @property
+    def cpu_quota(self) -> float | None:
+        """This rank's emulated CPU quota in CPUs for the current step (``None``: not throttled by a quota)."""
+        if self.throttle != "cfs" or self._factor <= 1.0:
+            return None
+        return 1.0 / self._factor
+
     def _on_grad_ready(self, param: torch.Tensor) -> None:
         self._last_grad = time.perf_counter()
 

@@ -16,13 +16,20 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from torch.nn.parallel import DistributedDataParallel
 
+from lightning_hetero.emulation.slowdown import SlowdownEmulator
 from lightning_hetero.hetero_batch.aggregation import BatchWeightState, register_batch_weighted_hook
 from lightning_hetero.hetero_batch.controller import AdjustmentPolicy, BatchSizeController
 from lightning_hetero.hetero_batch.cost_model import PeriodCostModel
 from lightning_hetero.hetero_batch.loader import build_hetero_loader, starting_batch_size
 from lightning_hetero.hetero_batch.lr_scaling import LR_SCALING_RULES, lr_scale_factor, scale_learning_rates
 from lightning_hetero.hetero_batch.sampler import HeteroBatchSampler, SplitPlan
-from lightning_hetero.measurement import BusyTimer, ComputeTimer, ThroughputMeter
+from lightning_hetero.measurement import (
+    BusyTimer,
+    ComputeTimer,
+    ThroughputMeter,
+    cgroup_cpu_quota,
+    sustained_step_s,
+)
 
 #: strategy methods that run collectives; time spent in them is waiting for other ranks, not this rank's cost
 _COLLECTIVES = ("reduce", "all_gather", "broadcast", "barrier")
@@ -33,7 +40,8 @@ class HeteroBatchCallback(Callback):
 
     Each rank measures its *busy* time per step (wall time between step starts minus every wait for other ranks:
     the gradient all-reduce, DDP's buffer broadcast, ``sync_dist`` logging and other strategy collectives), so a
-    CPU quota's throttling counts wherever it lands, and fits it per adjustment period as a fixed overhead plus a
+    CPU quota's throttling counts wherever it lands; under a CPU quota (read from the cgroup, or from a CFS
+    :class:`~lightning_hetero.SlowdownEmulator`) a step costs at least its CPU time at the quota's rate. It fits it per adjustment period as a fixed overhead plus a
     per-sample cost (:class:`~lightning_hetero.hetero_batch.cost_model.PeriodCostModel`). At each adjustment all
     ranks exchange their fits and the measured synchronous step, and apply the same decision
     (:class:`~lightning_hetero.hetero_batch.controller.AdjustmentPolicy`): the split that makes their predicted
@@ -174,6 +182,7 @@ class HeteroBatchCallback(Callback):
         self._handles: list[Any] = []
         self._wrapped: list[str] = []
         self._forward_started: float | None = None
+        self._quota_source: Callable[[], float | None] | None = None
 
     @property
     def batch_sizes(self) -> tuple[int, ...] | None:
@@ -218,6 +227,18 @@ class HeteroBatchCallback(Callback):
             self._gradients_hooked = True
             self._exclude_buffer_broadcast(strategy.model)
         self._exclude_strategy_collectives(strategy)
+        # A CPU quota (CFS) lets a rank that waits look fast: cost its steps at the quota's rate (see
+        # `sustained_step_s`). The quota comes from an in-process CFS emulator when there is one, else the cgroup.
+        emulators = [cb for cb in trainer.callbacks if isinstance(cb, SlowdownEmulator) and cb.throttle == "cfs"]
+        if emulators:
+            self._quota_source = lambda: emulators[0].cpu_quota
+            self.busy.cpu_clock = emulators[0].cpu_clock
+        else:
+            quota = cgroup_cpu_quota()
+            self._quota_source = lambda: quota
+
+    def _cpu_quota(self) -> float | None:
+        return None if self._quota_source is None else self._quota_source()
 
     def _exclude_buffer_broadcast(self, ddp: DistributedDataParallel) -> None:
         # DDP broadcasts buffers (BatchNorm statistics) from rank 0 inside its forward, before it calls the wrapped
@@ -317,13 +338,15 @@ class HeteroBatchCallback(Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         assert self.sampler is not None
+        quota = self._cpu_quota()
         busy_s = self.busy.step_start()
         wall_s = self.busy.last_wall_s
         if busy_s is not None and wall_s is not None and self._step_split is not None:
             if self._to_skip > 0:
                 self._to_skip -= 1
             else:
-                self._period.append((self._step_split, self._local_batch_size, busy_s, wall_s))
+                sustained = sustained_step_s(busy_s, self.busy.last_cpu_s, quota)
+                self._period.append((self._step_split, self._local_batch_size, sustained, wall_s))
         sizes = tuple(self.sampler.next_sizes())
         if self._step_split is not None and sizes != self._step_split:
             self._to_skip = max(self._to_skip, 1)  # the first step at a new split pays for it (allocator, caches)
