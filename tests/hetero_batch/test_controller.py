@@ -9,6 +9,7 @@ from lightning_hetero.hetero_batch.controller import (
     order_by_speed,
     step_time_s,
 )
+from tests.hetero_batch.simulated_ranks import SimulatedRanks, best_static, run_controller
 
 
 @st.composite
@@ -173,7 +174,7 @@ def test_no_rollback_to_a_split_that_the_new_speeds_make_inverted():
 
 def test_a_rank_stuck_at_its_minimum_with_one_known_size_is_explored():
     policy = AdjustmentPolicy(BatchSizeController(64, 2, min_batch_size=2), explore_after=2)
-    costs = [(0.0, 0.001), (0.030, 0.001)]  # a misfit: rank 1's 30 ms overhead keeps it at the minimum
+    costs = [(0.0, 0.001), (0.070, 0.001)]  # a misfit: a 70 ms overhead keeps rank 1 at the minimum
     first = policy.decide([62, 2], costs, sync_step_s=0.064, known_sizes=[2, 1])
     assert not first.apply
     explored = policy.decide([62, 2], costs, sync_step_s=0.064, known_sizes=[2, 1])
@@ -194,3 +195,48 @@ def test_a_rank_stuck_at_its_minimum_with_one_known_size_is_explored():
 def test_policy_validates(kwargs, message):
     with pytest.raises(ValueError, match=message):
         AdjustmentPolicy(BatchSizeController(64, 2), **kwargs)
+
+
+CLOSED_LOOP = {
+    # rank 1 under a CFS quota of 1/4 CPU: same CPU cost per sample, 100 ms periods
+    "cfs quota 1/4": lambda seed: SimulatedRanks([0.004, 0.004], [0.0004, 0.0004], quotas=[None, 0.25], seed=seed),
+    # a slower machine (everything 8x) and a fixed cost per step
+    "HL8": lambda seed: SimulatedRanks([0.002, 0.016], [0.0003, 0.0024], noise=0.1, seed=seed),
+    # 4x slower per sample with the same fixed cost
+    "HL4 same overhead": lambda seed: SimulatedRanks([0.004, 0.004], [0.0003, 0.0012], noise=0.1, seed=seed),
+}
+
+
+@pytest.mark.parametrize("scenario", sorted(CLOSED_LOOP))
+@pytest.mark.parametrize("seed", [0, 1])
+def test_closed_loop_settles_near_the_best_static_split(scenario, seed):
+    """Per-rank PeriodCostModels and an AdjustmentPolicy in a loop with simulated ranks (deterministic): within
+    2 adjustment periods of the start the step is within 3% of the best static split's, and then the split stays."""
+    ranks = CLOSED_LOOP[scenario]
+    _, best = best_static(lambda: ranks(seed + 100), 64)
+    run = run_controller(ranks(seed), 64, periods=16)
+    steady = run["walls"][3 * 8 :]
+    assert sum(steady) / len(steady) <= 1.03 * best
+    late_changes = [d for d in run["decisions"][3:] if d.apply]
+    assert len(late_changes) <= 1, late_changes
+    assert all(split[1] <= split[0] for split in run["splits"])  # rank 1 is the slower one: never more samples
+
+
+def test_closed_loop_reacts_to_a_speed_flip_within_two_periods_without_overshoot():
+    ranks = SimulatedRanks([0.002, 0.008], [0.0003, 0.0012], noise=0.1)
+    switch = 6 * 8 + 2  # two steps after an adjustment
+    run = run_controller(
+        ranks, 64, periods=14, change_at=switch, change={"overhead_s": [0.008, 0.002], "per_sample_s": [0.0012, 0.0003]}
+    )
+    splits = run["splits"]
+    before, final = splits[switch - 1], splits[-1]
+    assert before[0] > before[1] and final[0] < final[1]
+    settled = splits[switch + 2 * 8 - 2 :]  # from the second adjustment after the change on
+    assert all(max(abs(b - f) for b, f in zip(split, final, strict=True)) <= 3 for split in settled)
+    # no overshoot: rank 0's batch never falls more than 20% below its final value
+    assert min(split[0] for split in splits[switch:]) >= 0.8 * final[0]
+
+
+def test_closed_loop_leaves_equal_ranks_alone_despite_noise():
+    run = run_controller(SimulatedRanks([0.004, 0.004], [0.0003, 0.0003], noise=0.2), 64, periods=12)
+    assert not any(d.apply for d in run["decisions"])
