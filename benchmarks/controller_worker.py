@@ -119,7 +119,7 @@ def main() -> None:
     parser.add_argument("--factors-after", default="")
     parser.add_argument("--switch-step", type=int, default=0)
     parser.add_argument("--throttle", choices=["sleep", "cfs"], default="sleep")
-    parser.add_argument("--cost-s", type=float, default=0.0003)
+    parser.add_argument("--cost-s", type=float, default=0.001)
     parser.add_argument("--overhead-s", type=float, default=0.001)
     parser.add_argument("--global-batch", type=int, default=64)
     parser.add_argument("--steps", type=int, default=96)

@@ -4,7 +4,7 @@ Rank ``k`` needs ``overhead_s[k] + per_sample_s[k] x b`` seconds of CPU for a st
 a CFS quota (:class:`~lightning_hetero.emulation.slowdown.CfsQuota`, charged every millisecond of CPU on a virtual
 clock) and multiplied by seeded noise. A step ends when the slowest rank is done plus ``comm_s``; each rank's busy
 time is its own compute including its throttling, as :class:`~lightning_hetero.measurement.BusyTimer` measures it,
-raised to its CPU time at the quota's rate (:func:`~lightning_hetero.measurement.sustained_step_s`).
+with its CPU time at the quota's rate as a floor (:func:`~lightning_hetero.measurement.sustained_step_s`).
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ class SimulatedRanks:
         self.random = random.Random(seed)
         self.now = 0.0
 
-    def step(self, split: Sequence[int]) -> tuple[list[float], float]:
-        """Run one synchronous step; return each rank's busy seconds and the step's wall seconds."""
+    def step(self, split: Sequence[int]) -> tuple[list[tuple[float, float]], float]:
+        """Run one synchronous step; return each rank's (busy, floor) seconds and the step's wall seconds."""
         start = self.now
         busy = []
         for k, b in enumerate(split):
@@ -49,10 +49,10 @@ class SimulatedRanks:
                 now += chunk
                 if quota is not None:
                     now += quota.charge(chunk, now)
-            # what HeteroBatchCallback measures: busy time, or the CPU time at the quota's rate if that is longer
+            # what HeteroBatchCallback measures: busy time, and as a floor the CPU time at the quota's rate
             cpu_s = self.overhead_s[k] + self.per_sample_s[k] * b
-            busy.append(now - start if quota is None else max(now - start, cpu_s / quota.quota_cpus))
-        wall = max(busy) + self.comm_s
+            busy.append((now - start, 0.0 if quota is None else cpu_s / quota.quota_cpus))
+        wall = max(b for b, _ in busy) + self.comm_s
         self.now = start + wall
         return busy, wall
 
@@ -77,7 +77,7 @@ def run_controller(
     splits, walls, decisions = [], [], []
     step = 0
     for _ in range(periods):
-        period: list[list[tuple[int, float]]] = [[] for _ in range(world)]
+        period: list[list[tuple[int, float, float]]] = [[] for _ in range(world)]
         period_walls = []
         for index in range(period_steps):
             if change_at is not None and step == change_at and change:
@@ -91,11 +91,12 @@ def run_controller(
                 continue  # the first step at a (possibly new) split is discarded, as the callback does
             period_walls.append(wall)
             for k in range(world):
-                period[k].append((split[k], busy[k]))
+                period[k].append((split[k], *busy[k]))
         for k in range(world):
             models[k].update(period[k])
         costs = [(m.overhead_s, m.per_sample_s) for m in models]
-        decision = policy.decide(split, costs, sum(period_walls) / len(period_walls), [len(m.sizes) for m in models])
+        walls_kept = sorted(period_walls)[:-1]  # without the longest step, as the callback does
+        decision = policy.decide(split, costs, sum(walls_kept) / len(walls_kept), [len(m.sizes) for m in models])
         decisions.append(decision)
         if decision.apply:
             split = decision.sizes

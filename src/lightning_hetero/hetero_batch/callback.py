@@ -177,8 +177,8 @@ class HeteroBatchCallback(Callback):
         self._trainer: L.Trainer | None = None
         self._to_skip = warmup_steps
         self._step_split: tuple[int, ...] | None = None
-        #: this period's measured steps: (split in force, this rank's batch, busy seconds, wall seconds)
-        self._period: list[tuple[tuple[int, ...], int, float, float]] = []
+        #: this period's measured steps: (split in force, this rank's batch, busy s, floor s, wall s)
+        self._period: list[tuple[tuple[int, ...], int, float, float, float]] = []
         self._handles: list[Any] = []
         self._wrapped: list[str] = []
         self._forward_started: float | None = None
@@ -345,8 +345,9 @@ class HeteroBatchCallback(Callback):
             if self._to_skip > 0:
                 self._to_skip -= 1
             else:
-                sustained = sustained_step_s(busy_s, self.busy.last_cpu_s, quota)
-                self._period.append((self._step_split, self._local_batch_size, sustained, wall_s))
+                # a step's sustained cost is at least its CPU time at the quota's rate (see `sustained_step_s`)
+                floor = sustained_step_s(0.0, self.busy.last_cpu_s, quota)
+                self._period.append((self._step_split, self._local_batch_size, busy_s, floor, wall_s))
         sizes = tuple(self.sampler.next_sizes())
         if self._step_split is not None and sizes != self._step_split:
             self._to_skip = max(self._to_skip, 1)  # the first step at a new split pays for it (allocator, caches)
@@ -386,13 +387,16 @@ class HeteroBatchCallback(Callback):
         assert self.sampler is not None and self.plan is not None and self.controller is not None
         assert self.policy is not None
         current = self.plan.current
-        at_current = [(size, busy, wall) for split, size, busy, wall in self._period if split == current]
-        report = self.cost.update((size, busy) for _, size, busy, _ in self._period)
+        at_current = [
+            (size, max(busy, floor), wall) for split, size, busy, floor, wall in self._period if split == current
+        ]
+        report = self.cost.update((size, busy, floor) for _, size, busy, floor, _ in self._period)
         self._period = []
         per_sample = math.nan if self.cost.per_sample_s is None else self.cost.per_sample_s
         own_size = current[self._rank]
         measured = [busy for size, busy, _ in at_current if size == own_size]
-        walls = [wall for _, _, wall in at_current]
+        # the synchronous step at this split, without the period's longest step (a stall is not the split's doing)
+        walls = sorted(wall for _, _, wall in at_current)[: max(1, len(at_current) - 1)] if at_current else []
         local = torch.tensor(
             [
                 self.cost.overhead_s,

@@ -11,7 +11,7 @@ gave the throttled rank most of the batch). This model instead
   merged with the earlier periods at the same size (up to ``memory_steps`` steps), so that a split that stays put
   is measured ever more precisely and a noisy neighbour's occasional stall is averaged out;
 - **checks each period against its prediction**: if the model's prediction for the size just run misses the
-  measured mean by more than a factor ``1 + change_tolerance`` either way, the rank's speed changed (or the model
+  period's median step by more than a factor ``1 + change_tolerance`` either way, the rank's speed changed (or the model
   was wrong), so older sizes are forgotten and the model is rescaled to the new measurement, keeping its overhead
   share;
 - fits the line through the remembered size means (``max_sizes`` newest distinct sizes, weighted by step counts)
@@ -24,6 +24,7 @@ Pure arithmetic, no torch.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -35,7 +36,7 @@ class PeriodReport:
 
     #: the measurement missed the model's prediction by more than the tolerance (a speed change or a bad model)
     changed: bool
-    #: measured / predicted busy time for the newest size, minus 1 (``None`` before the model had any data)
+    #: median measured / predicted busy time for the newest size, minus 1 (``None`` before the model had any data)
     prediction_error: float | None
 
 
@@ -105,21 +106,34 @@ class PeriodCostModel:
             raise ValueError("no measurement yet")
         return self.overhead_s + self.per_sample_s * batch
 
-    def update(self, steps: Iterable[tuple[int, float]]) -> PeriodReport:
-        """Fold one period's ``(batch size, busy seconds)`` steps into the model."""
-        sums: dict[int, list[float]] = {}
-        for size, busy_s in steps:
+    def update(self, steps: Iterable[tuple[int, float] | tuple[int, float, float]]) -> PeriodReport:
+        """Fold one period's ``(batch size, busy seconds[, floor seconds])`` steps into the model.
+
+        The optional floor is a lower bound on the step's sustained cost (its CPU time at a CPU quota's rate): a
+        size's level is ``max(mean busy, mean floor)``. Means over the period, not per-step maxima: a rank that
+        limits the step pays its quota's debt in a few long throttled steps, and those already make the mean busy
+        time equal its mean floor. The check for a speed change compares the *median* step (``max(busy, floor)``)
+        with the prediction, so one stall from a noisy neighbour does not count as a change.
+        """
+        busy: dict[int, list[float]] = {}
+        floors: dict[int, list[float]] = {}
+        for size, busy_s, *floor in steps:
             if size > 0 and math.isfinite(busy_s) and busy_s > 0:
-                sums.setdefault(size, []).append(busy_s)
-        if not sums:
+                busy.setdefault(size, []).append(busy_s)
+                floors.setdefault(size, []).append(floor[0] if floor and math.isfinite(floor[0]) else 0.0)
+        if not busy:
             return PeriodReport(changed=False, prediction_error=None)
-        means = {size: (sum(times) / len(times), len(times)) for size, times in sums.items()}
+        means = {
+            size: (max(sum(times) / len(times), sum(floors[size]) / len(times)), len(times))
+            for size, times in busy.items()
+        }
         newest = max(means, key=lambda size: means[size][1])  # the size most of the period ran at
         error = None
         changed = False
         if self.ready:
             predicted = self.step_time_s(newest)
-            error = means[newest][0] / predicted - 1
+            typical = statistics.median(max(b, f) for b, f in zip(busy[newest], floors[newest], strict=True))
+            error = typical / predicted - 1
             changed = abs(math.log1p(error)) > math.log1p(self.change_tolerance)
         share = self.overhead_s / self.step_time_s(newest) if self.ready else 0.0
         if changed:
