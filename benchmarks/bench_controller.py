@@ -196,41 +196,7 @@ def homogeneous_scenario(args: argparse.Namespace) -> dict:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="2-rank scenarios only, 1 repeat, 64 steps")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=96)
-    parser.add_argument("--only", default="", help="comma-separated scenario names to run (default: all)")
-    parser.add_argument("--out", type=Path, default=HERE / "results" / "controller.json")
-    args = parser.parse_args()
-    if args.quick:
-        args.repeats, args.steps = 1, 64
-    started = time.time()
-    plan: list[tuple[str, object]] = []
-    for level, factors in TWO_RANKS.items():
-        plan.append((f"sleep {level}, 2 ranks", lambda f=factors, n=level: static_scenario(n, f, "sleep", args)))
-    plan.append(("cfs 1/4, 2 ranks", lambda: static_scenario("cfs 1/4", [1.0, 4.0], "cfs", args)))
-    plan.append(("flip HL4, 2 ranks", lambda: flip_scenario("flip HL4", [1.0, 4.0], "sleep", args)))
-    plan.append(("flip cfs 1/4, 2 ranks", lambda: flip_scenario("flip cfs 1/4", [1.0, 4.0], "cfs", args)))
-    plan.append(("homogeneous, 2 ranks", lambda: homogeneous_scenario(args)))
-    if not args.quick:
-        for level, factors in FOUR_RANKS.items():
-            plan.append((f"sleep {level}, 4 ranks", lambda f=factors, n=level: static_scenario(n, f, "sleep", args)))
-        plan.append(("cfs, 4 ranks", lambda: static_scenario("cfs 1,1/2,1/2,1/4", [1.0, 2.0, 2.0, 4.0], "cfs", args)))
-        plan.append(("flip HL4, 4 ranks", lambda: flip_scenario("flip HL4", FOUR_RANKS["HL4"], "sleep", args)))
-    only = {name.strip() for name in args.only.split(",") if name.strip()}
-    results = []
-    for title, run in plan:
-        if only and title not in only:
-            continue
-        t0 = time.time()
-        row = run()  # type: ignore[operator]
-        row["title"] = title
-        row["wall_s"] = time.time() - t0
-        results.append(row)
-        print(f"{title}: done in {row['wall_s']:.0f} s", flush=True)
-
+def print_table(args: argparse.Namespace, results: list[dict]) -> None:
     print(
         f"\nController benchmark ({platform.machine()}, {os.cpu_count()} cores, load average "
         f"{os.getloadavg()[0]:.1f}; global batch {GLOBAL_BATCH}; adjust every {PERIOD} steps; {args.repeats} "
@@ -252,31 +218,66 @@ def main() -> None:
                 f"{row['worst_inversion_after_first_adjustment']}"
             )
         if row["scenario"] == "homogeneous":
+            ratios = ", ".join(f"{r:.3f}" for r in row["ratios"])
             print(
-                f"{row['title']:<24} HeteroBatch / DDP = {row['ratio_to_ddp']:.3f} (runs {row['ratios']}); "
+                f"{row['title']:<24} HeteroBatch / DDP = {row['ratio_to_ddp']:.3f} (runs {ratios}); "
                 f"split changes {row['split_changes']}"
             )
+
+
+def write(args: argparse.Namespace, results: list[dict], started: float) -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps(
-            {
-                "conditions": {
-                    "machine": platform.platform(),
-                    "cpu_count": os.cpu_count(),
-                    "python": platform.python_version(),
-                    "global_batch": GLOBAL_BATCH,
-                    "adjust_every_n_steps": PERIOD,
-                    "steps": args.steps,
-                    "repeats": args.repeats,
-                    "quick": args.quick,
-                    "load_average_end": os.getloadavg(),
-                    "wall_s": time.time() - started,
-                },
-                "scenarios": results,
-            },
-            indent=1,
-        )
-    )
+    conditions = {
+        "machine": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "global_batch": GLOBAL_BATCH,
+        "adjust_every_n_steps": PERIOD,
+        "steps": args.steps,
+        "repeats": args.repeats,
+        "quick": args.quick,
+        "load_average": os.getloadavg(),
+        "wall_s": time.time() - started,
+    }
+    args.out.write_text(json.dumps({"conditions": conditions, "scenarios": results}, indent=1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="2-rank scenarios only, 1 repeat, 64 steps")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=96)
+    parser.add_argument("--only", default="", help="semicolon-separated scenario titles to run (default: all)")
+    parser.add_argument("--out", type=Path, default=HERE / "results" / "controller.json")
+    args = parser.parse_args()
+    if args.quick:
+        args.repeats, args.steps = 1, 64
+    started = time.time()
+    plan: list[tuple[str, object]] = []
+    for level, factors in TWO_RANKS.items():
+        plan.append((f"sleep {level}, 2 ranks", lambda f=factors, n=level: static_scenario(n, f, "sleep", args)))
+    plan.append(("cfs 1/4, 2 ranks", lambda: static_scenario("cfs 1/4", [1.0, 4.0], "cfs", args)))
+    plan.append(("flip HL4, 2 ranks", lambda: flip_scenario("flip HL4", [1.0, 4.0], "sleep", args)))
+    plan.append(("flip cfs 1/4, 2 ranks", lambda: flip_scenario("flip cfs 1/4", [1.0, 4.0], "cfs", args)))
+    plan.append(("homogeneous, 2 ranks", lambda: homogeneous_scenario(args)))
+    if not args.quick:
+        for level, factors in FOUR_RANKS.items():
+            plan.append((f"sleep {level}, 4 ranks", lambda f=factors, n=level: static_scenario(n, f, "sleep", args)))
+        plan.append(("cfs, 4 ranks", lambda: static_scenario("cfs 1,1/2,1/2,1/4", [1.0, 2.0, 2.0, 4.0], "cfs", args)))
+        plan.append(("flip HL4, 4 ranks", lambda: flip_scenario("flip HL4", FOUR_RANKS["HL4"], "sleep", args)))
+    only = {name.strip() for name in args.only.split(";") if name.strip()}
+    results: list[dict] = []
+    for title, run in plan:
+        if only and title not in only:
+            continue
+        t0 = time.time()
+        row = run()  # type: ignore[operator]
+        row["title"] = title
+        row["wall_s"] = time.time() - t0
+        results.append(row)
+        print(f"{title}: done in {row['wall_s']:.0f} s", flush=True)
+        write(args, results, started)  # after every scenario, so a long run leaves its results so far
+    print_table(args, results)
     print(f"\nwrote {args.out}")
 
 
