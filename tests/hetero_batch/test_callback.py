@@ -213,3 +213,38 @@ def test_cfs_throttled_rank_gets_a_stable_small_batch(run_script, tmp_path):
     # no swing back towards the equal split once balanced: after the first 3 adjustments rank 1 stays small
     assert all(b1 <= 20 for _, b1 in steps[3 * 4 + 1 :]), fast["history"]
     assert sum(fast["local_sizes"]) + sum(slow["local_sizes"]) == 3 * 1024
+
+
+def test_strategy_collectives_are_timed_during_fit_and_restored_after():
+    seen = {}
+
+    class Probe(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            seen["wrapped"] = "reduce" in vars(trainer.strategy)
+
+    hetero = HeteroBatchCallback(verbose=False)
+    trainer = L.Trainer(
+        max_epochs=1,
+        callbacks=[hetero, Probe()],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(MLPClassifier(), datamodule=SyntheticClassificationDataModule(num_samples=64, batch_size=16))
+    assert seen["wrapped"]
+    assert not set(vars(trainer.strategy)) & {"reduce", "all_gather", "broadcast", "barrier"}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"rollback_tolerance": -0.1}, "rollback_tolerance"),
+        ({"rollback_tolerance": float("inf")}, "rollback_tolerance"),
+        ({"change_tolerance": 0.0}, "change_tolerance"),
+        ({"change_tolerance": float("nan")}, "change_tolerance"),
+    ],
+)
+def test_new_tolerances_are_validated(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        HeteroBatchCallback(**kwargs)
