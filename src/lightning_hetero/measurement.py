@@ -232,7 +232,7 @@ def cgroup_cpu_quota(root: str | Path = "/sys/fs/cgroup") -> float | None:
 
         >>> import tempfile
         >>> with tempfile.TemporaryDirectory() as root:
-        ...     _ = (Path(root) / "cpu.max").write_text("25000 100000\n")
+        ...     _ = (Path(root) / "cpu.max").write_text("25000 100000")
         ...     cgroup_cpu_quota(root)
         0.25
     """
