@@ -387,23 +387,23 @@ class HeteroBatchCallback(Callback):
         assert self.sampler is not None and self.plan is not None and self.controller is not None
         assert self.policy is not None
         current = self.plan.current
-        at_current = [
-            (size, max(busy, floor), wall) for split, size, busy, floor, wall in self._period if split == current
-        ]
+        at_current = [(size, busy, floor, wall) for split, size, busy, floor, wall in self._period if split == current]
         report = self.cost.update((size, busy, floor) for _, size, busy, floor, _ in self._period)
         self._period = []
         per_sample = math.nan if self.cost.per_sample_s is None else self.cost.per_sample_s
         own_size = current[self._rank]
-        measured = [busy for size, busy, _ in at_current if size == own_size]
+        mine = [(busy, floor) for size, busy, floor, _ in at_current if size == own_size]
+        # as the cost model sees it: mean busy time, raised to the mean CPU-at-quota floor
+        measured = max(sum(b for b, _ in mine), sum(f for _, f in mine)) / len(mine) if mine else math.nan
         # the synchronous step at this split, without the period's longest step (a stall is not the split's doing)
-        walls = sorted(wall for _, _, wall in at_current)[: max(1, len(at_current) - 1)] if at_current else []
+        walls = sorted(wall for *_, wall in at_current)[: max(1, len(at_current) - 1)] if at_current else []
         local = torch.tensor(
             [
                 self.cost.overhead_s,
                 per_sample,
                 float(len(self.cost.sizes)),
                 sum(walls) / len(walls) if walls else math.nan,
-                sum(measured) / len(measured) if measured else math.nan,
+                measured,
                 float(report.changed),
                 float(self.sampler.produced_position),
             ],
