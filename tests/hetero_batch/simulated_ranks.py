@@ -69,7 +69,8 @@ def run_controller(
     change: dict | None = None,
 ) -> dict:
     """Closed loop as in HeteroBatchCallback: per-rank PeriodCostModels fed each period's steps (the first step at a
-    new split discarded), one AdjustmentPolicy decision per period, applied from the next step."""
+    new split discarded; all restart from the newest period when one sees a change), one AdjustmentPolicy decision
+    per period, applied from the next step."""
     world = len(ranks.overhead_s)
     policy = AdjustmentPolicy(BatchSizeController(global_batch, world))
     models = [PeriodCostModel() for _ in range(world)]
@@ -92,8 +93,11 @@ def run_controller(
             period_walls.append(wall)
             for k in range(world):
                 period[k].append((split[k], *busy[k]))
-        for k in range(world):
-            models[k].update(period[k])
+        changed = [models[k].update(period[k]).changed for k in range(world)]
+        if any(changed):  # as the callback does: every rank restarts from the same period
+            for k in range(world):
+                if not changed[k]:
+                    models[k].restart_from_latest()
         costs = [(m.overhead_s, m.per_sample_s) for m in models]
         walls_kept = sorted(period_walls)[:-1]  # without the longest step, as the callback does
         decision = policy.decide(split, costs, sum(walls_kept) / len(walls_kept), [len(m.sizes) for m in models])

@@ -410,6 +410,12 @@ class HeteroBatchCallback(Callback):
             dtype=torch.float64,
         )
         gathered = trainer.strategy.all_gather(local).reshape(-1, 7)
+        if bool(gathered[:, 5].any()) and not report.changed:
+            # another rank saw its speed change: restart from the same period as it did, and exchange again
+            self.cost.restart_from_latest()
+            local[:2] = torch.tensor([self.cost.overhead_s, self.cost.per_sample_s or math.nan], dtype=torch.float64)
+            local[2] = float(len(self.cost.sizes))
+            gathered = trainer.strategy.all_gather(local).reshape(-1, 7)
         if torch.isnan(gathered[:, :2]).any():
             return
         self.costs = tuple((float(a), float(c)) for a, c in gathered[:, :2].tolist())

@@ -95,6 +95,8 @@ class PeriodCostModel:
         self.sizes: dict[int, tuple[float, int]] = {}
         self.overhead_s = 0.0
         self.per_sample_s: float | None = None
+        #: the newest period's (size means, most-run size, overhead share before it), for restart_from_latest
+        self._latest: tuple[dict[int, tuple[float, int]], int, float] | None = None
 
     @property
     def ready(self) -> bool:
@@ -136,6 +138,7 @@ class PeriodCostModel:
             error = typical / predicted - 1
             changed = abs(math.log1p(error)) > math.log1p(self.change_tolerance)
         share = self.overhead_s / self.step_time_s(newest) if self.ready else 0.0
+        self._latest = (means, newest, share)
         if changed:
             self.sizes = {}
         for size in sorted(means, key=lambda size: size == newest):
@@ -148,12 +151,40 @@ class PeriodCostModel:
             )
         while len(self.sizes) > self.max_sizes:
             del self.sizes[next(iter(self.sizes))]
+        self._refit(newest, share)
+        return PeriodReport(changed=changed, prediction_error=error)
+
+    def restart_from_latest(self) -> None:
+        """Forget everything but the newest period, as if it had reported a change.
+
+        For a change seen by *another* rank: a load spike on a shared host or a schedule that changes several
+        ranks at once would otherwise leave this rank's model averaged over older periods while the other's
+        reflects only the newest one, and their ratio, which decides the split, would be wrong. Restarting every
+        rank together keeps all models on the same time window.
+
+        Example::
+
+            >>> model = PeriodCostModel()
+            >>> _ = model.update([(32, 0.010)] * 8)
+            >>> _ = model.update([(32, 0.013)] * 8)  # within the tolerance: merged with the first period
+            >>> round(model.step_time_s(32), 4)
+            0.0115
+            >>> model.restart_from_latest()
+            >>> round(model.step_time_s(32), 4)
+            0.013
+        """
+        if self._latest is None:
+            return
+        means, newest, share = self._latest
+        self.sizes = {size: means[size] for size in sorted(means, key=lambda size: size == newest)}
+        self._refit(newest, share)
+
+    def _refit(self, newest: int, share: float) -> None:
         if not self._fit():
             # One size (or sizes too close to tell an intercept): keep the overhead's share, rescale to the newest.
             mean_s = self.sizes[newest][0]
             self.overhead_s = share * mean_s
             self.per_sample_s = (mean_s - self.overhead_s) / newest
-        return PeriodReport(changed=changed, prediction_error=error)
 
     def _fit(self) -> bool:
         points = [(size, mean_s, count) for size, (mean_s, count) in self.sizes.items()]
