@@ -410,11 +410,12 @@ class HeteroBatchCallback(Callback):
             dtype=torch.float64,
         )
         gathered = trainer.strategy.all_gather(local).reshape(-1, 7)
-        if bool(gathered[:, 5].any()) and not report.changed:
-            # another rank saw its speed change: restart from the same period as it did, and exchange again
-            self.cost.restart_from_latest()
-            local[:2] = torch.tensor([self.cost.overhead_s, self.cost.per_sample_s or math.nan], dtype=torch.float64)
-            local[2] = float(len(self.cost.sizes))
+        if bool(gathered[:, 5].any()):
+            # a rank saw its speed change: every other one restarts from the same period, and all exchange again
+            if not report.changed:
+                self.cost.restart_from_latest()
+                fit = [self.cost.overhead_s, math.nan if self.cost.per_sample_s is None else self.cost.per_sample_s]
+                local[:3] = torch.tensor([*fit, float(len(self.cost.sizes))], dtype=torch.float64)
             gathered = trainer.strategy.all_gather(local).reshape(-1, 7)
         if torch.isnan(gathered[:, :2]).any():
             return
