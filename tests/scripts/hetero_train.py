@@ -120,7 +120,10 @@ def run_slow(args, resume: bool = False):
     else:
         model = SlowRankModel(per_sample_s=args.per_sample_s, slow_rank=1)
     dm = SyntheticClassificationDataModule(num_samples=args.samples, batch_size=32, num_workers=args.num_workers)
-    hetero = HeteroBatchCallback(adjust_every_n_steps=args.adjust_every, warmup_steps=2, deadband=0.05)
+    # BatchNorm needs two samples per rank in training
+    hetero = HeteroBatchCallback(
+        adjust_every_n_steps=args.adjust_every, warmup_steps=2, deadband=0.05, min_batch_size=2 if extra else 1
+    )
     recorder = Recorder(hetero)
     checkpoint = ModelCheckpoint(
         dirpath=args.out, save_last=True, save_top_k=0, every_n_train_steps=args.ckpt_every or None
