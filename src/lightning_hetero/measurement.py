@@ -6,6 +6,11 @@ has been fetched) to the moment the rank's gradients are ready to leave (the las
 the point where a strategy sends them); time spent waiting for data or for other ranks is outside that window.
 :class:`ThroughputMeter` turns those windows into a smoothed samples-per-second figure.
 
+A compute window cannot see a CPU quota's long-run limit: a throttled rank that waited in the last all-reduce
+starts the next step with a fresh budget and may finish its window unthrottled, then be throttled after it.
+:class:`BusyTimer` measures what a rank's sustained rate needs: the wall time from one step's start to the next
+minus the time spent waiting for other ranks (every collective), i.e. everything the rank itself had to do.
+
 Both are plain objects with no torch.distributed in them.
 """
 
@@ -13,6 +18,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 
@@ -54,6 +62,85 @@ class ComputeTimer:
         if self._start is None or self._end is None:
             return None
         return self._end - self._start
+
+
+class BusyTimer:
+    """A rank's busy seconds per step: wall time between consecutive step starts minus time spent waiting for others.
+
+    Waiting is whatever the caller reports with :meth:`add_wait` or times with :meth:`waiting` (collectives: the
+    gradient all-reduce after the rank's own backward, DDP's buffer broadcast, ``sync_dist`` logging, barriers).
+    Everything else in the step, including a CPU quota's throttling wherever it lands, data loading and the
+    optimizer step, is the rank's own cost. A step can be excluded with :meth:`skip` (an epoch boundary, a
+    validation run).
+
+    Example::
+
+        >>> timer = BusyTimer(clock=iter([0.0, 0.100, 0.160, 0.250, 0.260]).__next__, cpu_clock=lambda: 0.0)
+        >>> timer.step_start()  # no earlier step
+        >>> timer.add_wait(0.040)
+        >>> round(timer.step_start(), 3)  # 100 ms wall, 40 ms waiting
+        0.06
+        >>> with timer.waiting():  # from 0.160 s to 0.250 s
+        ...     pass
+        >>> round(timer.step_start(), 3)  # this step lasted 160 ms, 90 ms of which waiting
+        0.07
+    """
+
+    def __init__(self, clock: Any = time.perf_counter, cpu_clock: Any = time.process_time) -> None:
+        self.clock = clock
+        self.cpu_clock = cpu_clock
+        self._start: float | None = None
+        self._cpu_start = 0.0
+        self._ready: float | None = None
+        self._wait_s = 0.0
+        #: wall seconds of the last measured step (the synchronous step time, the same on every rank)
+        self.last_wall_s: float | None = None
+        #: CPU seconds (``cpu_clock``) the process used in the last measured step
+        self.last_cpu_s: float | None = None
+
+    def step_start(self) -> float | None:
+        """Close the open step (returning its busy seconds, or ``None`` if none was open) and open a new one."""
+        now, cpu = self.clock(), self.cpu_clock()
+        busy = None
+        self.last_wall_s = self.last_cpu_s = None
+        if self._start is not None:
+            self.last_wall_s = now - self._start
+            self.last_cpu_s = cpu - self._cpu_start
+            busy = max(0.0, self.last_wall_s - self._wait_s)
+        self._start, self._cpu_start = now, cpu
+        self._ready = None
+        self._wait_s = 0.0
+        return busy
+
+    def mark_ready(self) -> None:
+        """The rank's gradients are ready to leave (may be called once per gradient bucket; the last call counts)."""
+        if self._start is not None:
+            self._ready = self.clock()
+
+    def close_ready(self) -> None:
+        """The collective started at the last :meth:`mark_ready` has returned: the time since was waiting."""
+        if self._ready is not None:
+            self.add_wait(self.clock() - self._ready)
+            self._ready = None
+
+    def add_wait(self, seconds: float) -> None:
+        if self._start is not None and seconds > 0:
+            self._wait_s += seconds
+
+    @contextmanager
+    def waiting(self) -> Iterator[None]:
+        """Time the enclosed block as waiting."""
+        start = self.clock()
+        try:
+            yield
+        finally:
+            self.add_wait(self.clock() - start)
+
+    def skip(self) -> None:
+        """Do not measure the open step."""
+        self._start = None
+        self._ready = None
+        self._wait_s = 0.0
 
 
 class ThroughputMeter:
@@ -115,93 +202,48 @@ class ThroughputMeter:
         self.value, self.last, self.count = state["value"], state["last"], state["count"]
 
 
-class StepCostModel:
-    """A rank's compute time per step as ``overhead_s + per_sample_s x batch``, fitted from recent steps.
+def sustained_step_s(busy_s: float, cpu_s: float | None, quota_cpus: float | None) -> float:
+    """A step's cost to a rank that may use ``quota_cpus`` CPUs on average (a CFS quota), at least its busy time.
 
-    Samples per second is not independent of the batch size: a step also pays a fixed cost (Python, hooks,
-    kernel launches), which dominates small batches. A controller that assumed pure proportionality would see a
-    rank given a small batch as slow, shrink its batch further, and so on down to the minimum. This model learns
-    the fixed part whenever recent steps used different batch sizes (least squares over the last ``window``
-    steps), keeps it while the batch size stays put, and tracks the per-sample part with an EWMA.
-
-    Args:
-        smoothing: EWMA weight of the newest step in the per-sample cost.
-        window: recent steps kept for fitting the fixed cost.
-        warmup_steps: measurements discarded at the start and after :meth:`restart_warmup`.
-        min_spread: the fixed cost is refitted only when the window's batch sizes spread by at least this fraction
-            of their mean (closer sizes give a noisy intercept).
+    A throttled rank that waits for others in collectives gets its quota refilled meanwhile, so at a split where it
+    does not limit the step it looks as fast as an unthrottled one (busy = its CPU time), and given more samples it
+    falls off a cliff. Its sustained cost is ``cpu_s / quota_cpus``: what the step would take if it had to earn its
+    CPU time at the quota's rate. Without a quota (or without CPU figures) this is the busy time.
 
     Example::
 
-        >>> model = StepCostModel(smoothing=1.0, warmup_steps=0)
-        >>> for batch in (32, 32, 16, 16):
-        ...     model.update(batch, 0.002 + 0.0001 * batch)
-        >>> round(model.overhead_s, 6), round(model.per_sample_s, 6)
-        (0.002, 0.0001)
-        >>> round(model.step_time_s(64), 6)
-        0.0084
+        >>> sustained_step_s(busy_s=0.010, cpu_s=0.009, quota_cpus=0.25)  # 9 ms of CPU at a quarter CPU
+        0.036
+        >>> sustained_step_s(busy_s=0.040, cpu_s=0.009, quota_cpus=None)
+        0.04
     """
+    if quota_cpus is None or cpu_s is None or not math.isfinite(quota_cpus) or quota_cpus <= 0:
+        return busy_s
+    return max(busy_s, cpu_s / quota_cpus)
 
-    def __init__(
-        self, smoothing: float = 0.5, window: int = 16, warmup_steps: int = 3, min_spread: float = 0.1
-    ) -> None:
-        if not 0.0 < smoothing <= 1.0:
-            raise ValueError(f"smoothing must be in (0, 1], got {smoothing}")
-        if window < 2:
-            raise ValueError(f"window must be >= 2, got {window}")
-        if warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
-        self.smoothing = smoothing
-        self.window = window
-        self.warmup_steps = warmup_steps
-        self.min_spread = min_spread
-        self._to_skip = warmup_steps
-        self._recent: list[tuple[int, float]] = []
-        self.overhead_s = 0.0
-        self.per_sample_s: float | None = None
 
-    def update(self, samples: int, compute_s: float) -> None:
-        if samples <= 0 or not math.isfinite(compute_s) or compute_s <= 0:
-            return
-        if self._to_skip > 0:
-            self._to_skip -= 1
-            return
-        self._recent = [*self._recent[-(self.window - 1) :], (samples, compute_s)]
-        self._refit_overhead()
-        overhead = min(self.overhead_s, 0.9 * compute_s)
-        newest = (compute_s - overhead) / samples
-        self.per_sample_s = (
-            newest if self.per_sample_s is None else (1 - self.smoothing) * self.per_sample_s + self.smoothing * newest
-        )
+def cgroup_cpu_quota(root: str | Path = "/sys/fs/cgroup") -> float | None:
+    """This process's CFS CPU quota in CPUs (Docker's ``--cpus``), or ``None`` when unlimited or not readable.
 
-    def _refit_overhead(self) -> None:
-        sizes = [b for b, _ in self._recent]
-        mean_b = sum(sizes) / len(sizes)
-        if (max(sizes) - min(sizes)) / mean_b < self.min_spread:
-            return
-        times = [t for _, t in self._recent]
-        mean_t = sum(times) / len(times)
-        var_b = sum((b - mean_b) ** 2 for b in sizes)
-        slope = sum((b - mean_b) * (t - mean_t) for b, t in self._recent) / var_b
-        intercept = mean_t - slope * mean_b
-        self.overhead_s = min(max(intercept, 0.0), 0.9 * min(times))
+    Reads cgroup v2 ``cpu.max`` (``"25000 100000"``) or cgroup v1 ``cpu/cpu.cfs_quota_us`` and
+    ``cpu/cpu.cfs_period_us`` under ``root`` (inside a container, the container's own cgroup).
 
-    @property
-    def ready(self) -> bool:
-        return self.per_sample_s is not None
+    Example::
 
-    def step_time_s(self, batch: int) -> float:
-        """Predicted compute seconds for a step of ``batch`` samples."""
-        if self.per_sample_s is None:
-            raise ValueError("no measurement yet")
-        return self.overhead_s + self.per_sample_s * batch
-
-    def restart_warmup(self, steps: int | None = None) -> None:
-        """Discard the next ``steps`` (default ``warmup_steps``) measurements."""
-        self._to_skip = self.warmup_steps if steps is None else steps
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"overhead_s": self.overhead_s, "per_sample_s": self.per_sample_s}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.overhead_s, self.per_sample_s = state["overhead_s"], state["per_sample_s"]
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as root:
+        ...     _ = (Path(root) / "cpu.max").write_text("25000 100000")
+        ...     cgroup_cpu_quota(root)
+        0.25
+    """
+    root = Path(root)
+    try:
+        v2 = root / "cpu.max"
+        if v2.exists():
+            quota, period = v2.read_text().split()[:2]
+            return None if quota == "max" else int(quota) / int(period)
+        quota_us = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+        period_us = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    return None if quota_us <= 0 or period_us <= 0 else quota_us / period_us

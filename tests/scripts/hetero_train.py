@@ -4,6 +4,9 @@ Usage: python hetero_train.py OUT_DIR MODE [options]; modes:
   grad    one optimizer step with initial split [3, 13] on 16 samples; rank 0 saves the parameters
   slow    rank 1 is 4x slower (a per-sample sleep); the callback should shift samples to rank 0
   resume  like slow, but resumes from OUT_DIR/last.ckpt when it exists and records the split it starts with
+  cfs     rank 1 under an emulated CFS quota of 1/4 CPU (SlowdownEmulator(throttle="cfs")); the model has BatchNorm
+          (DDP broadcasts its buffers in every forward) and logs with sync_dist=True in training_step, so a fast rank
+          waits for the throttled one inside its step in two more places
 """
 
 import argparse
@@ -19,7 +22,7 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.strategies import DDPStrategy
 from torch.utils.data import DataLoader
 
-from lightning_hetero import AsyncPSStrategy, HeteroBatchCallback
+from lightning_hetero import AsyncPSStrategy, HeteroBatchCallback, SlowdownEmulator
 from lightning_hetero.synthetic import MLPClassifier, SyntheticClassificationDataModule, make_classification
 
 
@@ -34,6 +37,30 @@ class SlowRankModel(MLPClassifier):
         slowdown = self.factor if self.global_rank == self.slow_rank else 1.0
         time.sleep(self.per_sample_s * slowdown * x.shape[0])
         return super().forward(x)
+
+
+class QuotaModel(MLPClassifier):
+    """Compute emulated by a per-sample sleep that counts as CPU time for the CFS emulator; BatchNorm and a
+    sync_dist log put two collectives inside every step."""
+
+    def __init__(self, per_sample_s: float) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(32, 64), torch.nn.BatchNorm1d(64), torch.nn.Tanh(), torch.nn.Linear(64, 4)
+        )
+        self.per_sample_s = per_sample_s
+        self.emulated_cpu_s = 0.0
+
+    def forward(self, x):
+        seconds = 0.001 + self.per_sample_s * x.shape[0]
+        time.sleep(seconds)
+        self.emulated_cpu_s += seconds
+        return super().forward(x)
+
+    def training_step(self, batch, batch_idx):
+        loss = torch.nn.functional.cross_entropy(self(batch[0]), batch[1])
+        self.log("synced_loss", loss, sync_dist=True)
+        return loss
 
 
 class Recorder(Callback):
@@ -85,9 +112,18 @@ def run_grad(args):
 
 def run_slow(args, resume: bool = False):
     L.seed_everything(0, verbose=False)
-    model = SlowRankModel(per_sample_s=args.per_sample_s, slow_rank=1)
+    extra: list[Callback] = []
+    if args.mode == "cfs":
+        model = QuotaModel(per_sample_s=args.per_sample_s)
+        cpu_clock = lambda: time.process_time() + model.emulated_cpu_s  # noqa: E731
+        extra.append(SlowdownEmulator(factors={1: 4.0}, throttle="cfs", cpu_clock=cpu_clock))
+    else:
+        model = SlowRankModel(per_sample_s=args.per_sample_s, slow_rank=1)
     dm = SyntheticClassificationDataModule(num_samples=args.samples, batch_size=32, num_workers=args.num_workers)
-    hetero = HeteroBatchCallback(adjust_every_n_steps=args.adjust_every, warmup_steps=2, deadband=0.05)
+    # BatchNorm needs two samples per rank in training
+    hetero = HeteroBatchCallback(
+        adjust_every_n_steps=args.adjust_every, warmup_steps=2, deadband=0.05, min_batch_size=2 if extra else 1
+    )
     recorder = Recorder(hetero)
     checkpoint = ModelCheckpoint(
         dirpath=args.out, save_last=True, save_top_k=0, every_n_train_steps=args.ckpt_every or None
@@ -96,7 +132,7 @@ def run_slow(args, resume: bool = False):
     logger = CSVLogger(args.out, name="logs", version=args.mode + args.tag)
     trainer = trainer_for(
         args,
-        [hetero, recorder, checkpoint],
+        [hetero, recorder, checkpoint, *extra],
         max_epochs=args.epochs,
         max_steps=args.max_steps,
         limit_val_batches=0,
@@ -109,6 +145,7 @@ def run_slow(args, resume: bool = False):
         "throughputs": list(hetero.throughputs or []),
         "own_throughput": hetero.meter.value,
         "adjustments": len(hetero.history),
+        "history": [{"step": h["step"], "to": list(h["to"]), "reason": h["reason"]} for h in hetero.history],
         "local_sizes": recorder.local_sizes,
         "weight_mismatches": recorder.weight_mismatches,
         "global_step": trainer.global_step,
@@ -119,7 +156,7 @@ def run_slow(args, resume: bool = False):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path)
-    parser.add_argument("mode", choices=["grad", "slow", "resume"])
+    parser.add_argument("mode", choices=["grad", "slow", "resume", "cfs"])
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--samples", type=int, default=1024)
     parser.add_argument("--adjust-every", type=int, default=None)

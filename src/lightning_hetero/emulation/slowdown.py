@@ -1,7 +1,9 @@
 """In-process heterogeneity: make chosen ranks slower by a factor, for machines without Docker and for CI.
 
 :class:`SlowdownSchedule` (pure) says which factor a rank has at an epoch or step; :func:`stretch_s` says how long
-to sleep; :class:`SlowdownEmulator` is the Lightning glue that measures each step's compute and sleeps.
+to sleep; :class:`CfsQuota` (pure) is the accounting of a CFS CPU quota; :class:`SlowdownEmulator` is the
+Lightning glue that either stretches each step's compute by sleeping (``throttle="sleep"``) or throttles the rank
+like a container with a CPU quota of ``1 / factor`` CPUs (``throttle="cfs"``).
 
 Example::
 
@@ -18,7 +20,7 @@ import math
 import statistics
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import lightning as L
@@ -27,6 +29,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 
 SLOWDOWN_UNITS = ("epoch", "step")
+THROTTLE_MODES = ("sleep", "cfs")
 
 
 class SlowdownSchedule:
@@ -80,21 +83,97 @@ def stretch_s(factor: float, forward_s: float, backward_s: float) -> float:
     return max(0.0, (factor - 1.0) * (forward_s + backward_s))
 
 
-class SlowdownEmulator(Callback):
-    """Emulates slower machines: a rank with factor ``f`` takes ``f`` times as long to compute each step.
+class CfsQuota:
+    """The Linux CFS bandwidth controller's accounting for one group: ``quota_cpus x period_s`` CPU seconds per period.
 
-    The extra time is a sleep in ``on_before_backward``, i.e. inside the compute window that
-    :class:`~lightning_hetero.measurement.ComputeTimer` measures (batch start to the end of backward), and it is
-    proportional to the rank's own compute for that step: the forward time just measured plus the median backward
-    time of recent steps (measured with gradient-accumulation hooks, so waiting for other ranks in DDP's all-reduce
-    is never counted). A slowed rank's samples per second therefore drop by ``f``, and its step time grows with its
-    batch size as a slower machine's would.
+    Periods are fixed wall-clock intervals ``[k·period_s, (k+1)·period_s)``. At each period boundary the group's
+    budget is refilled by one quota, never above one quota (unused time is lost, as with ``cpu.cfs_quota_us``
+    without burst). CPU time used beyond the budget is owed: the group sleeps to the end of the period, and to
+    further period ends while the debt exceeds the refills. Time spent blocked (waiting for other ranks) uses no
+    budget, so a rank that waits a lot is throttled less often in the steps that follow; only its sustained rate is
+    limited to ``quota_cpus`` CPUs.
+
+    Example::
+
+        >>> quota = CfsQuota(quota_cpus=0.25, period_s=0.1)  # 25 ms of CPU per 100 ms
+        >>> quota.charge(cpu_s=0.020, now_s=1.000)  # within budget: no throttling
+        0.0
+        >>> round(quota.charge(cpu_s=0.010, now_s=1.030), 3)  # 30 ms used: sleep to the period's end at 1.1 s
+        0.07
+        >>> round(quota.remaining_s, 3)  # refilled at 1.1 s, minus the 5 ms owed
+        0.02
+        >>> round(quota.charge(cpu_s=0.080, now_s=1.150), 3)  # owes 60 ms: three more refills, wake at 1.4 s
+        0.25
+    """
+
+    def __init__(self, quota_cpus: float, period_s: float = 0.1) -> None:
+        if not math.isfinite(quota_cpus) or quota_cpus <= 0:
+            raise ValueError(f"quota_cpus must be a finite number > 0, got {quota_cpus!r}")
+        if not math.isfinite(period_s) or period_s <= 0:
+            raise ValueError(f"period_s must be a finite number > 0, got {period_s!r}")
+        self.quota_cpus = quota_cpus
+        self.period_s = period_s
+        self.remaining_s = self.quota_s
+        self._period: int | None = None
+
+    @property
+    def quota_s(self) -> float:
+        """CPU seconds granted per period."""
+        return self.quota_cpus * self.period_s
+
+    def charge(self, cpu_s: float, now_s: float) -> float:
+        """Account ``cpu_s`` CPU seconds used up to wall time ``now_s``; return how long to sleep (0 if in budget).
+
+        The state afterwards is that of the moment the sleep ends.
+        """
+        cpu_s = max(0.0, cpu_s)
+        period = math.floor(now_s / self.period_s)
+        if self._period is not None and period > self._period:
+            # The CPU time was used in the last cpu_s of wall time: what fell before this period's start is paid
+            # from the earlier periods' budget (unused budget does not carry over anyway).
+            earlier = min(cpu_s, max(0.0, cpu_s - (now_s - period * self.period_s)))
+            self.remaining_s -= earlier
+            cpu_s -= earlier
+            self.remaining_s = min(self.quota_s, self.remaining_s + (period - self._period) * self.quota_s)
+        self._period = period if self._period is None else max(self._period, period)
+        self.remaining_s -= cpu_s
+        if self.remaining_s > 0:
+            return 0.0
+        refills = math.floor(-self.remaining_s / self.quota_s) + 1
+        self.remaining_s = min(self.quota_s, self.remaining_s + refills * self.quota_s)
+        self._period += refills
+        return max(0.0, self._period * self.period_s - now_s)
+
+
+class SlowdownEmulator(Callback):
+    """Emulates slower machines: a rank with factor ``f`` computes ``f`` times slower, by sleeping or by a CPU quota.
+
+    ``throttle="sleep"`` (default): the extra time is a sleep in ``on_before_backward``, i.e. inside the compute
+    window that :class:`~lightning_hetero.measurement.ComputeTimer` measures (batch start to the end of backward),
+    and it is proportional to the rank's own compute for that step: the forward time just measured plus the median
+    backward time of recent steps (measured with gradient-accumulation hooks, so waiting for other ranks in DDP's
+    all-reduce is never counted). A slowed rank's samples per second therefore drop by ``f``, and its step time
+    grows with its batch size as a slower machine's would.
+
+    ``throttle="cfs"``: the rank behaves like a container with ``--cpus 1/f`` under Linux's CFS bandwidth control
+    (:class:`CfsQuota`): it may use ``period_ms / f`` ms of CPU time (all of its threads, ``time.process_time``)
+    per ``period_ms`` of wall time and then sleeps to the period's end. Its CPU use is charged before and after each
+    module's forward, when backward reaches each module's output, after backward and at the batch's start and end,
+    so a throttle can land anywhere in a step, including outside the compute window, but never inside a collective
+    (real CFS can throttle there too); time spent blocked waiting for other ranks uses no quota. Its step times
+    therefore jump in period-sized steps and only its *sustained* rate is ``1/f`` of a CPU: this reproduces the
+    failure modes of real quotas (quantised, bursty step times) in process and deterministically enough for CI.
 
     Args:
         factors: ``{rank: factor}`` for the whole run (factors >= 1; unnamed ranks are not slowed).
         schedule: ``{start: {rank: factor}}`` changing at epochs or steps; give this or ``factors``.
         unit: ``"epoch"`` or ``"step"``, what the schedule's starts count.
-        backward_window: recent backward timings whose median stands in for this step's backward.
+        backward_window: recent backward timings whose median stands in for this step's backward (sleep mode).
+        throttle: ``"sleep"`` or ``"cfs"``, as above.
+        period_ms: the CFS period in milliseconds (Docker's default is 100); used with ``throttle="cfs"``.
+        cpu_clock: the clock whose advance is charged to the quota (``throttle="cfs"``); default
+            ``time.process_time``. A benchmark whose "compute" is partly emulated by sleeping can add the emulated
+            seconds to it, so that throttling does not depend on how busy the host is.
 
     Example::
 
@@ -106,12 +185,13 @@ class SlowdownEmulator(Callback):
         2
 
     Notes:
-        This *emulates* a slower machine by stretching time; it does not throttle the CPU. The sleeping rank frees
-        its core (other ranks on the same host are not slowed, unlike with a real CPU quota), it has no cache,
-        memory-bandwidth or thermal effects, data loading and the optimizer step are not slowed, and only compute
-        between batch start and the end of backward is stretched. The backward share is estimated from earlier
-        steps, so the first step of a run is not stretched, and a step right after the model changes is stretched
-        less exactly.
+        This *emulates* a slower machine by stretching time; it does not limit the CPU for other processes. The
+        sleeping rank frees its core (other ranks on the same host are not slowed, unlike with a real CPU quota),
+        and it has no cache, memory-bandwidth or thermal effects. In sleep mode data loading and the optimizer step
+        are not slowed, only compute between batch start and the end of backward is stretched, and the backward
+        share is estimated from earlier steps, so the first step of a run is not stretched. In CFS mode the CPU
+        time used between two charge points runs unthrottled before it is paid for (a chunk's worth of error) and
+        DataLoader worker processes are not charged.
         For real throttling use the Docker companion (``lightning-hetero emulate``).
     """
 
@@ -121,17 +201,32 @@ class SlowdownEmulator(Callback):
         schedule: Mapping[int, Mapping[int, float]] | None = None,
         unit: str = "epoch",
         backward_window: int = 5,
+        throttle: str = "sleep",
+        period_ms: float = 100.0,
+        cpu_clock: Callable[[], float] = time.process_time,
     ) -> None:
         if backward_window < 1:
             raise ValueError(f"backward_window must be >= 1, got {backward_window}")
+        if throttle not in THROTTLE_MODES:
+            raise ValueError(f"throttle must be one of {', '.join(THROTTLE_MODES)}, got {throttle!r}")
+        if isinstance(period_ms, bool) or not isinstance(period_ms, (int, float)) or not 0 < period_ms < math.inf:
+            raise ValueError(f"period_ms must be a finite number > 0, got {period_ms!r}")
         self.schedule = SlowdownSchedule(factors, schedule, unit)
+        self.throttle = throttle
+        self.period_ms = float(period_ms)
+        self.cpu_clock = cpu_clock
         self._backward_s: deque[float] = deque(maxlen=backward_window)
         self._segment_start = 0.0
         self._backward_start: float | None = None
         self._last_grad = 0.0
         self._handles: list[Any] = []
+        self._quota: CfsQuota | None = None
+        self._factor = 1.0
+        self._cpu_s = 0.0
         #: seconds slept in the current (or last) batch; the emulator's own account, for logging and tests
         self.batch_stretch_s = 0.0
+        #: seconds slept since fit started
+        self.total_stretch_s = 0.0
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         beyond = sorted(rank for rank in self.schedule.ranks if rank >= trainer.world_size)
@@ -143,12 +238,18 @@ class SlowdownEmulator(Callback):
                 for p in pl_module.parameters()
                 if p.requires_grad
             ]
+            if self.throttle == "cfs":
+                self._cpu_s = self.cpu_clock()  # CPU used before fit (imports, set-up) is not charged
+                for module in pl_module.modules():
+                    self._handles.append(module.register_forward_pre_hook(lambda *_: self._charge()))
+                    self._handles.append(module.register_forward_hook(self._charge_forward_and_backward))
             entries = ", ".join(
                 f"{self.schedule.unit} {start}: "
                 + (", ".join(f"rank {r} x{f:g}" for r, f in sorted(entry.items())) or "none")
                 for start, entry in zip(self.schedule.starts, self.schedule.entries, strict=True)
             )
-            rank_zero_info(f"SlowdownEmulator (sleeps emulate slower ranks): {entries}")
+            how = "sleeps" if self.throttle == "sleep" else f"CFS quota of 1/factor CPUs per {self.period_ms:g} ms"
+            rank_zero_info(f"SlowdownEmulator ({how} emulate slower ranks): {entries}")
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         for handle in self._handles:
@@ -158,27 +259,72 @@ class SlowdownEmulator(Callback):
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
+        self._charge()
         self._segment_start = time.perf_counter()
         self.batch_stretch_s = 0.0
+        self._factor = self.schedule.factor(trainer.global_rank, trainer.current_epoch, trainer.global_step)
+        if self.throttle == "cfs":
+            if self._factor <= 1.0:
+                self._quota = None
+            elif self._quota is None:
+                self._quota = CfsQuota(1.0 / self._factor, self.period_ms / 1000.0)
+            else:
+                self._quota.quota_cpus = 1.0 / self._factor
+                self._quota.remaining_s = min(self._quota.remaining_s, self._quota.quota_s)
 
     def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor) -> None:
         forward_s = time.perf_counter() - self._segment_start
-        factor = self.schedule.factor(trainer.global_rank, trainer.current_epoch, trainer.global_step)
         # The first step of a run pays one-off costs (lazy initialisation, first collectives: up to a second under
         # AsyncPSStrategy) that a slower machine would not multiply; stretching starts once a backward is measured.
-        if factor > 1.0 and self._backward_s:
+        if self.throttle == "sleep" and self._factor > 1.0 and self._backward_s:
             backward_s = statistics.median(self._backward_s)
-            slept_from = time.perf_counter()
-            time.sleep(stretch_s(factor, forward_s, backward_s))
-            self.batch_stretch_s += time.perf_counter() - slept_from
+            self._sleep(stretch_s(self._factor, forward_s, backward_s))
         self._backward_start = time.perf_counter()
 
     def on_after_backward(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._charge()
         if self._backward_start is not None and self._last_grad > self._backward_start:
             self._backward_s.append(self._last_grad - self._backward_start)
         self._backward_start = None
         # a further backward in this batch (manual optimization) stretches only the compute after this one
         self._segment_start = time.perf_counter()
 
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._charge()
+
+    @property
+    def cpu_quota(self) -> float | None:
+        """This rank's emulated CPU quota in CPUs for the current step (``None``: not throttled by a quota)."""
+        if self.throttle != "cfs" or self._factor <= 1.0:
+            return None
+        return 1.0 / self._factor
+
     def _on_grad_ready(self, param: torch.Tensor) -> None:
         self._last_grad = time.perf_counter()
+
+    def _charge_forward_and_backward(self, module: torch.nn.Module, inputs: Any, output: Any) -> None:
+        self._charge()
+        # Charge again when backward reaches this module's output: during backward, before the module's own
+        # gradients (and so before DDP hands the last gradient bucket to the all-reduce), never inside a collective.
+        if isinstance(output, torch.Tensor) and output.requires_grad:
+            output.register_hook(lambda grad: self._charge())
+
+    def _charge(self) -> None:
+        """CFS mode: pay for the CPU time used since the last charge point, sleeping when the quota is spent."""
+        if self.throttle != "cfs":
+            return
+        cpu_s = self.cpu_clock()
+        used, self._cpu_s = cpu_s - self._cpu_s, cpu_s
+        if self._quota is not None:
+            self._sleep(self._quota.charge(used, time.monotonic()))
+
+    def _sleep(self, seconds: float) -> None:
+        if seconds <= 0:
+            return
+        slept_from = time.perf_counter()
+        time.sleep(seconds)
+        slept = time.perf_counter() - slept_from
+        self.batch_stretch_s += slept
+        self.total_stretch_s += slept

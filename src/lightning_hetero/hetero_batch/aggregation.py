@@ -14,6 +14,7 @@ No ``from __future__ import annotations`` here: DDP inspects the hook's annotati
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -23,10 +24,11 @@ from lightning_hetero.measurement import ComputeTimer
 
 @dataclass
 class BatchWeightState:
-    """What the hook needs: this rank's share of the current step's global batch, and the compute timer."""
+    """What the hook needs: this rank's share of the current step's global batch, and the compute timer (a
+    :class:`ComputeTimer`, or anything with its ``mark_compute_end()``)."""
 
     share: Callable[[], float]
-    timer: ComputeTimer
+    timer: ComputeTimer | Any
     process_group: dist.ProcessGroup | None = None
 
 

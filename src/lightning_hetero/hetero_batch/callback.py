@@ -16,20 +16,37 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from torch.nn.parallel import DistributedDataParallel
 
+from lightning_hetero.emulation.slowdown import SlowdownEmulator
 from lightning_hetero.hetero_batch.aggregation import BatchWeightState, register_batch_weighted_hook
-from lightning_hetero.hetero_batch.controller import BatchSizeController, step_time_s
+from lightning_hetero.hetero_batch.controller import AdjustmentPolicy, BatchSizeController
+from lightning_hetero.hetero_batch.cost_model import PeriodCostModel
 from lightning_hetero.hetero_batch.loader import build_hetero_loader, starting_batch_size
 from lightning_hetero.hetero_batch.lr_scaling import LR_SCALING_RULES, lr_scale_factor, scale_learning_rates
 from lightning_hetero.hetero_batch.sampler import HeteroBatchSampler, SplitPlan
-from lightning_hetero.measurement import ComputeTimer, StepCostModel, ThroughputMeter
+from lightning_hetero.measurement import (
+    BusyTimer,
+    ComputeTimer,
+    ThroughputMeter,
+    cgroup_cpu_quota,
+    sustained_step_s,
+)
+
+#: strategy methods that run collectives; time spent in them is waiting for other ranks, not this rank's cost
+_COLLECTIVES = ("reduce", "all_gather", "broadcast", "barrier")
 
 
 class HeteroBatchCallback(Callback):
     """Resize each rank's share of every global batch in proportion to its measured compute throughput.
 
-    Each rank times its own forward and backward (excluding data loading and waiting for other ranks) and fits its
-    step time as a fixed overhead plus a per-sample cost; at each adjustment all ranks exchange their fits and
-    apply the same new split, the one that makes their predicted step times equal.
+    Each rank measures its *busy* time per step (wall time between step starts minus every wait for other ranks:
+    the gradient all-reduce, DDP's buffer broadcast, ``sync_dist`` logging and other strategy collectives), so a
+    CPU quota's throttling counts wherever it lands; under a CPU quota (read from the cgroup, or from a CFS
+    :class:`~lightning_hetero.SlowdownEmulator`) a step costs at least its CPU time at the quota's rate. It fits it per adjustment period as a fixed overhead plus a
+    per-sample cost (:class:`~lightning_hetero.hetero_batch.cost_model.PeriodCostModel`). At each adjustment all
+    ranks exchange their fits and the measured synchronous step, and apply the same decision
+    (:class:`~lightning_hetero.hetero_batch.controller.AdjustmentPolicy`): the split that makes their predicted
+    step times equal, never giving a slower rank more samples than a faster one, rolled back if the synchronous
+    step measured after it is slower than before.
     The global batch stays exactly constant, every sample is used once per epoch, every rank does the same number
     of steps, and gradients are combined as the batch-weighted mean ``Σ b_k g_k / Σ b_k``, so the optimisation is
     that of one big batch. The train loader's ``batch_size`` is the starting per-rank size.
@@ -54,8 +71,14 @@ class HeteroBatchCallback(Callback):
         memory_caps: optional per-rank largest batch that fits in memory.
         deadband: apply a new split only when it is predicted to shorten the synchronous step by more than this
             fraction (a cluster-wide decision).
-        smoothing: EWMA weight of the newest measurement (per-sample cost and observed throughput).
+        smoothing: EWMA weight of the newest compute-window throughput in ``meter`` (which
+            :class:`~lightning_hetero.switching.SyncSwitchCallback` reads); the split itself follows busy times.
         warmup_steps: measurements discarded at the start of fit (and one after each change of split).
+        rollback_tolerance: a change of split is undone when the synchronous step measured after it is slower than
+            the one measured before it by more than this fraction.
+        change_tolerance: a rank whose measured busy time misses its model's prediction by more than this fraction
+            forgets its older measurements (its speed changed, or the model was wrong) and starts again from the
+            newest period.
         adjust_every_n_steps: also adjust every ``n`` optimizer steps inside an epoch; by default the split changes
             only at epoch ends.
         lr_scaling: ``"linear"`` or ``"sqrt"`` to rescale learning rates when ``global_batch_size`` differs from
@@ -69,8 +92,9 @@ class HeteroBatchCallback(Callback):
           :class:`~lightning_hetero.AsyncPSStrategy`.
         - The model's loss must be a mean over the local batch (the usual reduction), so that weighting by
           ``b_k / Σ b`` yields the big-batch mean. Batch norm sees per-rank batches of different sizes.
-        - Collectives inside ``training_step`` (for example ``self.log(..., sync_dist=True)``) make a fast rank wait
-          inside its compute window and blur the measurement; log with ``sync_dist=False`` during training.
+        - Waiting in collectives that go through the strategy (``self.log(..., sync_dist=True)``, barriers), in
+          DDP's buffer broadcast and in the gradient all-reduce is excluded from a rank's busy time. Collectives
+          called directly through ``torch.distributed`` are not seen and count as the rank's own time.
         - Gradient accumulation is not supported (``accumulate_grad_batches`` must be 1).
         - While a strategy trains asynchronously (``AsyncPSStrategy`` in ASP) ranks are not in lock-step, so
           ``adjust_every_n_steps`` is ignored there and the split changes at epoch ends only.
@@ -91,6 +115,8 @@ class HeteroBatchCallback(Callback):
         lr_scaling: str | None = None,
         seed: int = 0,
         verbose: bool = True,
+        rollback_tolerance: float = 0.15,
+        change_tolerance: float = 0.4,
     ) -> None:
         for name, value in (("min_batch_size", min_batch_size), ("max_batch_size", max_batch_size)):
             values = [value] if isinstance(value, int) else list(value or [])
@@ -108,6 +134,11 @@ class HeteroBatchCallback(Callback):
             raise ValueError(f"deadband must be >= 0, got {deadband}")
         if lr_scaling is not None and lr_scaling not in LR_SCALING_RULES:
             raise ValueError(f"lr_scaling must be one of {LR_SCALING_RULES} or None, got {lr_scaling!r}")
+        for name, value in (("rollback_tolerance", rollback_tolerance), ("change_tolerance", change_tolerance)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        if change_tolerance == 0:
+            raise ValueError("change_tolerance must be > 0 (0 would forget every measurement each period)")
         self.global_batch_size = global_batch_size
         self.initial_batch_sizes = None if initial_batch_sizes is None else tuple(initial_batch_sizes)
         self.min_batch_size = min_batch_size
@@ -118,12 +149,20 @@ class HeteroBatchCallback(Callback):
         self.lr_scaling = lr_scaling
         self.seed = seed
         self.verbose = verbose
+        self.rollback_tolerance = rollback_tolerance
+        self.warmup_steps = warmup_steps
         self.meter = ThroughputMeter(smoothing=smoothing, warmup_steps=warmup_steps)
-        self.cost = StepCostModel(smoothing=smoothing, warmup_steps=warmup_steps)
+        self.cost = PeriodCostModel(change_tolerance=change_tolerance)
         #: every rank's (overhead_s, per_sample_s) at the last exchange
         self.costs: tuple[tuple[float, float], ...] | None = None
+        #: every rank's mean busy seconds per step at its current batch size, at the last exchange
+        self.busy_s: tuple[float, ...] | None = None
+        #: the synchronous step (wall seconds per step at the current split) measured in the last period
+        self.sync_step_s: float | None = None
         self.timer = ComputeTimer()
+        self.busy = BusyTimer()
         self.controller: BatchSizeController | None = None
+        self.policy: AdjustmentPolicy | None = None
         self.plan: SplitPlan | None = None
         self.sampler: HeteroBatchSampler | None = None
         self.throughputs: tuple[float, ...] | None = None
@@ -136,6 +175,14 @@ class HeteroBatchCallback(Callback):
         self._lr_scale_applied = False
         self._restored: dict[str, Any] | None = None
         self._trainer: L.Trainer | None = None
+        self._to_skip = warmup_steps
+        self._step_split: tuple[int, ...] | None = None
+        #: this period's measured steps: (split in force, this rank's batch, busy s, floor s, wall s)
+        self._period: list[tuple[tuple[int, ...], int, float, float, float]] = []
+        self._handles: list[Any] = []
+        self._wrapped: list[str] = []
+        self._forward_started: float | None = None
+        self._quota_source: Callable[[], float | None] | None = None
 
     @property
     def batch_sizes(self) -> tuple[int, ...] | None:
@@ -170,13 +217,64 @@ class HeteroBatchCallback(Callback):
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         strategy = trainer.strategy
+        marks = _ComputeEndMarks(self.timer, self.busy)
         if hasattr(strategy, "attach_hetero_batches"):
-            strategy.attach_hetero_batches(self.timer, lambda: self._share)
+            strategy.attach_hetero_batches(marks, lambda: self._share)
             self._gradients_hooked = True
         elif isinstance(strategy.model, DistributedDataParallel):
-            state = BatchWeightState(share=lambda: self._share, timer=self.timer)
+            state = BatchWeightState(share=lambda: self._share, timer=marks)
             register_batch_weighted_hook(strategy.model, state)
             self._gradients_hooked = True
+            self._exclude_buffer_broadcast(strategy.model)
+        self._exclude_strategy_collectives(strategy)
+        # A CPU quota (CFS) lets a rank that waits look fast: cost its steps at the quota's rate (see
+        # `sustained_step_s`). The quota comes from an in-process CFS emulator when there is one, else the cgroup.
+        emulators = [cb for cb in trainer.callbacks if isinstance(cb, SlowdownEmulator) and cb.throttle == "cfs"]
+        if emulators:
+            self._quota_source = lambda: emulators[0].cpu_quota
+            self.busy.cpu_clock = emulators[0].cpu_clock
+        else:
+            quota = cgroup_cpu_quota()
+            self._quota_source = lambda: quota
+
+    def _cpu_quota(self) -> float | None:
+        return None if self._quota_source is None else self._quota_source()
+
+    def _exclude_buffer_broadcast(self, ddp: DistributedDataParallel) -> None:
+        # DDP broadcasts buffers (BatchNorm statistics) from rank 0 inside its forward, before it calls the wrapped
+        # module: the time between the two forward pre-hooks is waiting for rank 0, not this rank's compute.
+        def outer(*_: Any) -> None:
+            self._forward_started = self.busy.clock()
+
+        def inner(*_: Any) -> None:
+            if self._forward_started is not None:
+                self.busy.add_wait(self.busy.clock() - self._forward_started)
+                self._forward_started = None
+
+        self._handles += [ddp.register_forward_pre_hook(outer), ddp.module.register_forward_pre_hook(inner)]
+
+    def _exclude_strategy_collectives(self, strategy: Any) -> None:
+        # `self.log(..., sync_dist=True)`, barriers and this callback's own exchange go through these methods; an
+        # instance attribute shadows the method for this fit and is removed again in teardown.
+        for name in _COLLECTIVES:
+            method = getattr(strategy, name, None)
+            if method is None or name in vars(strategy):
+                continue
+
+            def timed(*args: Any, _method: Callable[..., Any] = method, **kwargs: Any) -> Any:
+                with self.busy.waiting():
+                    return _method(*args, **kwargs)
+
+            setattr(strategy, name, timed)
+            self._wrapped.append(name)
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        for name in self._wrapped:
+            vars(trainer.strategy).pop(name, None)
+        self._wrapped = []
 
     def _rebuild_loader(self, dataloader: Any) -> torch.utils.data.DataLoader:
         start = starting_batch_size(dataloader)
@@ -196,6 +294,10 @@ class HeteroBatchCallback(Callback):
             memory_caps=self.memory_caps,
             deadband=self.deadband,
         )
+        if self.policy is None or self.policy.controller.global_batch_size != global_batch:
+            self.policy = AdjustmentPolicy(self.controller, rollback_tolerance=self.rollback_tolerance)
+        else:
+            self.policy.controller = self.controller
         if self.plan is None:
             self.plan = SplitPlan(self._starting_split(global_batch))
         if not self._lr_scale_applied:
@@ -220,10 +322,11 @@ class HeteroBatchCallback(Callback):
                 )
             if restored.get("throughputs"):
                 self.throughputs = tuple(restored["throughputs"])
-                self.meter.value = self.throughputs[self._rank]
             if restored.get("costs"):
                 self.costs = tuple(tuple(c) for c in restored["costs"])
                 self.cost.overhead_s, self.cost.per_sample_s = self.costs[self._rank]
+            if restored.get("policy") and self.policy is not None:
+                self.policy.load_state_dict(restored["policy"])
             return split
         if self.initial_batch_sizes is not None:
             return self.initial_batch_sizes
@@ -235,7 +338,20 @@ class HeteroBatchCallback(Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         assert self.sampler is not None
-        sizes = self.sampler.next_sizes()
+        quota = self._cpu_quota()
+        busy_s = self.busy.step_start()
+        wall_s = self.busy.last_wall_s
+        if busy_s is not None and wall_s is not None and self._step_split is not None:
+            if self._to_skip > 0:
+                self._to_skip -= 1
+            else:
+                # a step's sustained cost is at least its CPU time at the quota's rate (see `sustained_step_s`)
+                floor = sustained_step_s(0.0, self.busy.last_cpu_s, quota)
+                self._period.append((self._step_split, self._local_batch_size, busy_s, floor, wall_s))
+        sizes = tuple(self.sampler.next_sizes())
+        if self._step_split is not None and sizes != self._step_split:
+            self._to_skip = max(self._to_skip, 1)  # the first step at a new split pays for it (allocator, caches)
+        self._step_split = sizes
         self._local_batch_size = sizes[self._rank]
         self._share = sizes[self._rank] / sum(sizes)
         self.timer.start()
@@ -243,6 +359,10 @@ class HeteroBatchCallback(Callback):
     def on_after_backward(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not self._gradients_hooked:
             self.timer.mark_compute_end()
+        self.busy.close_ready()  # DDP returns from backward once the gradient all-reduce is done: that was a wait
+
+    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any) -> None:
+        self.busy.close_ready()  # AsyncPSStrategy in BSP all-reduces after backward, before this hook
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -250,53 +370,96 @@ class HeteroBatchCallback(Callback):
         elapsed = self.timer.elapsed_s()
         if elapsed is not None:
             self.meter.update(self._local_batch_size, elapsed)
-            self.cost.update(self._local_batch_size, elapsed)
         n = self.adjust_every_n_steps
         assert self.sampler is not None
         mid_epoch = n is not None and (batch_idx + 1) % n == 0 and batch_idx + 1 < len(self.sampler)
         if mid_epoch and not _asynchronous(trainer.strategy):
             self._adjust(trainer, epoch_end=False)
 
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.busy.skip()  # a validation run inside the epoch is not part of any training step's cost
+
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.busy.skip()  # the step across the epoch boundary pays for epoch-end work: not measured
         self._adjust(trainer, epoch_end=True)
 
     def _adjust(self, trainer: L.Trainer, epoch_end: bool) -> None:
         assert self.sampler is not None and self.plan is not None and self.controller is not None
-        observed = math.nan if self.meter.value is None else self.meter.value
+        assert self.policy is not None
+        current = self.plan.current
+        at_current = [(size, busy, floor, wall) for split, size, busy, floor, wall in self._period if split == current]
+        report = self.cost.update((size, busy, floor) for _, size, busy, floor, _ in self._period)
+        self._period = []
         per_sample = math.nan if self.cost.per_sample_s is None else self.cost.per_sample_s
+        own_size = current[self._rank]
+        mine = [(busy, floor) for size, busy, floor, _ in at_current if size == own_size]
+        # as the cost model sees it: mean busy time, raised to the mean CPU-at-quota floor
+        measured = max(sum(b for b, _ in mine), sum(f for _, f in mine)) / len(mine) if mine else math.nan
+        # the synchronous step at this split, without the period's longest step (a stall is not the split's doing)
+        walls = sorted(wall for *_, wall in at_current)[: max(1, len(at_current) - 1)] if at_current else []
         local = torch.tensor(
-            [observed, self.cost.overhead_s, per_sample, float(self.sampler.produced_position)], dtype=torch.float64
+            [
+                self.cost.overhead_s,
+                per_sample,
+                float(len(self.cost.sizes)),
+                sum(walls) / len(walls) if walls else math.nan,
+                measured,
+                float(report.changed),
+                float(self.sampler.produced_position),
+            ],
+            dtype=torch.float64,
         )
-        gathered = trainer.strategy.all_gather(local).reshape(-1, 4)
-        if torch.isnan(gathered[:, :3]).any():
+        gathered = trainer.strategy.all_gather(local).reshape(-1, 7)
+        if bool(gathered[:, 5].any()):
+            # a rank saw its speed change: every other one restarts from the same period, and all exchange again
+            if not report.changed:
+                self.cost.restart_from_latest()
+                fit = [self.cost.overhead_s, math.nan if self.cost.per_sample_s is None else self.cost.per_sample_s]
+                local[:3] = torch.tensor([*fit, float(len(self.cost.sizes))], dtype=torch.float64)
+            gathered = trainer.strategy.all_gather(local).reshape(-1, 7)
+        if torch.isnan(gathered[:, :2]).any():
             return
-        self.throughputs = tuple(float(x) for x in gathered[:, 0])
-        self.costs = tuple((float(a), float(c)) for a, c in gathered[:, 1:3].tolist())
-        decision = self.controller.decide(
-            self.plan.current, [1.0 / c for _, c in self.costs], overheads_s=[a for a, _ in self.costs]
+        self.costs = tuple((float(a), float(c)) for a, c in gathered[:, :2].tolist())
+        walls_s = [w for w in gathered[:, 3].tolist() if math.isfinite(w)]
+        self.sync_step_s = max(walls_s) if len(walls_s) == self._world_size else None
+        busy = tuple(float(b) for b in gathered[:, 4])
+        if all(math.isfinite(b) for b in busy):
+            self.busy_s = busy
+        self.throughputs = tuple(b / (a + c * b) for b, (a, c) in zip(current, self.costs, strict=True))
+        decision = self.policy.decide(
+            current, self.costs, self.sync_step_s, known_sizes=[int(n) for n in gathered[:, 2].tolist()]
         )
-        if not decision.apply:
-            return
-        position = int(gathered[:, 3].max().item()) + 1
-        if epoch_end:
-            position = max(position, self.sampler.position(trainer.current_epoch + 1, 0))
-        previous = self.plan.current
-        self.plan.schedule(position, decision.sizes)
-        self.meter.restart_warmup(1)
-        self.cost.restart_warmup(1)
-        self.history.append(
-            {
-                "step": trainer.global_step,
-                "epoch": trainer.current_epoch,
-                "from": previous,
-                "to": decision.sizes,
-                "costs": self.costs,
-            }
-        )
-        metrics = {f"hetero/batch_size_rank{k}": float(b) for k, b in enumerate(decision.sizes)}
-        metrics |= {f"hetero/throughput_rank{k}": x for k, x in enumerate(self.throughputs)}
+        metrics = {f"hetero/predicted_step_ms_rank{k}": 1e3 * t for k, t in enumerate(self.predicted_step_s())}
+        if self.sync_step_s is not None:
+            metrics["hetero/sync_step_ms"] = 1e3 * self.sync_step_s
+        if decision.apply:
+            position = int(gathered[:, 6].max().item()) + 1
+            if epoch_end:
+                position = max(position, self.sampler.position(trainer.current_epoch + 1, 0))
+            self.plan.schedule(position, decision.sizes)
+            self.meter.restart_warmup(1)
+            self.history.append(
+                {
+                    "step": trainer.global_step,
+                    "epoch": trainer.current_epoch,
+                    "from": current,
+                    "to": decision.sizes,
+                    "reason": decision.reason,
+                    "costs": self.costs,
+                    "sync_step_s": self.sync_step_s,
+                    "changed": [bool(c) for c in gathered[:, 5].tolist()],
+                }
+            )
+        metrics |= {f"hetero/batch_size_rank{k}": float(b) for k, b in enumerate(self.plan.current)}
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=trainer.global_step)
+
+    def predicted_step_s(self, split: Sequence[int] | None = None) -> tuple[float, ...]:
+        """Each rank's predicted busy seconds per step at ``split`` (default: the current one), from the last fits."""
+        if self.costs is None or self.plan is None:
+            return ()
+        split = self.plan.current if split is None else split
+        return tuple(a + c * b for b, (a, c) in zip(split, self.costs, strict=True))
 
     # ------------------------------------------------------------------ summary and state
 
@@ -305,19 +468,29 @@ class HeteroBatchCallback(Callback):
             rank_zero_info(self.summary())
 
     def summary(self) -> str:
-        """A one-screen table: per-rank sizes and throughputs, adjustments, and the estimated speedup."""
+        """A one-screen table: per-rank sizes, predicted and measured busy time per step, and the synchronous step.
+
+        Times rather than samples/s: at a small batch a rank's samples/s mostly reflects its fixed cost per step
+        and says little about how fast it is. The predicted step-time ratio of equal batches to the current split
+        is labelled as a model prediction; the measured synchronous step is the ground truth.
+        """
         assert self.plan is not None and self.controller is not None
         sizes = self.plan.current
-        lines = ["HeteroBatchCallback summary", f"{'rank':>4} {'batch size':>10} {'throughput (samples/s)':>23}"]
+        predicted = self.predicted_step_s()
+        header = f"{'rank':>4} {'batch size':>10} {'predicted busy ms/step':>23} {'measured busy ms/step':>22}"
+        lines = ["HeteroBatchCallback summary", header]
         for rank, size in enumerate(sizes):
-            throughput = f"{self.throughputs[rank]:23.1f}" if self.throughputs else f"{'n/a':>23}"
-            lines.append(f"{rank:>4} {size:>10} {throughput}")
-        lines.append(f"global batch {sum(sizes)}, adjustments {len(self.history)}")
-        if self.costs:
-            rates, overheads = [1.0 / c for _, c in self.costs], [a for a, _ in self.costs]
-            equal = step_time_s(self.controller.equal_split(), rates, overheads)
-            speedup = equal / step_time_s(sizes, rates, overheads)
-            lines.append(f"estimated speedup over equal batches: {speedup:.2f}x")
+            guess = f"{1e3 * predicted[rank]:23.1f}" if predicted else f"{'n/a':>23}"
+            seen = self.busy_s[rank] if self.busy_s else math.nan
+            measured = f"{1e3 * seen:22.1f}" if math.isfinite(seen) else f"{'n/a':>22}"
+            lines.append(f"{rank:>4} {size:>10} {guess} {measured}")
+        rollbacks = sum(1 for change in self.history if change.get("reason") == "rollback")
+        lines.append(f"global batch {sum(sizes)}, split changes {len(self.history)} ({rollbacks} rolled back)")
+        if self.sync_step_s is not None:
+            lines.append(f"measured synchronous step at the split in force: {1e3 * self.sync_step_s:.1f} ms")
+        if predicted:
+            equal = max(self.predicted_step_s(self.controller.equal_split()))
+            lines.append(f"predicted step-time ratio, equal batches / this split (model): {equal / max(predicted):.2f}")
         return "\n".join(lines)
 
     def state_dict(self) -> dict[str, Any]:
@@ -325,6 +498,7 @@ class HeteroBatchCallback(Callback):
             "split": None if self.plan is None else list(self.plan.current),
             "throughputs": None if self.throughputs is None else list(self.throughputs),
             "costs": None if self.costs is None else [list(c) for c in self.costs],
+            "policy": None if self.policy is None else self.policy.state_dict(),
             "lr_scale_applied": self._lr_scale_applied,
             "history": self.history,
         }
@@ -334,6 +508,17 @@ class HeteroBatchCallback(Callback):
         self._lr_scale_applied = state_dict.get("lr_scale_applied", False)
         self.history = list(state_dict.get("history", []))
         self.plan = None
+
+
+class _ComputeEndMarks:
+    """Passed where a :class:`ComputeTimer` is expected: the end of a rank's compute also starts its wait."""
+
+    def __init__(self, timer: ComputeTimer, busy: BusyTimer) -> None:
+        self.timer, self.busy = timer, busy
+
+    def mark_compute_end(self) -> None:
+        self.timer.mark_compute_end()
+        self.busy.mark_ready()
 
 
 def _asynchronous(strategy: Any) -> bool:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 
 def apportion(
@@ -108,16 +109,54 @@ def step_time_s(
     return max(a + b / x for b, x, a in zip(sizes, throughputs, overheads_s, strict=True))
 
 
+def order_by_speed(
+    sizes: Sequence[int], step_times_s: Sequence[float], lower: Sequence[int], upper: Sequence[int]
+) -> tuple[int, ...]:
+    """Swap sizes until no rank that is faster (a shorter predicted step at a common batch size) has fewer samples.
+
+    A min-max split of crossing cost lines can hand a slower rank more samples than a faster one; a noisy fit can do
+    it too. Swapping keeps the multiset of sizes (so the sum) and is skipped only when a rank's bounds forbid it.
+
+    Example::
+
+        >>> order_by_speed([40, 24], step_times_s=[0.02, 0.01], lower=[1, 1], upper=[64, 64])
+        (24, 40)
+        >>> order_by_speed([40, 24], step_times_s=[0.02, 0.01], lower=[1, 1], upper=[64, 30])  # rank 1 capped at 30
+        (40, 24)
+    """
+    sizes = list(sizes)
+    n = len(sizes)
+    swapped = True
+    while swapped:
+        swapped = False
+        for i in range(n):
+            for j in range(n):
+                faster = step_times_s[i] < step_times_s[j] * (1 - 1e-9)
+                if (
+                    faster
+                    and sizes[i] < sizes[j]
+                    and lower[i] <= sizes[j] <= upper[i]
+                    and lower[j] <= sizes[i] <= upper[j]
+                ):
+                    sizes[i], sizes[j] = sizes[j], sizes[i]
+                    swapped = True
+    return tuple(sizes)
+
+
 @dataclass(frozen=True)
 class Decision:
     """The controller's answer: the proposed split, its predicted gain, and whether it is worth applying.
 
     ``predicted_gain`` is the fraction by which the synchronous step is predicted to shorten (``0.25``: a quarter).
+    ``reason`` says why: ``"balance"`` (equalise the predicted step times), ``"rollback"`` (the last change made the
+    measured synchronous step slower: return to the split before it) or ``"explore"`` (try a rank that sat at its
+    minimum one notch higher, to learn its cost at another size).
     """
 
     sizes: tuple[int, ...]
     predicted_gain: float
     apply: bool
+    reason: str = "balance"
 
 
 class BatchSizeController:
@@ -137,7 +176,7 @@ class BatchSizeController:
 
         >>> controller = BatchSizeController(global_batch_size=64, world_size=2, min_batch_size=4, deadband=0.05)
         >>> controller.decide(current=[32, 32], throughputs=[300.0, 100.0])
-        Decision(sizes=(48, 16), predicted_gain=0.5, apply=True)
+        Decision(sizes=(48, 16), predicted_gain=0.5, apply=True, reason='balance')
         >>> controller.decide(current=[48, 16], throughputs=[315.0, 100.0]).apply  # proposes (49, 15): 3% gain
         False
     """
@@ -199,11 +238,147 @@ class BatchSizeController:
     def decide(
         self, current: Sequence[int], throughputs: Sequence[float], overheads_s: Sequence[float] | None = None
     ) -> Decision:
-        """Propose a split and say whether its predicted gain over ``current`` clears the deadband."""
+        """Propose a split and say whether its predicted gain over ``current`` clears the deadband.
+
+        The proposal never gives a slower rank (longer predicted step at the equal share) more samples than a
+        faster one (:func:`order_by_speed`).
+        """
         proposed = self.propose(throughputs, overheads_s)
+        equal_share = self.global_batch_size / self.world_size
+        times = [a + equal_share / x for a, x in zip(overheads_s or [0.0] * self.world_size, throughputs, strict=True)]
+        proposed = order_by_speed(proposed, times, self.lower, self.upper)
         now = step_time_s(current, throughputs, overheads_s)
         gain = (now - step_time_s(proposed, throughputs, overheads_s)) / now
         return Decision(sizes=proposed, predicted_gain=gain, apply=proposed != tuple(current) and gain > self.deadband)
+
+
+class AdjustmentPolicy:
+    """What to do at one adjustment, from every rank's fitted cost and the measured synchronous step: a stateful,
+    deterministic wrapper around :class:`BatchSizeController` that checks its own decisions against measurements.
+
+    - **Balance**: the min-max split of the fitted costs, never inverted (:func:`order_by_speed`), applied when its
+      predicted gain clears the deadband.
+    - **Rollback**: each applied change is a trial. At the next adjustment the synchronous step measured at the new
+      split is compared with the one measured just before the change; if it is slower by more than
+      ``rollback_tolerance``, the previous split comes back (unless that split is now inverted, i.e. the ranks'
+      speeds changed under it) and the rejected split is not proposed again for ``reject_periods`` adjustments.
+    - **Explore**: a rank that sat at its lower bound for ``explore_after`` adjustments while its cost was known at a
+      single batch size is offered one notch more, so its cost can be measured at a second size and it can leave
+      the minimum when the minimum was a misfit (a trial like any other: rolled back if slower).
+
+    Args:
+        controller: the bounds, global batch and deadband.
+        rollback_tolerance: fractional slow-down of the measured synchronous step that rolls a change back.
+        reject_periods: adjustments during which a rolled-back split is not proposed again.
+        explore_after: adjustments at the lower bound (with one known size) before exploring; ``None``: never.
+
+    Example::
+
+        >>> policy = AdjustmentPolicy(BatchSizeController(global_batch_size=64, world_size=2))
+        >>> policy.decide([32, 32], costs=[(0.0, 0.001), (0.0, 0.004)], sync_step_s=0.128).sizes
+        (52, 12)
+        >>> # measured after the change: 0.160 s, slower than before by more than 15%: back to [32, 32]
+        >>> policy.decide([52, 12], costs=[(0.0, 0.001), (0.0, 0.004)], sync_step_s=0.160).reason
+        'rollback'
+        >>> policy.decide([32, 32], costs=[(0.0, 0.001), (0.0, 0.004)], sync_step_s=0.128).apply  # (52, 12) rejected
+        False
+    """
+
+    def __init__(
+        self,
+        controller: BatchSizeController,
+        rollback_tolerance: float = 0.15,
+        reject_periods: int = 3,
+        explore_after: int | None = 3,
+    ) -> None:
+        if not math.isfinite(rollback_tolerance) or rollback_tolerance < 0:
+            raise ValueError(f"rollback_tolerance must be a finite number >= 0, got {rollback_tolerance!r}")
+        if reject_periods < 0:
+            raise ValueError(f"reject_periods must be >= 0, got {reject_periods}")
+        if explore_after is not None and explore_after < 1:
+            raise ValueError(f"explore_after must be >= 1 or None, got {explore_after}")
+        self.controller = controller
+        self.rollback_tolerance = rollback_tolerance
+        self.reject_periods = reject_periods
+        self.explore_after = explore_after
+        #: (split before the last change, synchronous step measured at it); None when no trial is pending
+        self._trial: tuple[tuple[int, ...], float | None] | None = None
+        self._rejected: dict[tuple[int, ...], int] = {}
+        self._at_floor = [0] * controller.world_size
+
+    def decide(
+        self,
+        current: Sequence[int],
+        costs: Sequence[tuple[float, float]],
+        sync_step_s: float | None = None,
+        known_sizes: Sequence[int] | None = None,
+    ) -> Decision:
+        """Decide from every rank's ``(overhead_s, per_sample_s)`` and the synchronous step measured at ``current``.
+
+        ``known_sizes``: how many distinct batch sizes each rank's cost model rests on (for exploration).
+        """
+        controller = self.controller
+        current = tuple(current)
+        rates = [1.0 / c for _, c in costs]
+        overheads = [a for a, _ in costs]
+        equal_share = controller.global_batch_size / controller.world_size
+        speed_times = [a + equal_share * c for a, c in costs]
+        self._rejected = {split: left - 1 for split, left in self._rejected.items() if left > 1}
+        trial, self._trial = self._trial, None
+        if trial is not None:
+            before, before_s = trial
+            inverted = order_by_speed(before, speed_times, controller.lower, controller.upper) != before
+            slower = (
+                sync_step_s is not None
+                and before_s is not None
+                and sync_step_s > before_s * (1 + self.rollback_tolerance)
+            )
+            if slower and not inverted and before != current:
+                if self.reject_periods:
+                    self._rejected[current] = self.reject_periods
+                assert sync_step_s is not None and before_s is not None
+                return Decision(before, (before_s - sync_step_s) / sync_step_s, apply=True, reason="rollback")
+
+        decision = controller.decide(current, rates, overheads)
+        reason = "balance"
+        proposed = decision.sizes
+        self._at_floor = [
+            n + 1 if b <= lo else 0 for n, b, lo in zip(self._at_floor, current, controller.lower, strict=True)
+        ]
+        explorable = [
+            k
+            for k in range(controller.world_size)
+            if self.explore_after is not None
+            and self._at_floor[k] >= self.explore_after
+            and proposed[k] <= controller.lower[k]
+            and (known_sizes is None or known_sizes[k] <= 1)
+        ]
+        if explorable and not decision.apply:
+            k = explorable[0]
+            donors = [j for j in range(controller.world_size) if j != k and proposed[j] > controller.lower[j]]
+            if donors and proposed[k] < controller.upper[k]:
+                donor = max(donors, key=lambda j: (proposed[j], -j))
+                step = min(max(1, controller.lower[k] // 2), proposed[donor] - controller.lower[donor])
+                explored = list(proposed)
+                explored[k] += min(step, controller.upper[k] - proposed[k])
+                explored[donor] -= explored[k] - proposed[k]
+                proposed, reason = tuple(explored), "explore"
+                self._at_floor[k] = 0
+        apply = proposed != current and proposed not in self._rejected and (decision.apply or reason == "explore")
+        if apply:
+            self._trial = (current, sync_step_s)
+        now = step_time_s(current, rates, overheads)
+        gain = (now - step_time_s(proposed, rates, overheads)) / now
+        return Decision(proposed, gain, apply=apply, reason=reason)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rejected": [[list(split), left] for split, left in self._rejected.items()], "at_floor": self._at_floor}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._rejected = {tuple(split): int(left) for split, left in state.get("rejected", [])}
+        at_floor = list(state.get("at_floor", []))
+        if len(at_floor) == self.controller.world_size:
+            self._at_floor = at_floor
 
 
 def _per_rank(name: str, value: int | Sequence[int] | None, world_size: int, default: int) -> list[int]:

@@ -1,0 +1,287 @@
+"""Benchmark: HeteroBatchCallback's controller against the best static split found by a sweep (issue 17's goals).
+
+Scenarios (2 and 4 DDP ranks on gloo, global batch 64, adjustments every 8 steps):
+  sleep HL2 / HL4 / HL8   SlowdownEmulator sleeps; 4-rank factors follow OmniLearn's BSP core counts
+  cfs                     SlowdownEmulator(throttle="cfs"): a CPU quota of 1/factor per 100 ms period
+  flip                    the slow and fast ranks swap 2 steps after an adjustment (sleep HL4, then cfs 1/4)
+  homogeneous             equal ranks: HeteroBatch against plain DDP
+Each launch of N ranks runs the controller and every static candidate one after another, ``--repeats`` times
+interleaved (4-rank static scenarios one time fewer), so that all of them see the same machine load; medians over
+repeats are reported. Static candidates are splits proportional to speed**gamma (6 for 2 ranks, 3 for 4 ranks).
+
+Figures: throughput (global samples per second of wall time over steps after the first two adjustment periods),
+fraction of the best static split, split changes, worst inversion (samples by which a slower rank's batch exceeded
+a faster rank's, against the emulated truth), and after a speed change the settling time (adjustment periods until
+the split stays within 10% of the global batch of its final value) and overshoot (the largest move beyond the
+final split, as a fraction of that rank's final batch).
+
+Usage: python benchmarks/bench_controller.py [--quick] [--repeats 3]; JSON to benchmarks/results/controller.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).parent
+WORKER = HERE / "controller_worker.py"
+GLOBAL_BATCH = 64
+PERIOD = 8
+
+# 4-rank factors relative to the fastest rank, from OmniLearn's BSP core counts (HL2: 12,12,8,16 cores, ...)
+FOUR_RANKS = {"HL2": [16 / 12, 16 / 12, 2.0, 1.0], "HL4": [24 / 9, 24 / 9, 4.0, 1.0], "HL8": [32 / 6, 32 / 6, 8.0, 1.0]}
+TWO_RANKS = {"HL2": [1.0, 2.0], "HL4": [1.0, 4.0], "HL8": [1.0, 8.0]}
+
+
+def launch(factors: list[float], runs: list[dict], throttle: str, steps: int, **extra: object) -> list[dict]:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        cmd = [sys.executable, str(WORKER), str(out), "--runs", json.dumps(runs), "--throttle", throttle]
+        cmd += ["--factors", ",".join(f"{f:.4g}" for f in factors), "--steps", str(steps)]
+        cmd += ["--global-batch", str(GLOBAL_BATCH), "--adjust-every", str(PERIOD)]
+        for key, value in extra.items():
+            cmd += [f"--{key.replace('_', '-')}", str(value)]
+        env = dict(os.environ, PYTHONWARNINGS="ignore")
+        env.pop("MASTER_PORT", None)
+        subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=1200, env=env)
+        return json.loads(out.read_text())
+
+
+def throughput(result: dict, skip: int) -> float:
+    starts, sizes = result["starts"], [sum(step) for step in zip(*result["local_sizes"], strict=True)]
+    return sum(sizes[skip:-1]) / (starts[-1] - starts[skip])
+
+
+def splits_per_step(result: dict) -> list[tuple[int, ...]]:
+    return [tuple(step) for step in zip(*result["local_sizes"], strict=True)]
+
+
+def worst_inversion(splits: list[tuple[int, ...]], factors: list[float]) -> int:
+    """Largest b_slow - b_fast over steps and rank pairs where the slow rank is truly slower (0: none)."""
+    worst = 0
+    for split in splits:
+        for i, fi in enumerate(factors):
+            for j, fj in enumerate(factors):
+                if fi > fj * 1.05:
+                    worst = max(worst, split[i] - split[j])
+    return worst
+
+
+def settling(splits: list[tuple[int, ...]], switch: int, before: tuple[int, ...]) -> dict:
+    """Adjustment periods after ``switch`` until the split stays within 10% of the global batch of its final value,
+    and the overshoot beyond the final split (fraction of that rank's final batch)."""
+    final = splits[-1]
+    tolerance = 0.1 * GLOBAL_BATCH
+    after = splits[switch:]
+    settled_at = len(after)
+    for index in range(len(after) - 1, -1, -1):
+        if max(abs(b - f) for b, f in zip(after[index], final, strict=True)) > tolerance:
+            break
+        settled_at = index
+    overshoot = 0.0
+    for k, (start, end) in enumerate(zip(before, final, strict=True)):
+        direction = (end > start) - (end < start)
+        if direction:
+            beyond = max(direction * (split[k] - end) for split in after)
+            overshoot = max(overshoot, beyond / end)
+    return {"settled_periods": settled_at / PERIOD, "overshoot": overshoot, "final": list(final)}
+
+
+def static_candidates(factors: list[float]) -> list[list[int]]:
+    """Splits proportional to speed**gamma, around the plain proportional split (gamma = 1)."""
+    from lightning_hetero.hetero_batch.controller import apportion
+
+    n = len(factors)
+    gammas = [0.7, 0.85, 1.0, 1.15, 1.3, 1.6] if n == 2 else [0.8, 1.0, 1.3]
+    candidates = []
+    for gamma in gammas:
+        split = apportion([(1 / f) ** gamma for f in factors], GLOBAL_BATCH, [1] * n, [GLOBAL_BATCH] * n)
+        if split not in candidates:
+            candidates.append(split)
+    return candidates
+
+
+def static_scenario(name: str, factors: list[float], throttle: str, args: argparse.Namespace) -> dict:
+    candidates = static_candidates(factors)
+    runs = [{"kind": "hetero"}] + [{"kind": "static", "split": split} for split in candidates]
+    repeats = args.repeats if len(factors) == 2 else max(1, args.repeats - 1)  # 4 ranks: one repeat fewer (time)
+    results = launch(factors, runs * repeats, throttle, args.steps)
+    skip = 2 * PERIOD
+    hetero = [r for r in results if r["run"]["kind"] == "hetero"]
+    static = {
+        tuple(split): statistics.median(
+            throughput(r, skip) for r in results if r["run"].get("split") == split and r["run"]["kind"] == "static"
+        )
+        for split in candidates
+    }
+    best_split, best = max(static.items(), key=lambda item: item[1])
+    ours = statistics.median(throughput(r, skip) for r in hetero)
+    return {
+        "scenario": name,
+        "ranks": len(factors),
+        "factors": factors,
+        "throttle": throttle,
+        "controller_samples_per_s": ours,
+        "controller_runs": [throughput(r, skip) for r in hetero],
+        "best_static_split": list(best_split),
+        "best_static_samples_per_s": best,
+        "static_sweep": {str(list(k)): v for k, v in static.items()},
+        "fraction_of_best_static": ours / best,
+        "split_changes": statistics.median(len(r["history"]) for r in hetero),
+        "rollbacks": statistics.median(sum(h["reason"] == "rollback" for h in r["history"]) for r in hetero),
+        "worst_inversion": max(worst_inversion(splits_per_step(r), factors) for r in hetero),
+        "final_splits": [list(splits_per_step(r)[-1]) for r in hetero],
+    }
+
+
+def flip_scenario(name: str, factors: list[float], throttle: str, args: argparse.Namespace) -> dict:
+    switch = 6 * PERIOD + 2  # two steps after an adjustment: the least favourable moment
+    after = list(reversed(factors))
+    steps = switch + 8 * PERIOD
+    results = launch(
+        factors,
+        [{"kind": "hetero"}] * args.repeats,
+        throttle,
+        steps,
+        factors_after=",".join(f"{f:.4g}" for f in after),
+        switch_step=switch,
+    )
+    rows = []
+    for r in results:
+        splits = splits_per_step(r)
+        first_adjustment = (switch // PERIOD + 1) * PERIOD  # the first adjustment after the change
+        rows.append(
+            settling(splits, switch, splits[switch - 1])
+            | {
+                "worst_inversion_after_first_adjustment": worst_inversion(splits[first_adjustment + 1 :], after),
+                "split_changes": len(r["history"]),
+                "splits_after_switch": [list(s) for s in splits[switch - 2 :: PERIOD]],
+            }
+        )
+    return {
+        "scenario": name,
+        "ranks": len(factors),
+        "factors_before": factors,
+        "factors_after": after,
+        "throttle": throttle,
+        "switch_step": switch,
+        "settled_periods": statistics.median(row["settled_periods"] for row in rows),
+        "overshoot": statistics.median(row["overshoot"] for row in rows),
+        "worst_inversion_after_first_adjustment": max(row["worst_inversion_after_first_adjustment"] for row in rows),
+        "runs": rows,
+    }
+
+
+def homogeneous_scenario(args: argparse.Namespace) -> dict:
+    runs = [{"kind": "ddp"}, {"kind": "hetero"}] * args.repeats
+    results = launch([1.0, 1.0], runs, "sleep", args.steps)
+    skip = 2 * PERIOD
+    ddp = [throughput(r, skip) for r in results if r["run"]["kind"] == "ddp"]
+    hetero = [throughput(r, skip) for r in results if r["run"]["kind"] == "hetero"]
+    ratios = [h / d for h, d in zip(hetero, ddp, strict=True)]
+    return {
+        "scenario": "homogeneous",
+        "ranks": 2,
+        "ddp_samples_per_s": statistics.median(ddp),
+        "controller_samples_per_s": statistics.median(hetero),
+        "ratio_to_ddp": statistics.median(ratios),
+        "ratios": ratios,
+        "split_changes": [len(r["history"]) for r in results if r["run"]["kind"] == "hetero"],
+    }
+
+
+def print_table(args: argparse.Namespace, results: list[dict]) -> None:
+    print(
+        f"\nController benchmark ({platform.machine()}, {os.cpu_count()} cores, load average "
+        f"{os.getloadavg()[0]:.1f}; global batch {GLOBAL_BATCH}; adjust every {PERIOD} steps; {args.repeats} "
+        f"interleaved repeats, medians)"
+    )
+    print(f"{'scenario':<24} {'ctrl/s':>7} {'best static':>18} {'fraction':>8} {'changes':>7} {'inversion':>9}")
+    for row in results:
+        if "fraction_of_best_static" in row:
+            best = f"{row['best_static_samples_per_s']:.0f} {row['best_static_split']}"
+            print(
+                f"{row['title']:<24} {row['controller_samples_per_s']:>7.0f} {best:>18} "
+                f"{row['fraction_of_best_static']:>8.3f} {row['split_changes']:>7} {row['worst_inversion']:>9}"
+            )
+    for row in results:
+        if "settled_periods" in row:
+            print(
+                f"{row['title']:<24} settled after {row['settled_periods']:.2f} periods, overshoot "
+                f"{row['overshoot']:.0%}, worst inversion after the first adjustment "
+                f"{row['worst_inversion_after_first_adjustment']}"
+            )
+        if row["scenario"] == "homogeneous":
+            ratios = ", ".join(f"{r:.3f}" for r in row["ratios"])
+            print(
+                f"{row['title']:<24} HeteroBatch / DDP = {row['ratio_to_ddp']:.3f} (runs {ratios}); "
+                f"split changes {row['split_changes']}"
+            )
+
+
+def write(args: argparse.Namespace, results: list[dict], started: float) -> None:
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    conditions = {
+        "machine": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "global_batch": GLOBAL_BATCH,
+        "adjust_every_n_steps": PERIOD,
+        "steps": args.steps,
+        "repeats": args.repeats,
+        "quick": args.quick,
+        "load_average": os.getloadavg(),
+        "wall_s": time.time() - started,
+    }
+    args.out.write_text(json.dumps({"conditions": conditions, "scenarios": results}, indent=1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="2-rank scenarios only, 1 repeat, 64 steps")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=96)
+    parser.add_argument("--only", default="", help="semicolon-separated scenario titles to run (default: all)")
+    parser.add_argument("--out", type=Path, default=HERE / "results" / "controller.json")
+    args = parser.parse_args()
+    if args.quick:
+        args.repeats, args.steps = 1, 64
+    started = time.time()
+    plan: list[tuple[str, object]] = []
+    for level, factors in TWO_RANKS.items():
+        plan.append((f"sleep {level}, 2 ranks", lambda f=factors, n=level: static_scenario(n, f, "sleep", args)))
+    plan.append(("cfs 1/4, 2 ranks", lambda: static_scenario("cfs 1/4", [1.0, 4.0], "cfs", args)))
+    plan.append(("flip HL4, 2 ranks", lambda: flip_scenario("flip HL4", [1.0, 4.0], "sleep", args)))
+    plan.append(("flip cfs 1/4, 2 ranks", lambda: flip_scenario("flip cfs 1/4", [1.0, 4.0], "cfs", args)))
+    plan.append(("homogeneous, 2 ranks", lambda: homogeneous_scenario(args)))
+    if not args.quick:
+        for level, factors in FOUR_RANKS.items():
+            plan.append((f"sleep {level}, 4 ranks", lambda f=factors, n=level: static_scenario(n, f, "sleep", args)))
+        plan.append(("cfs, 4 ranks", lambda: static_scenario("cfs 1,1/2,1/2,1/4", [1.0, 2.0, 2.0, 4.0], "cfs", args)))
+        plan.append(("flip HL4, 4 ranks", lambda: flip_scenario("flip HL4", FOUR_RANKS["HL4"], "sleep", args)))
+    only = {name.strip() for name in args.only.split(";") if name.strip()}
+    results: list[dict] = []
+    for title, run in plan:
+        if only and title not in only:
+            continue
+        t0 = time.time()
+        row = run()  # type: ignore[operator]
+        row["title"] = title
+        row["wall_s"] = time.time() - t0
+        results.append(row)
+        print(f"{title}: done in {row['wall_s']:.0f} s", flush=True)
+        write(args, results, started)  # after every scenario, so a long run leaves its results so far
+    print_table(args, results)
+    print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,220 @@
+"""A rank's step cost ``overhead_s + per_sample_s x batch``, fitted robustly from whole adjustment periods.
+
+Each adjustment period a rank reports its *busy* seconds per step (see :class:`~lightning_hetero.measurement.BusyTimer`:
+wall time between step starts minus time spent waiting for other ranks) for the batch sizes it ran. Raw steps are
+a poor basis for a fit: under a CPU quota they jump by whole throttling periods, and a least-squares line through a
+narrow range of sizes then has an arbitrary intercept (one real run fitted 81.7 ms of overhead + 1.47 ms/sample and
+gave the throttled rank most of the batch). This model instead
+
+- reduces each period to the **mean busy time of each distinct batch size** (a mean, not a median: a throttle that
+  hits one step in four is a real cost that a median would hide, and the mean over a period is the sustained rate),
+  merged with the earlier periods at the same size (up to ``memory_steps`` steps), so that a split that stays put
+  is measured ever more precisely and a noisy neighbour's occasional stall is averaged out;
+- **checks each period against its prediction**: if the model's prediction for the size just run misses the
+  period's median step by more than a factor ``1 + change_tolerance`` either way, the rank's speed changed (or the model
+  was wrong), so older sizes are forgotten and the model is rescaled to the new measurement, keeping its overhead
+  share;
+- fits the line through the remembered size means (``max_sizes`` newest distinct sizes, weighted by step counts)
+  only when they spread by at least ``min_spread`` of their mean, and keeps the overhead **physically plausible**:
+  ``0 <= overhead_s <= max_overhead_share x`` the measured time of the smallest size, with a positive slope.
+
+Pure arithmetic, no torch.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class PeriodReport:
+    """What :meth:`PeriodCostModel.update` concluded from one period."""
+
+    #: the measurement missed the model's prediction by more than the tolerance (a speed change or a bad model)
+    changed: bool
+    #: median measured / predicted busy time for the newest size, minus 1 (``None`` before the model had any data)
+    prediction_error: float | None
+
+
+class PeriodCostModel:
+    """Fits ``t(b) = overhead_s + per_sample_s x b`` over per-size mean busy times of recent adjustment periods.
+
+    Args:
+        change_tolerance: a period whose mean busy time is more than ``1 + change_tolerance`` times the prediction,
+            or less than ``1 / (1 + change_tolerance)`` of it, resets the remembered sizes to the newest one (and
+            rescales the model to it).
+        max_sizes: distinct batch sizes remembered for the fit.
+        memory_steps: steps remembered per size: a size's mean is merged over periods with this weight cap.
+        min_spread: the line is fitted only when the remembered sizes spread by at least this fraction of their
+            mean; otherwise the model keeps its overhead share and rescales to the newest measurement.
+        max_overhead_share: upper bound of the overhead as a fraction of the smallest size's measured time.
+
+    Example::
+
+        >>> model = PeriodCostModel()
+        >>> model.update([(32, 0.010)] * 8)  # one size: no overhead can be told apart yet
+        PeriodReport(changed=False, prediction_error=None)
+        >>> (model.overhead_s, round(model.per_sample_s, 6))
+        (0.0, 0.000313)
+        >>> report = model.update([(16, 0.006)] * 8)  # a second size: 2 ms + 0.25 ms/sample
+        >>> round(model.overhead_s, 6), round(model.per_sample_s, 6)
+        (0.002, 0.00025)
+        >>> model.update([(16, 0.024)] * 8).changed  # 4x slower now: older sizes are forgotten, model rescaled
+        True
+        >>> round(model.overhead_s, 6), round(model.per_sample_s, 6), len(model.sizes)
+        (0.008, 0.001, 1)
+    """
+
+    def __init__(
+        self,
+        change_tolerance: float = 0.4,
+        max_sizes: int = 4,
+        memory_steps: int = 32,
+        min_spread: float = 0.1,
+        max_overhead_share: float = 0.9,
+    ) -> None:
+        for name, value in (("change_tolerance", change_tolerance), ("min_spread", min_spread)):
+            if not math.isfinite(value) or value <= 0:
+                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+        if not 0 <= max_overhead_share < 1:
+            raise ValueError(f"max_overhead_share must be in [0, 1), got {max_overhead_share!r}")
+        if max_sizes < 1:
+            raise ValueError(f"max_sizes must be >= 1, got {max_sizes}")
+        if memory_steps < 1:
+            raise ValueError(f"memory_steps must be >= 1, got {memory_steps}")
+        self.memory_steps = memory_steps
+        self.change_tolerance = change_tolerance
+        self.max_sizes = max_sizes
+        self.min_spread = min_spread
+        self.max_overhead_share = max_overhead_share
+        #: size -> (mean busy seconds, steps), newest last
+        self.sizes: dict[int, tuple[float, int]] = {}
+        self.overhead_s = 0.0
+        self.per_sample_s: float | None = None
+        #: the newest period's (size means, most-run size, overhead share before it), for restart_from_latest
+        self._latest: tuple[dict[int, tuple[float, int]], int, float] | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.per_sample_s is not None
+
+    def step_time_s(self, batch: int) -> float:
+        """Predicted busy seconds of a step of ``batch`` samples."""
+        if self.per_sample_s is None:
+            raise ValueError("no measurement yet")
+        return self.overhead_s + self.per_sample_s * batch
+
+    def update(self, steps: Iterable[tuple[int, float] | tuple[int, float, float]]) -> PeriodReport:
+        """Fold one period's ``(batch size, busy seconds[, floor seconds])`` steps into the model.
+
+        The optional floor is a lower bound on the step's sustained cost (its CPU time at a CPU quota's rate): a
+        size's level is ``max(mean busy, mean floor)``. Means over the period, not per-step maxima: a rank that
+        limits the step pays its quota's debt in a few long throttled steps, and those already make the mean busy
+        time equal its mean floor. The check for a speed change compares the *median* step (``max(busy, floor)``)
+        with the prediction, so one stall from a noisy neighbour does not count as a change.
+        """
+        busy: dict[int, list[float]] = {}
+        floors: dict[int, list[float]] = {}
+        for size, busy_s, *floor in steps:
+            if size > 0 and math.isfinite(busy_s) and busy_s > 0:
+                busy.setdefault(size, []).append(busy_s)
+                floors.setdefault(size, []).append(floor[0] if floor and math.isfinite(floor[0]) else 0.0)
+        if not busy:
+            return PeriodReport(changed=False, prediction_error=None)
+        means = {
+            size: (max(sum(times) / len(times), sum(floors[size]) / len(times)), len(times))
+            for size, times in busy.items()
+        }
+        newest = max(means, key=lambda size: means[size][1])  # the size most of the period ran at
+        error = None
+        changed = False
+        if self.ready:
+            predicted = self.step_time_s(newest)
+            typical = statistics.median(max(b, f) for b, f in zip(busy[newest], floors[newest], strict=True))
+            error = typical / predicted - 1
+            changed = abs(math.log1p(error)) > math.log1p(self.change_tolerance)
+        share = self.overhead_s / self.step_time_s(newest) if self.ready else 0.0
+        self._latest = (means, newest, share)
+        if changed:
+            self.sizes = {}
+        for size in sorted(means, key=lambda size: size == newest):
+            mean_s, count = means[size]
+            old_mean_s, old_count = self.sizes.pop(size, (0.0, 0))
+            kept = min(old_count, max(0, self.memory_steps - count))
+            self.sizes[size] = (
+                (kept * old_mean_s + count * mean_s) / (kept + count),
+                min(kept + count, self.memory_steps),
+            )
+        while len(self.sizes) > self.max_sizes:
+            del self.sizes[next(iter(self.sizes))]
+        self._refit(newest, share)
+        return PeriodReport(changed=changed, prediction_error=error)
+
+    def restart_from_latest(self) -> None:
+        """Forget everything but the newest period, as if it had reported a change.
+
+        For a change seen by *another* rank: a load spike on a shared host or a schedule that changes several
+        ranks at once would otherwise leave this rank's model averaged over older periods while the other's
+        reflects only the newest one, and their ratio, which decides the split, would be wrong. Restarting every
+        rank together keeps all models on the same time window.
+
+        Example::
+
+            >>> model = PeriodCostModel()
+            >>> _ = model.update([(32, 0.010)] * 8)
+            >>> _ = model.update([(32, 0.013)] * 8)  # within the tolerance: merged with the first period
+            >>> round(model.step_time_s(32), 4)
+            0.0115
+            >>> model.restart_from_latest()
+            >>> round(model.step_time_s(32), 4)
+            0.013
+        """
+        if self._latest is None:
+            return
+        means, newest, share = self._latest
+        self.sizes = {size: means[size] for size in sorted(means, key=lambda size: size == newest)}
+        self._refit(newest, share)
+
+    def _refit(self, newest: int, share: float) -> None:
+        if not self._fit():
+            # One size (or sizes too close to tell an intercept): keep the overhead's share, rescale to the newest.
+            mean_s = self.sizes[newest][0]
+            self.overhead_s = share * mean_s
+            self.per_sample_s = (mean_s - self.overhead_s) / newest
+
+    def _fit(self) -> bool:
+        points = [(size, mean_s, count) for size, (mean_s, count) in self.sizes.items()]
+        weight = sum(count for _, _, count in points)
+        mean_b = sum(b * n for b, _, n in points) / weight
+        if len(points) < 2 or (max(b for b, _, _ in points) - min(b for b, _, _ in points)) / mean_b < self.min_spread:
+            return False
+        mean_t = sum(t * n for _, t, n in points) / weight
+        var_b = sum(n * (b - mean_b) ** 2 for b, _, n in points)
+        slope = sum(n * (b - mean_b) * (t - mean_t) for b, t, n in points) / var_b
+        intercept = mean_t - slope * mean_b
+        smallest = min(points)
+        ceiling = self.max_overhead_share * smallest[1]
+        if slope <= 0 or intercept < 0:
+            intercept = 0.0
+        intercept = min(intercept, ceiling)
+        # least squares of the slope with the intercept held at its plausible value
+        slope = sum(n * (t - intercept) * b for b, t, n in points) / sum(n * b * b for b, _, n in points)
+        if slope <= 0:
+            return False
+        self.overhead_s, self.per_sample_s = intercept, slope
+        return True
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "overhead_s": self.overhead_s,
+            "per_sample_s": self.per_sample_s,
+            "sizes": [[size, mean_s, count] for size, (mean_s, count) in self.sizes.items()],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.overhead_s, self.per_sample_s = state["overhead_s"], state["per_sample_s"]
+        self.sizes = {int(size): (float(mean_s), int(count)) for size, mean_s, count in state.get("sizes", [])}

@@ -1,0 +1,104 @@
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lightning_hetero.hetero_batch.cost_model import PeriodCostModel
+
+
+def test_fits_overhead_and_per_sample_cost_from_two_sizes():
+    model = PeriodCostModel()
+    model.update([(40, 0.005 + 0.001 * 40)] * 8)
+    model.update([(20, 0.005 + 0.001 * 20)] * 8)
+    assert model.overhead_s == pytest.approx(0.005)
+    assert model.per_sample_s == pytest.approx(0.001)
+    assert model.step_time_s(30) == pytest.approx(0.035)
+
+
+def test_a_period_is_reduced_to_the_mean_of_each_size_not_the_median():
+    """A throttle that hits one step in four is a real cost: the mean keeps it, a median would not."""
+    model = PeriodCostModel()
+    model.update([(16, 0.010), (16, 0.010), (16, 0.010), (16, 0.070)] * 2)
+    assert model.step_time_s(16) == pytest.approx(0.025)
+
+
+def test_means_are_merged_over_periods_at_the_same_size():
+    model = PeriodCostModel(memory_steps=16)
+    model.update([(32, 0.010)] * 8)
+    model.update([(32, 0.012)] * 8)  # within the tolerance: merged, not replaced
+    assert model.sizes[32] == (pytest.approx(0.011), 16)
+    model.update([(32, 0.014)] * 8)  # the cap keeps the newest 16 steps' weight
+    assert model.sizes[32] == (pytest.approx(0.0125), 16)
+
+
+def test_a_speed_change_forgets_older_sizes_and_keeps_the_overhead_share():
+    model = PeriodCostModel()
+    model.update([(40, 0.045)] * 8)
+    model.update([(20, 0.025)] * 8)
+    assert model.overhead_s == pytest.approx(0.005)
+    report = model.update([(20, 0.100)] * 8)  # 4x slower
+    assert report.changed and report.prediction_error == pytest.approx(3.0)
+    assert list(model.sizes) == [20]
+    assert model.step_time_s(20) == pytest.approx(0.100)
+    assert model.overhead_s / model.step_time_s(20) == pytest.approx(0.2)  # share kept: 5 of 25 ms
+    faster = model.update([(20, 0.050)] * 8)  # twice as fast: a factor of 2 is past the default tolerance (1.4x)
+    assert faster.changed
+
+
+@pytest.mark.parametrize("noise", [1.3, 1 / 1.3])
+def test_noise_within_the_tolerance_keeps_the_history(noise):
+    model = PeriodCostModel(change_tolerance=0.4)
+    model.update([(40, 0.045)] * 8)
+    model.update([(20, 0.025)] * 8)
+    assert not model.update([(40, 0.045 * noise)] * 8).changed
+    assert set(model.sizes) == {20, 40}
+
+
+def test_close_sizes_do_not_fit_an_intercept():
+    """Sizes within min_spread of each other give an ill-conditioned line: the overhead share is kept instead."""
+    model = PeriodCostModel(min_spread=0.1)
+    model.update([(50, 0.030)] * 8)
+    model.update([(51, 0.0400)] * 8)  # would fit 10 ms per sample and a hugely negative intercept
+    assert model.overhead_s == 0.0
+    assert model.per_sample_s == pytest.approx(model.sizes[51][0] / 51)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.tuples(st.integers(1, 128), st.floats(1e-4, 1.0)), min_size=1, max_size=12),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_the_fit_stays_physically_plausible(periods):
+    """Whatever the measurements, 0 <= overhead <= 0.9 x the smallest size's measured mean and the slope is positive,
+    so no rank can be predicted to need more time than measured at its smallest size just for showing up."""
+    model = PeriodCostModel()
+    for steps in periods:
+        model.update(steps)
+        assert model.per_sample_s is not None and model.per_sample_s > 0
+        assert model.overhead_s >= 0.0
+        smallest = min(model.sizes)
+        assert model.overhead_s <= 0.9 * model.sizes[smallest][0] + 1e-12 or len(model.sizes) == 1
+        assert all(math.isfinite(model.step_time_s(b)) for b in (1, 64))
+
+
+def test_state_round_trip_and_validation():
+    model = PeriodCostModel()
+    model.update([(40, 0.045)] * 8)
+    model.update([(20, 0.025)] * 8)
+    other = PeriodCostModel()
+    other.load_state_dict(model.state_dict())
+    assert other.step_time_s(30) == pytest.approx(model.step_time_s(30))
+    assert other.sizes == model.sizes
+    for kwargs, message in [
+        ({"change_tolerance": 0.0}, "change_tolerance"),
+        ({"min_spread": float("nan")}, "min_spread"),
+        ({"max_overhead_share": 1.0}, "max_overhead_share"),
+        ({"max_sizes": 0}, "max_sizes"),
+        ({"memory_steps": 0}, "memory_steps"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            PeriodCostModel(**kwargs)
