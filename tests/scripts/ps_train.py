@@ -10,6 +10,7 @@ global step, the strategy's version and mode, a checksum of its final parameters
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -58,10 +59,18 @@ class PSTestModel(MLPClassifier):
         if self.global_rank == self.args.slow_rank:
             time.sleep(self.args.sleep_per_sample_s * len(x))
         if self.global_rank == self.args.kill_rank and self.local_batches == self.args.kill_after:
+            # what this rank pushed before dying: everything but the batch in hand
+            pushed = {epoch: list(seen) for epoch, seen in self.seen.items()}
+            pushed[self.current_epoch] = pushed[self.current_epoch][: -len(idx)]
+            out = Path(self.args.out)
+            out.mkdir(parents=True, exist_ok=True)
+            (out / f"rank{self.global_rank}.lost.json").write_text(
+                json.dumps({"pushed": pushed, "killed_at": time.time()})
+            )
             sys.stdout.flush()
             if self.args.hang:
                 time.sleep(3600)
-            os._exit(3)
+            os.kill(os.getpid(), signal.SIGKILL)
         loss = nn.functional.cross_entropy(self(x), y)
         self.losses.append(float(loss))
         self.log("train_loss", loss, sync_dist=True, prog_bar=False)
@@ -119,6 +128,9 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
     parser.add_argument("--devices", type=int, default=2)
+    parser.add_argument("--num-nodes", type=int, default=1, help="one process per node, started separately")
+    parser.add_argument("--on-worker-lost", default="fail")
+    parser.add_argument("--startup-timeout-s", type=float, default=300.0)
     parser.add_argument("--mode", default="asp")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--max-steps", type=int, default=-1)
@@ -157,6 +169,8 @@ def main() -> None:
         max_staleness=args.max_staleness,
         lr_scaling=args.lr_scaling,
         fault_timeout_s=args.fault_timeout_s,
+        startup_timeout_s=args.startup_timeout_s,
+        on_worker_lost=args.on_worker_lost,
     )
     recorder = Recorder(args.switch_at_epoch, args.switch_to)
     callbacks = [recorder]
@@ -172,6 +186,7 @@ def main() -> None:
     trainer = L.Trainer(
         accelerator="cpu",
         devices=args.devices,
+        num_nodes=args.num_nodes,
         strategy="async_ps" if args.by_name else strategy,
         max_epochs=args.epochs,
         max_steps=args.max_steps,

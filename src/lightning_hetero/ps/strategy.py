@@ -9,6 +9,7 @@ thread per remote worker. See ``docs/async_ps.md`` for how steps, epochs, loggin
 from __future__ import annotations
 
 import copy
+import math
 import signal
 import time
 from collections.abc import Callable
@@ -27,16 +28,19 @@ from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 from lightning.pytorch.utilities.data import _update_dataloader
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, SequentialSampler
 from typing_extensions import override
 
+from lightning_hetero.ps.faults import FaultBoard, Membership, arrived
 from lightning_hetero.ps.layout import FlatLayout, bind_parameters_to_flat, flatten_grads_into
 from lightning_hetero.ps.protocol import (
     FLAG_JOIN,
     FLAG_LAST,
     FLAG_PULL_ONLY,
+    SERVER_RANK,
     STATUS_ABORTED,
     STATUS_OK,
     PeerLostError,
@@ -55,12 +59,15 @@ from lightning_hetero.ps.staleness import staleness_lr_factor
 from lightning_hetero.schedules import StepSchedules
 
 MODES = ("asp", "bsp")
-SERVER_RANK = 0
+ON_WORKER_LOST = ("fail", "continue")
 # The server's threads block in receives for as long as their worker is alive (it may validate, or the strategy may
 # train synchronously for many epochs); a dead worker breaks the connection at once, so no timeout is needed there.
 _SERVER_RECEIVE_TIMEOUT = timedelta(days=7)
-# How long a failed epoch-end barrier waits for the server's threads to name a worker whose connection broke.
+# How long a rank whose connection broke waits for the rank that noticed first to name the rank lost first.
 _LOST_WORKER_GRACE_S = 5.0
+# Rank 0 failing keeps serving aborts until every remote worker left, at most this long past fault_timeout_s (a
+# worker blocked in a collective with rank 0 gives up after fault_timeout_s, then reads the fault from rank 0's store).
+_LINGER_MARGIN_S = 5.0
 
 
 def _hyperparameters(param_group: dict[str, Any]) -> dict[str, Any]:
@@ -96,7 +103,12 @@ class AsyncPSStrategy(DDPStrategy):
             active worker waits (``None``: no bound, pure ASP).
         lr_scaling: ``"none"``, or ``"inverse"`` to divide the learning rate of each update by its staleness.
         fault_timeout_s: how long any rank waits for a peer before failing with an error naming it (also the
-            default process group's timeout). A rank that dies is detected at once.
+            default process group's timeout once started). A rank that dies is detected at once.
+        startup_timeout_s: how long the ranks wait for each other at start-up (the process group's rendezvous).
+        on_worker_lost: ``"fail"`` ends the job when any rank is lost; ``"continue"`` (elastic ASP) lets the other
+            workers train on without a lost non-server rank while in ASP (its unfinished batches go to rank 0 at the
+            epoch's end, so every epoch still covers every sample once). Losing rank 0, or any rank in BSP, ends
+            the job either way.
         accelerator: see :class:`~lightning.pytorch.strategies.DDPStrategy`.
         parallel_devices: see :class:`~lightning.pytorch.strategies.DDPStrategy`.
         cluster_environment: see :class:`~lightning.pytorch.strategies.DDPStrategy`.
@@ -123,6 +135,8 @@ class AsyncPSStrategy(DDPStrategy):
         max_staleness: int | None = None,
         lr_scaling: str = "none",
         fault_timeout_s: float = 60.0,
+        startup_timeout_s: float = 300.0,
+        on_worker_lost: str = "fail",
         accelerator: pl.accelerators.Accelerator | None = None,
         parallel_devices: list[torch.device] | None = None,
         cluster_environment: Any = None,
@@ -137,6 +151,10 @@ class AsyncPSStrategy(DDPStrategy):
         staleness_lr_factor(0, lr_scaling)
         if not fault_timeout_s > 0:
             raise ValueError(f"fault_timeout_s must be positive, got {fault_timeout_s}")
+        if not startup_timeout_s > 0:
+            raise ValueError(f"startup_timeout_s must be positive, got {startup_timeout_s}")
+        if on_worker_lost not in ON_WORKER_LOST:
+            raise ValueError(f"on_worker_lost must be one of {ON_WORKER_LOST}, got {on_worker_lost!r}")
         super().__init__(
             accelerator=accelerator,
             parallel_devices=parallel_devices,
@@ -144,12 +162,14 @@ class AsyncPSStrategy(DDPStrategy):
             checkpoint_io=checkpoint_io,
             precision_plugin=precision_plugin,
             process_group_backend=process_group_backend,
-            timeout=timedelta(seconds=fault_timeout_s),
+            timeout=timedelta(seconds=startup_timeout_s),
         )
         self._mode = mode
         self.max_staleness = max_staleness
         self.lr_scaling = lr_scaling
         self.fault_timeout_s = fault_timeout_s
+        self.startup_timeout_s = startup_timeout_s
+        self.on_worker_lost = on_worker_lost
         #: seconds the last effective :meth:`set_mode` took (``None`` before any switch)
         self.last_switch_s: float | None = None
         #: updates applied to the model so far (the server's version in ASP, the step count in BSP)
@@ -168,6 +188,11 @@ class AsyncPSStrategy(DDPStrategy):
         self._step_schedules = StepSchedules()
         self._group: dist.ProcessGroup | None = None
         self._store: dist.Store | None = None
+        self._membership: Membership | None = None
+        self._needs_meeting = False
+        self._claim_sampler: ClaimSampler | None = None
+        self._chunk = -1
+        self._launched: list[Any] = []
 
     # ------------------------------------------------------------------ public API
 
@@ -198,10 +223,13 @@ class AsyncPSStrategy(DDPStrategy):
             return
         start = time.perf_counter()
         if mode == "bsp":
+            self._check_no_rank_lost("switch to BSP")
             self._enter_bsp()
         else:
             self._enter_asp()
         self._mode = mode
+        if self._server is not None:
+            self._server.tolerate_lost_workers = self._tolerates_lost_workers()
         self.last_switch_s = time.perf_counter() - start
 
     def attach_hetero_batches(self, compute_timer: Any, batch_share: Callable[[], float]) -> None:
@@ -228,6 +256,19 @@ class AsyncPSStrategy(DDPStrategy):
             )
 
     # ------------------------------------------------------------------ setup and teardown
+
+    @override
+    def setup_distributed(self) -> None:
+        try:
+            super().setup_distributed()
+        except RuntimeError as err:
+            raise RuntimeError(
+                f"AsyncPSStrategy: the {self.num_nodes * self.num_processes} ranks did not all join within "
+                f"startup_timeout_s={self.startup_timeout_s:g} ({str(err).splitlines()[0]}); start every rank, or "
+                "raise startup_timeout_s on a busy machine."
+            ) from err
+        # start-up may take long on a busy cluster; once running, a peer that stops answering is a fault
+        dist.distributed_c10d._set_pg_timeout(timedelta(seconds=self.fault_timeout_s))
 
     @override
     def setup(self, trainer: pl.Trainer) -> None:
@@ -301,9 +342,13 @@ class AsyncPSStrategy(DDPStrategy):
             )
             self._server.max_updates = trainer.max_steps
             self._server.on_update = self._step_schedules.step_at
+            self._server.tolerate_lost_workers = self._tolerates_lost_workers()
+            self._server.on_lost = self._on_rank_lost
             workers = [rank for rank in range(self.world_size) if rank != SERVER_RANK]
             self._loop = ServerLoop(self._server, workers, self._group, timedelta(seconds=self.fault_timeout_s))
             self._loop.start()
+        self._launched = list(self.launcher.procs) if isinstance(self.launcher, _SubprocessScriptLauncher) else []
+        self._membership = Membership(FaultBoard(self._store), self.global_rank, self.world_size, self.fault_timeout_s)
         self._install_local_sigterm_check(trainer)
         self._active = True
 
@@ -414,7 +459,9 @@ class AsyncPSStrategy(DDPStrategy):
             world_size=self.world_size,
             shuffle=shuffle,
             seed=seed,
+            tail=self._lost_workers_chunks if self._server is not None and self._tolerates_lost_workers() else None,
         )
+        self._claim_sampler = claim_sampler
         return _update_dataloader(dataloader, claim_sampler, mode=RunningStage.TRAINING)
 
     def _claim(self, epoch: int, count: int) -> int:
@@ -422,16 +469,49 @@ class AsyncPSStrategy(DDPStrategy):
         try:
             return self._store.add(f"claims/epoch{epoch}", count) - count
         except RuntimeError as err:
-            raise PeerLostError(SERVER_RANK, "parameter server", str(err).splitlines()[0]) from err
+            raise self._lost_cause(err) from err
+
+    def _lost_workers_chunks(self, epoch: int, own: set[int]) -> list[int]:
+        """Rank 0's claims ran out (elastic ASP): once every other worker is done with the epoch or lost, the chunks
+        of the epoch nobody pushed are the ones lost workers had claimed; rank 0 trains them."""
+        server, sampler, membership = self._server, self._claim_sampler, self._membership
+        assert server is not None and sampler is not None and membership is not None and self._store is not None
+        server.finish(SERVER_RANK)  # while rank 0 waits here, the staleness bound must not wait for it
+        meeting = membership.meetings
+        while True:
+            with server.cond:
+                if server.lost is not None:
+                    raise server.lost
+                if server.budget_spent:
+                    return []
+                busy = [
+                    rank
+                    for rank in range(self.world_size)
+                    if rank != SERVER_RANK
+                    and rank not in server.lost_ranks
+                    and server.finished_epoch.get(rank, -1) < epoch
+                ]
+            if all(arrived(self._store, meeting, rank) for rank in busy):
+                break
+            with server.cond:
+                server.cond.wait(0.01)
+        with server.cond:
+            applied = server.applied_chunks.pop(epoch, set())
+        num_chunks = math.ceil(sampler.num_samples / sampler.chunk_size)
+        return sorted(set(range(num_chunks)) - applied - own)
 
     # ------------------------------------------------------------------ stepping
 
     @override
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
-        if self._mode == "asp" and self._active and not self._joined:
-            # the epoch's first batch: start on the latest parameters and count for the staleness bound from now on
-            self._pull(FLAG_JOIN)
-            self._joined = True
+        if self._mode == "asp" and self._active:
+            if not self._joined:
+                # the epoch's first batch: start on the latest parameters and count for the staleness bound from now on
+                self._pull(FLAG_JOIN)
+                self._joined = True
+            self._chunk = self._claim_sampler.next_chunk() if self._claim_sampler is not None else -1
+            # the epoch's first collective after its asynchronous batches is preceded by a meeting of the ranks
+            self._needs_meeting = True
         output = super().training_step(*args, **kwargs)
         if self._mode == "asp" and self._active:
             # logged at every asynchronous step on every rank (each rank trains at least one batch per epoch), so
@@ -480,7 +560,7 @@ class AsyncPSStrategy(DDPStrategy):
         flags = FLAG_LAST if trainer.fit_loop.epoch_loop.batch_progress.is_last_batch else 0
         self._joined = not flags
         flatten_grads_into(self._params, payload(self._push))
-        write_push_header(self._push, flags, self.version, self._share())
+        write_push_header(self._push, flags, self.version, self._share(), trainer.current_epoch, self._chunk)
         header = self._exchange()
         self._last_staleness = header.staleness if header.status == STATUS_OK else 0
         self._set_step_counter(header.version, in_step=True)
@@ -494,13 +574,19 @@ class AsyncPSStrategy(DDPStrategy):
             )
         else:
             assert self._group is not None
-            header = push_and_pull(
-                self._push, self._reply, SERVER_RANK, self._group, timedelta(seconds=self.fault_timeout_s)
-            )
+            try:
+                header = push_and_pull(
+                    self._push, self._reply, SERVER_RANK, self._group, timedelta(seconds=self.fault_timeout_s)
+                )
+            except PeerLostError as err:
+                raise self._lost_cause(err) from err
         if header.status == STATUS_ABORTED:
             lost = self._server.lost if self._server is not None else None
             if lost is not None:
                 raise PeerLostError(lost.rank, lost.role, lost.cause)
+            recorded = self._recorded_fault(_LOST_WORKER_GRACE_S)
+            if recorded is not None and recorded.rank == header.lost_rank:
+                raise recorded
             raise PeerLostError(header.lost_rank, "worker", "reported by the parameter server")
         self._flat.copy_(payload(self._reply), non_blocking=self._reply.is_pinned())
         self.version = header.version
@@ -575,28 +661,123 @@ class AsyncPSStrategy(DDPStrategy):
     # ------------------------------------------------------------------ collectives while asynchronous
 
     def _meet(self) -> None:
-        """A barrier at an epoch's end that names the ranks that did not arrive within ``fault_timeout_s`` (gloo's
-        monitored barrier; a plain barrier with the process group's timeout on other backends)."""
-        if dist.get_backend() != "gloo":
-            super().barrier()
-            return
+        """Where the ranks meet at an epoch's end (before validation, at a mode switch, at the end of training, and
+        before the first collective after asynchronous batches): a barrier through rank 0's store that names the
+        ranks that did not arrive within ``fault_timeout_s`` and, in elastic ASP, drops the ranks lost meanwhile and
+        moves later collectives to a process group of the remaining ranks."""
+        assert self._membership is not None
+        self._needs_meeting = False
+        server = self._server
+
+        def expected() -> list[int]:
+            lost = server.lost_ranks if server is not None else set()
+            return [rank for rank in self._membership.members if rank not in lost]
+
+        def check() -> None:
+            if server is not None and server.lost is not None:
+                raise server.lost
+
+        before = len(self._membership.members)
+        members = self._membership.meet(expected, check)
+        if len(members) < before:
+            self._check_no_rank_lost("continue in BSP", allow_asp=True)
+
+    def _tolerates_lost_workers(self) -> bool:
+        return self.on_worker_lost == "continue" and self._mode == "asp"
+
+    def _lost_ranks(self) -> list[int]:
+        members = self._membership.members if self._membership is not None else range(self.world_size)
+        lost = self._server.lost_ranks if self._server is not None else set()
+        return sorted(set(range(self.world_size)) - set(members) | lost)
+
+    def _check_no_rank_lost(self, action: str, allow_asp: bool = False) -> None:
+        lost = self._lost_ranks()
+        if lost and not (allow_asp and self._mode == "asp"):
+            raise RuntimeError(
+                f"AsyncPSStrategy cannot {action} after losing rank(s) {lost}: synchronous training needs every rank. "
+                "Restart the job (e.g. torchrun --max-restarts) and resume from the last checkpoint "
+                "(trainer.fit(..., ckpt_path='last'))."
+            )
+
+    def _on_rank_lost(self, error: PeerLostError) -> None:
+        """Called by the server's thread that saw a rank's connection break (rank 0)."""
+        if isinstance(self.launcher, _SubprocessScriptLauncher):
+            # Lightning's process observer would kill every process a few seconds after a child exits; the strategy
+            # ends the job itself (after telling the others why) or goes on without it
+            for proc in [p for i, p in enumerate(self._launched) if i + 1 == error.rank]:
+                if proc in self.launcher.procs:
+                    self.launcher.procs.remove(proc)
+        assert self._server is not None
+        if self._server.tolerate_lost_workers and self._server.lost is None:
+            remaining = self.world_size - len(self._server.lost_ranks)
+            rank_zero_warn(
+                f"AsyncPSStrategy lost the worker on rank {error.rank} ({error.cause}); continuing with "
+                f"{remaining} workers (on_worker_lost='continue')."
+            )
+
+    def _recorded_fault(self, wait_s: float) -> PeerLostError | None:
+        """The first fault rank 0 recorded; ``None`` if none (or rank 0's store is unreachable)."""
+        if self._membership is None:
+            return None
         try:
-            dist.monitored_barrier(timeout=timedelta(seconds=self.fault_timeout_s), wait_all_ranks=True)
-        except RuntimeError as err:
-            # A worker that died (rather than hung) breaks the barrier at once with gloo's "connection closed",
-            # which names no rank; the server's thread for that worker sees its own connection break and knows it.
-            lost = self._server.wait_lost(_LOST_WORKER_GRACE_S) if self._server is not None else None
-            if lost is not None:
-                raise PeerLostError(lost.rank, lost.role, lost.cause) from err
-            raise RuntimeError(f"AsyncPSStrategy: a rank did not reach the epoch's end in time: {err}") from err
+            return self._membership.board.read(wait_s)
+        except RuntimeError:
+            return None
+
+    def _lost_cause(self, err: BaseException) -> BaseException:
+        """The error to raise for a broken connection or collective: the rank lost first, when one is known."""
+        if self._server is not None:
+            lost = self._server.lost or self._server.wait_lost(_LOST_WORKER_GRACE_S)
+            if lost is None and self._server.lost_ranks:
+                rank = min(self._server.lost_ranks)
+                lost = PeerLostError(rank, "worker", "its connection broke")
+            return lost or err
+        if self._store is None:
+            return err
+        try:
+            recorded = self._membership.board.read(_LOST_WORKER_GRACE_S) if self._membership is not None else None
+        except RuntimeError as store_err:  # rank 0, which hosts the store, is gone
+            return PeerLostError(SERVER_RANK, "parameter server", str(store_err).splitlines()[0])
+        if recorded is not None:
+            return recorded
+        if isinstance(err, PeerLostError):
+            return err
+        return PeerLostError(SERVER_RANK, "parameter server", str(err).splitlines()[0])
 
     @override
     def on_exception(self, exception: BaseException) -> None:
         super().on_exception(exception)
+        if self._active and self._membership is not None:
+            self._announce_failure(exception)
         # Lightning leaves the processes it launched running when the main one fails (except on KeyboardInterrupt);
         # a hung worker would then outlive the job.
         if isinstance(self.launcher, _SubprocessScriptLauncher):
             self.launcher.kill(signal.SIGKILL)
+
+    def _announce_failure(self, exception: BaseException) -> None:
+        """Record why this rank fails on rank 0's board (the first record wins) so every other rank names the rank
+        lost first; rank 0 then answers every worker's request with an abort until all left (bounded)."""
+        assert self._membership is not None
+        board = self._membership.board
+        if isinstance(exception, PeerLostError):
+            error = exception
+        elif self._server is not None and self._server.lost is not None:
+            error = self._server.lost
+        else:
+            role = "parameter server" if self.global_rank == SERVER_RANK else "worker"
+            error = PeerLostError(self.global_rank, role, f"it failed with {type(exception).__name__}: {exception}")
+        try:
+            error = board.record(error)
+            if self._server is not None:
+                board.abort_meeting(self._membership.meetings - 1)
+                board.abort_meeting(self._membership.meetings)
+        except RuntimeError:
+            return  # rank 0's store is gone; the other ranks name rank 0 themselves
+        if self._server is not None and self._loop is not None:
+            self._server.tolerate_lost_workers = False
+            self._server.fail(error)
+            self._loop.join(self.fault_timeout_s + _LINGER_MARGIN_S)
+        self._active = False
 
     def _trainer(self) -> pl.Trainer | None:
         module = self.lightning_module
@@ -612,34 +793,68 @@ class AsyncPSStrategy(DDPStrategy):
         progress = trainer.fit_loop.epoch_loop.batch_progress.current
         return progress.ready > progress.completed
 
+    def _collective_group(self, group: Any = None) -> Any:
+        """The group a collective outside asynchronous batches runs on: the remaining ranks' after a loss. The
+        epoch's first collective after its asynchronous batches is preceded by a meeting (see :meth:`_meet`)."""
+        if self._needs_meeting and self._active:
+            self._meet()
+        if group is None and self._membership is not None:
+            return self._membership.group
+        return group
+
+    def _collective(self, run: Callable[[], Any]) -> Any:
+        try:
+            return run()
+        except RuntimeError as err:
+            if isinstance(err, PeerLostError) or not self._active:
+                raise
+            cause = self._lost_cause(err)
+            if cause is err:
+                raise
+            raise cause from err
+
     @override
     def reduce(self, tensor: Tensor | Any, group: Any = None, reduce_op: ReduceOp | str | None = "mean") -> Any:
         if self._inside_asynchronous_batch():
             return tensor
-        return super().reduce(tensor, group, reduce_op)
+        group = self._collective_group(group)
+        return self._collective(lambda: super(AsyncPSStrategy, self).reduce(tensor, group, reduce_op))
 
     @override
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
         if self._inside_asynchronous_batch():
             return decision
-        return super().reduce_boolean_decision(decision, all)
+        members = len(self._membership.members) if self._membership is not None else self.world_size
+        count = self.reduce(torch.tensor(int(decision), device=self.root_device), reduce_op=ReduceOp.SUM)
+        return bool(count == members) if all else bool(count)
 
     @override
     def barrier(self, *args: Any, **kwargs: Any) -> None:
-        if not self._inside_asynchronous_batch():
-            super().barrier(*args, **kwargs)
+        if self._inside_asynchronous_batch():
+            return
+        group = self._collective_group()
+        if group is None:
+            self._collective(lambda: super(AsyncPSStrategy, self).barrier(*args, **kwargs))
+        else:
+            self._collective(lambda: dist.barrier(group=group))
 
     @override
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         if self._inside_asynchronous_batch():
             return obj
-        return super().broadcast(obj, src)
+        group = self._collective_group()
+        if group is None:
+            return self._collective(lambda: super(AsyncPSStrategy, self).broadcast(obj, src))
+        objects = [obj]
+        self._collective(lambda: dist.broadcast_object_list(objects, src, group=group))
+        return objects[0]
 
     @override
     def all_gather(self, tensor: Tensor, group: Any = None, sync_grads: bool = False) -> Tensor:
         if self._inside_asynchronous_batch():
             return tensor.unsqueeze(0)
-        return super().all_gather(tensor, group, sync_grads)
+        group = self._collective_group(group)
+        return self._collective(lambda: super(AsyncPSStrategy, self).all_gather(tensor, group, sync_grads))
 
     # ------------------------------------------------------------------ validation and checkpoints
 
@@ -658,7 +873,8 @@ class AsyncPSStrategy(DDPStrategy):
         if not buffers or self.world_size == 1:
             return
         flat = torch.cat([b.detach().reshape(-1).to(torch.float64) for b in buffers])
-        flat = super().reduce(flat, reduce_op="mean")
+        group = self._collective_group()
+        flat = self._collective(lambda: super(AsyncPSStrategy, self).reduce(flat, group, reduce_op="mean"))
         offset = 0
         for buffer in buffers:
             buffer.copy_(flat[offset : offset + buffer.numel()].view_as(buffer))

@@ -1,0 +1,136 @@
+"""Fault records and epoch-end meetings over a store (threads on a HashStore), then killed ranks in real jobs."""
+
+import threading
+import time
+
+import pytest
+import torch.distributed as dist
+
+from lightning_hetero.ps.faults import FaultBoard, attend_meeting, coordinate_meeting
+from lightning_hetero.ps.protocol import PeerLostError
+from tests.conftest import read_json
+
+
+def _attend_in_threads(board, meeting, ranks, timeout_s):
+    results = {}
+
+    def attend(rank):
+        try:
+            results[rank] = attend_meeting(board, meeting, rank, timeout_s)
+        except PeerLostError as err:
+            results[rank] = err
+
+    threads = [threading.Thread(target=attend, args=(rank,)) for rank in ranks]
+    for thread in threads:
+        thread.start()
+    return threads, results
+
+
+def test_the_first_recorded_fault_wins():
+    board = FaultBoard(dist.HashStore())
+    board.record(PeerLostError(2, "worker", "Connection closed by peer"))
+    assert board.record(PeerLostError(0, "parameter server", "it shut down")).rank == 2
+    assert str(board.read()) == "AsyncPSStrategy lost the worker on rank 2: Connection closed by peer"
+
+
+def test_a_meeting_drops_a_rank_lost_while_waiting_and_announces_the_rest():
+    board = FaultBoard(dist.HashStore())
+    lost = set()
+    threads, results = _attend_in_threads(board, 0, [1], timeout_s=10)
+    threading.Timer(0.2, lambda: lost.add(2)).start()  # rank 2 never arrives; it is declared lost meanwhile
+    members = coordinate_meeting(board, 0, lambda: [r for r in (0, 1, 2) if r not in lost], timeout_s=10)
+    for thread in threads:
+        thread.join()
+    assert members == results[1] == [0, 1]
+
+
+def test_a_rank_that_does_not_arrive_is_named_to_everybody():
+    board = FaultBoard(dist.HashStore())
+    threads, results = _attend_in_threads(board, 0, [1], timeout_s=0.3)
+    with pytest.raises(PeerLostError, match=r"rank 2: it did not reach the epoch.s end within fault_timeout_s=0\.3"):
+        coordinate_meeting(board, 0, lambda: [0, 1, 2], timeout_s=0.3)
+    for thread in threads:
+        thread.join()
+    assert results[1].rank == 2
+
+
+def test_rank_0_abandoning_a_meeting_releases_the_others_with_the_first_fault():
+    board = FaultBoard(dist.HashStore())
+    threads, results = _attend_in_threads(board, 0, [1, 2], timeout_s=10)
+    time.sleep(0.1)
+
+    def check():
+        raise board.record(PeerLostError(3, "worker", "Connection closed by peer"))
+
+    with pytest.raises(PeerLostError, match="rank 3"):
+        coordinate_meeting(board, 0, lambda: [0, 1, 2, 3], timeout_s=10, check=check)
+    for thread in threads:
+        thread.join()
+    assert results[1].rank == results[2].rank == 3
+
+
+def test_a_rank_0_that_never_comes_is_blamed():
+    board = FaultBoard(dist.HashStore())
+    start = time.monotonic()
+    with pytest.raises(PeerLostError, match="parameter server on rank 0: it did not reach"):
+        attend_meeting(board, 0, rank=1, timeout_s=0.1)
+    assert time.monotonic() - start < 10
+
+
+# ---------------------------------------------------------------- killed ranks in real jobs (one process per rank)
+
+FAULT_TIMEOUT_S = 15
+SAMPLES = 1024
+
+
+def _survivors(results, killed):
+    return {rank: result for rank, result in enumerate(results) if rank != killed}
+
+
+def _assert_clean_failure(result, message, killed_at):
+    assert result.returncode == 1, result.stderr[-3000:]  # a Python error, not a signal (no SIGABRT at exit)
+    assert message in result.stderr, result.stderr[-3000:]
+    assert "lost the parameter server" not in result.stderr or "rank 0" in message
+    assert "terminate called" not in result.stderr
+    assert result.ended_at - killed_at < FAULT_TIMEOUT_S + 30
+
+
+@pytest.mark.multiprocess
+def test_worker_killed_while_another_is_inside_a_long_step_every_survivor_names_it(run_ranks, tmp_path):
+    # rank 2 is a straggler (~1.6 s per step): when rank 1 dies, rank 0 fails at once while rank 2 is still inside
+    # its step; rank 2 must learn that rank 1 was lost, not that rank 0 shut down because of it
+    results = run_ranks(
+        "ps_train.py", 3, str(tmp_path), "--num-nodes", "3", "--devices", "1", "--epochs", "50",
+        "--kill-rank", "1", "--kill-after", "5", "--slow-rank", "2", "--sleep-per-sample-s", "0.05",
+        "--fault-timeout-s", str(FAULT_TIMEOUT_S),
+        timeout_s=240,
+    )  # fmt: skip
+    killed_at = read_json(tmp_path / "rank1.lost.json")["killed_at"]
+    for result in _survivors(results, killed=1).values():
+        _assert_clean_failure(result, "AsyncPSStrategy lost the worker on rank 1", killed_at)
+
+
+@pytest.mark.multiprocess
+def test_server_killed_every_worker_names_rank_0(run_ranks, tmp_path):
+    results = run_ranks(
+        "ps_train.py", 3, str(tmp_path), "--num-nodes", "3", "--devices", "1", "--epochs", "50",
+        "--kill-rank", "0", "--kill-after", "5", "--slow-rank", "2", "--sleep-per-sample-s", "0.02",
+        "--fault-timeout-s", str(FAULT_TIMEOUT_S),
+        timeout_s=240,
+    )  # fmt: skip
+    killed_at = read_json(tmp_path / "rank0.lost.json")["killed_at"]
+    for result in _survivors(results, killed=0).values():
+        _assert_clean_failure(result, "AsyncPSStrategy lost the parameter server on rank 0", killed_at)
+
+
+@pytest.mark.multiprocess
+def test_start_up_waits_startup_timeout_s_not_fault_timeout_s_and_names_it(run_ranks, tmp_path):
+    # only rank 0 of 2 starts: with fault_timeout_s=1 start-up still waits startup_timeout_s, then names it
+    [result] = run_ranks(
+        "ps_train.py", 2, str(tmp_path), "--num-nodes", "2", "--devices", "1", "--fault-timeout-s", "1",
+        "--startup-timeout-s", "8",
+        start=1, timeout_s=120,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert "did not all join within startup_timeout_s=8" in result.stderr
+    assert result.elapsed_s > 8
