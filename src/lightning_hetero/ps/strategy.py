@@ -34,6 +34,7 @@ from torch.optim import Optimizer
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, SequentialSampler
 from typing_extensions import override
 
+from lightning_hetero._validation import check_finite
 from lightning_hetero.ps.faults import FaultBoard, Membership, arrived
 from lightning_hetero.ps.layout import FlatLayout, bind_parameters_to_flat, flatten_grads_into
 from lightning_hetero.ps.protocol import (
@@ -149,6 +150,7 @@ class AsyncPSStrategy(DDPStrategy):
         if max_staleness is not None and max_staleness < 0:
             raise ValueError(f"max_staleness must be >= 0 or None, got {max_staleness}")
         staleness_lr_factor(0, lr_scaling)
+        check_finite(fault_timeout_s=fault_timeout_s, startup_timeout_s=startup_timeout_s)
         if not fault_timeout_s > 0:
             raise ValueError(f"fault_timeout_s must be positive, got {fault_timeout_s}")
         if not startup_timeout_s > 0:
