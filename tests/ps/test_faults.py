@@ -4,6 +4,7 @@ import threading
 import time
 
 import pytest
+import torch
 import torch.distributed as dist
 
 from lightning_hetero.ps.faults import FaultBoard, attend_meeting, coordinate_meeting
@@ -134,3 +135,90 @@ def test_start_up_waits_startup_timeout_s_not_fault_timeout_s_and_names_it(run_r
     assert result.returncode == 1
     assert "did not all join within startup_timeout_s=8" in result.stderr
     assert result.elapsed_s > 8
+
+
+@pytest.mark.multiprocess
+def test_server_killed_ends_an_elastic_job_too_naming_rank_0(run_ranks, tmp_path):
+    results = run_ranks(
+        "ps_train.py", 3, str(tmp_path), "--num-nodes", "3", "--devices", "1", "--epochs", "50",
+        "--kill-rank", "0", "--kill-after", "5", "--on-worker-lost", "continue",
+        "--fault-timeout-s", str(FAULT_TIMEOUT_S),
+        timeout_s=240,
+    )  # fmt: skip
+    killed_at = read_json(tmp_path / "rank0.lost.json")["killed_at"]
+    for result in _survivors(results, killed=0).values():
+        _assert_clean_failure(result, "AsyncPSStrategy lost the parameter server on rank 0", killed_at)
+
+
+@pytest.mark.multiprocess
+def test_elastic_asp_trains_on_without_a_lost_worker_and_each_epoch_covers_every_sample_once(run_ranks, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    results = run_ranks(
+        "ps_train.py", 3, str(tmp_path), "--num-nodes", "3", "--devices", "1", "--epochs", "3",
+        "--kill-rank", "2", "--kill-after", "4", "--on-worker-lost", "continue", "--ckpt-dir", str(ckpt),
+        "--fault-timeout-s", str(FAULT_TIMEOUT_S),
+        timeout_s=300,
+    )  # fmt: skip
+    for result in _survivors(results, killed=2).values():
+        assert result.returncode == 0, result.stderr[-3000:]
+    assert "AsyncPSStrategy lost the worker on rank 2 (" in results[0].stderr
+    assert "continuing with 2 workers (on_worker_lost='continue')" in results[0].stderr
+    survivors = [read_json(tmp_path / f"rank{rank}.json") for rank in (0, 1)]
+    # what rank 2 pushed before it died (the batch in its hands when it died is not in it)
+    pushed = read_json(tmp_path / "rank2.lost.json")["pushed"]
+    assert list(pushed) == ["0"]
+    for epoch in ("0", "1", "2"):
+        seen = survivors[0]["seen"][epoch] + survivors[1]["seen"][epoch] + pushed.get(epoch, [])
+        assert sorted(seen) == list(range(SAMPLES)), f"epoch {epoch} did not cover every sample exactly once"
+    # one update per batch of 32: global_step is the server's version on every survivor and in the checkpoint
+    updates = 3 * SAMPLES // 32
+    assert [report["global_step"] for report in survivors] == [updates, updates]
+    assert survivors[0]["server_summary"]["updates"] == updates
+    assert torch.load(ckpt / "last.ckpt", weights_only=False)["async_ps"] == {"version": updates, "mode": "asp"}
+    assert survivors[0]["checksum"] == survivors[1]["checksum"]
+    assert all(report["val_acc"] > 0.9 for report in survivors)
+
+
+@pytest.mark.multiprocess
+def test_switching_to_bsp_after_a_lost_worker_fails_with_a_clear_error(run_ranks, tmp_path):
+    results = run_ranks(
+        "ps_train.py", 3, str(tmp_path), "--num-nodes", "3", "--devices", "1", "--epochs", "3",
+        "--kill-rank", "2", "--kill-after", "4", "--on-worker-lost", "continue", "--switch-at-epoch", "1",
+        "--switch-to", "bsp", "--fault-timeout-s", str(FAULT_TIMEOUT_S),
+        timeout_s=300,
+    )  # fmt: skip
+    for result in _survivors(results, killed=2).values():
+        assert result.returncode == 1, result.stderr[-3000:]
+        assert "AsyncPSStrategy cannot switch to BSP after losing rank(s) [2]" in result.stderr
+        assert "resume from the last checkpoint" in result.stderr
+
+
+@pytest.mark.multiprocess
+def test_a_rank_lost_in_bsp_ends_the_job_and_a_restart_resumes_split_mode_and_version(run_script, tmp_path):
+    """The recovery path for BSP (and for a lost rank 0): restart every rank and resume from the last checkpoint."""
+    ckpt, first, second = tmp_path / "ckpt", tmp_path / "first", tmp_path / "second"
+    # ASP for epoch 0, then BSP with a 48/16 split of each global batch of 64 (16 steps per epoch); rank 1 dies in
+    # its 5th batch of epoch 2, after the checkpoint of epoch 1
+    proc = run_script(
+        "ps_train.py", str(first), "--epochs", "4", "--hetero", "48,16", "--switch-at-epoch", "0",
+        "--switch-to", "bsp", "--ckpt-dir", str(ckpt), "--kill-rank", "1", "--kill-after", str(16 + 16 + 5),
+        "--fault-timeout-s", str(FAULT_TIMEOUT_S),
+        timeout_s=240, expect_ok=False,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert "AsyncPSStrategy lost the worker on rank 1" in proc.stderr
+    saved = torch.load(ckpt / "last.ckpt", weights_only=False)
+    assert saved["epoch"] == 1 and saved["async_ps"]["mode"] == "bsp"
+    version = saved["async_ps"]["version"]
+    # restarted with another initial split and mode: the checkpoint's win
+    run_script(
+        "ps_train.py", str(second), "--epochs", "4", "--hetero", "32,32", "--resume", str(ckpt / "last.ckpt"),
+        timeout_s=240,
+    )  # fmt: skip
+    after = [read_json(second / f"rank{rank}.json") for rank in (0, 1)]
+    for report in after:
+        assert report["mode"] == "bsp"
+        assert report["start"]["global_step"] == version
+        assert report["global_step"] == version + 2 * SAMPLES // 64
+        assert list(report["seen"]) == ["2", "3"]
+    assert [len(report["seen"]["2"]) for report in after] == [768, 256]

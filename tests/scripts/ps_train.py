@@ -182,7 +182,7 @@ def main() -> None:
             EarlyStopping(monitor="val_acc", mode="max", stopping_threshold=args.early_stop_acc, patience=1000)
         )
     if args.ckpt_dir:
-        callbacks.append(ModelCheckpoint(dirpath=args.ckpt_dir, save_last=True, save_top_k=0))
+        callbacks.append(ModelCheckpoint(dirpath=args.ckpt_dir, save_last=True, save_top_k=-1))
     trainer = L.Trainer(
         accelerator="cpu",
         devices=args.devices,

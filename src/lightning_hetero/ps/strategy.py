@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 import signal
 import time
 from collections.abc import Callable
@@ -225,6 +226,7 @@ class AsyncPSStrategy(DDPStrategy):
             return
         start = time.perf_counter()
         if mode == "bsp":
+            self._meet()  # brings every rank's view of the lost ranks up to date
             self._check_no_rank_lost("switch to BSP")
             self._enter_bsp()
         else:
@@ -608,7 +610,7 @@ class AsyncPSStrategy(DDPStrategy):
 
     def _all_reduce_gradients(self) -> None:
         flatten_grads_into(self._params, self._grad_flat)
-        all_reduce_weighted(self._grad_flat, self._share())
+        self._collective(lambda: all_reduce_weighted(self._grad_flat, self._share()))
         for param, grad in zip(self._params, self._layout.views(self._grad_flat), strict=True):
             if param.grad is None:
                 param.grad = grad.clone()
@@ -626,7 +628,6 @@ class AsyncPSStrategy(DDPStrategy):
     # ------------------------------------------------------------------ mode switches
 
     def _enter_bsp(self) -> None:
-        self._meet()
         self._average_buffers()
         self._step_schedules.release()
         optimizer = self.optimizers[0]
@@ -712,9 +713,10 @@ class AsyncPSStrategy(DDPStrategy):
         assert self._server is not None
         if self._server.tolerate_lost_workers and self._server.lost is None:
             remaining = self.world_size - len(self._server.lost_ranks)
+            cause = re.sub(r"^\[[^\]]*\]\s*", "", error.cause).split(". ")[0]  # gloo's first sentence
             rank_zero_warn(
-                f"AsyncPSStrategy lost the worker on rank {error.rank} ({error.cause}); continuing with "
-                f"{remaining} workers (on_worker_lost='continue')."
+                f"AsyncPSStrategy lost the worker on rank {error.rank} ({cause}); continuing with {remaining} "
+                "workers (on_worker_lost='continue')."
             )
 
     def _recorded_fault(self, wait_s: float) -> PeerLostError | None:
@@ -740,11 +742,7 @@ class AsyncPSStrategy(DDPStrategy):
             recorded = self._membership.board.read(_LOST_WORKER_GRACE_S) if self._membership is not None else None
         except RuntimeError as store_err:  # rank 0, which hosts the store, is gone
             return PeerLostError(SERVER_RANK, "parameter server", str(store_err).splitlines()[0])
-        if recorded is not None:
-            return recorded
-        if isinstance(err, PeerLostError):
-            return err
-        return PeerLostError(SERVER_RANK, "parameter server", str(err).splitlines()[0])
+        return recorded or err
 
     @override
     def on_exception(self, exception: BaseException) -> None:
