@@ -177,6 +177,9 @@ def test_elastic_asp_trains_on_without_a_lost_worker_and_each_epoch_covers_every
     assert torch.load(ckpt / "last.ckpt", weights_only=False)["async_ps"] == {"version": updates, "mode": "asp"}
     assert survivors[0]["checksum"] == survivors[1]["checksum"]
     assert all(report["val_acc"] > 0.9 for report in survivors)
+    # the last validation ran over the whole validation set, split between the two survivors
+    val_seen = survivors[0]["val_seen"] + survivors[1]["val_seen"]
+    assert sorted(val_seen) == list(range(SAMPLES // 4))
 
 
 @pytest.mark.multiprocess

@@ -51,6 +51,7 @@ class PSTestModel(MLPClassifier):
         self.train_set = IndexedDataset(data[0][: args.samples], data[1][: args.samples])
         self.val_set = IndexedDataset(data[0][args.samples :], data[1][args.samples :])
         self.local_batches = 0
+        self.val_seen: list[int] = []
 
     def training_step(self, batch, batch_idx):
         x, y, idx = batch
@@ -76,8 +77,12 @@ class PSTestModel(MLPClassifier):
         self.log("train_loss", loss, sync_dist=True, prog_bar=False)
         return loss
 
+    def on_validation_epoch_start(self):
+        self.val_seen = []
+
     def validation_step(self, batch, batch_idx):
-        x, y, _ = batch
+        x, y, idx = batch
+        self.val_seen.extend(idx.tolist())
         logits = self(x)
         self.log("val_loss", nn.functional.cross_entropy(logits, y), sync_dist=True)
         self.log("val_acc", (logits.argmax(-1) == y).float().mean(), sync_dist=True)
@@ -218,6 +223,7 @@ def main() -> None:
         "val_acc": float(trainer.callback_metrics.get("val_acc", float("nan"))),
         "staleness_logged": "ps/staleness" in trainer.callback_metrics,
         "local_batches": model.local_batches,
+        "val_seen": model.val_seen,
         "lr": trainer.optimizers[0].param_groups[0]["lr"],
         "scheduler_steps": [config.scheduler.last_epoch for config in trainer.lr_scheduler_configs],
     }

@@ -196,6 +196,7 @@ class AsyncPSStrategy(DDPStrategy):
         self._claim_sampler: ClaimSampler | None = None
         self._chunk = -1
         self._launched: list[Any] = []
+        self._validation_members: list[int] = []
 
     # ------------------------------------------------------------------ public API
 
@@ -352,6 +353,7 @@ class AsyncPSStrategy(DDPStrategy):
             self._loop = ServerLoop(self._server, workers, self._group, timedelta(seconds=self.fault_timeout_s))
             self._loop.start()
         self._launched = list(self.launcher.procs) if isinstance(self.launcher, _SubprocessScriptLauncher) else []
+        self._validation_members = list(range(self.world_size))
         self._membership = Membership(FaultBoard(self._store), self.global_rank, self.world_size, self.fault_timeout_s)
         self._install_local_sigterm_check(trainer)
         self._active = True
@@ -865,6 +867,27 @@ class AsyncPSStrategy(DDPStrategy):
             self._meet()
             self._pull()
             self._average_buffers()
+            self._reshard_validation(trainer)
+
+    @property
+    @override
+    def distributed_sampler_kwargs(self) -> dict[str, Any]:
+        members = self._membership.members if self._membership is not None else None
+        if members is None or len(members) == self.world_size:
+            return super().distributed_sampler_kwargs
+        return {"num_replicas": len(members), "rank": members.index(self.global_rank)}
+
+    def _reshard_validation(self, trainer: pl.Trainer) -> None:
+        """After a rank was lost, rebuild the validation loaders so the remaining ranks share the whole set (Lightning
+        keeps loaders whose ``DistributedSampler`` still deals a share to the lost rank)."""
+        assert self._membership is not None
+        if self._membership.members == self._validation_members:
+            return
+        self._validation_members = list(self._membership.members)
+        val_loop = trainer.fit_loop.epoch_loop.val_loop
+        val_loop._combined_loader = None
+        val_loop.setup_data()
+        val_loop.reset()
 
     def _average_buffers(self) -> None:
         """Average the workers' floating-point module buffers (BatchNorm running statistics): in ASP each worker
