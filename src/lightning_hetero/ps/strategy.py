@@ -249,6 +249,11 @@ class AsyncPSStrategy(DDPStrategy):
             compute_timer: a :class:`~lightning_hetero.measurement.ComputeTimer`.
             batch_share: returns this rank's ``b_k / sum(b)`` for the current step.
         """
+        if self.on_worker_lost == "continue":
+            raise ValueError(
+                "AsyncPSStrategy(on_worker_lost='continue') does not support HeteroBatchCallback: its split of each "
+                "global batch assumes a fixed set of ranks. Use on_worker_lost='fail' with it."
+            )
         self._compute_timer = compute_timer
         self._batch_share = batch_share
 
