@@ -78,14 +78,15 @@ class FaultBoard:
         Raises:
             RuntimeError: the store is unreachable (its host, rank 0, is gone).
         """
-        if wait_s > 0:
+        if not self.store.check([_FAULT_KEY]):  # raises at once when the store is gone
+            if wait_s <= 0:
+                return None
             try:
                 self.store.wait([_FAULT_KEY], timedelta(seconds=wait_s))
             except dist.DistStoreError as err:
                 if "timeout" not in str(err):
                     raise
-        if not self.store.check([_FAULT_KEY]):
-            return None
+                return None
         return decode_fault(self.store.get(_FAULT_KEY))
 
     def abort_meeting(self, meeting: int) -> None:
