@@ -470,7 +470,7 @@ class AsyncPSStrategy(DDPStrategy):
             world_size=self.world_size,
             shuffle=shuffle,
             seed=seed,
-            tail=self._lost_workers_chunks if self._server is not None and self._tolerates_lost_workers() else None,
+            tail=self._lost_workers_chunks if self._server is not None and self.on_worker_lost == "continue" else None,
         )
         self._claim_sampler = claim_sampler
         return _update_dataloader(dataloader, claim_sampler, mode=RunningStage.TRAINING)
