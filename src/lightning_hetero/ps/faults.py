@@ -164,7 +164,8 @@ def coordinate_meeting(
 def attend_meeting(board: FaultBoard, meeting: int, rank: int, timeout_s: float) -> list[int]:
     """A non-server rank's side of an epoch-end meeting: arrive, wait for rank 0's announcement, return the members.
 
-    Rank 0 must arrive within ``timeout_s`` and then announces within its own ``timeout_s``.
+    Rank 0 must arrive within ``2 * timeout_s`` (in elastic ASP it may first wait for a slow worker's last step,
+    then train a lost worker's batches) and then announces within its own ``timeout_s``.
 
     Args:
         board: the fault board on rank 0's store.
@@ -194,9 +195,12 @@ def attend_meeting(board: FaultBoard, meeting: int, rank: int, timeout_s: float)
     store = board.store
     try:
         store.set(_arrived_key(meeting, rank), "1")
-        for key, what in ((_arrived_key(meeting, SERVER_RANK), "reach"), (_members_key(meeting), "close")):
+        for key, what, wait_s in (
+            (_arrived_key(meeting, SERVER_RANK), "reach", 2 * timeout_s),
+            (_members_key(meeting), "close", timeout_s + 5.0),
+        ):
             try:
-                store.wait([key], timedelta(seconds=timeout_s + 5.0))
+                store.wait([key], timedelta(seconds=wait_s))
             except dist.DistStoreError as err:
                 if "timeout" not in str(err):
                     raise
@@ -204,7 +208,7 @@ def attend_meeting(board: FaultBoard, meeting: int, rank: int, timeout_s: float)
                 raise recorded or PeerLostError(
                     SERVER_RANK,
                     "parameter server",
-                    f"it did not {what} the epoch's end meeting within fault_timeout_s={timeout_s:g}",
+                    f"it did not {what} the epoch's end meeting within {wait_s:g} s (fault_timeout_s={timeout_s:g})",
                 ) from None
         members = store.get(_members_key(meeting)).decode()
     except dist.DistError as err:

@@ -714,9 +714,10 @@ class AsyncPSStrategy(DDPStrategy):
         if isinstance(self.launcher, _SubprocessScriptLauncher):
             # Lightning's process observer would kill every process a few seconds after a child exits; the strategy
             # ends the job itself (after telling the others why) or goes on without it
-            for proc in [p for i, p in enumerate(self._launched) if i + 1 == error.rank]:
-                if proc in self.launcher.procs:
-                    self.launcher.procs.remove(proc)
+            # (the launcher's processes are local ranks 1.. of rank 0's node, whose global ranks they are)
+            proc = self._launched[error.rank - 1] if 1 <= error.rank <= len(self._launched) else None
+            if proc in self.launcher.procs:
+                self.launcher.procs.remove(proc)
         assert self._server is not None
         if self._server.tolerate_lost_workers and self._server.lost is None:
             remaining = self.world_size - len(self._server.lost_ranks)
