@@ -225,3 +225,20 @@ def test_a_rank_lost_in_bsp_ends_the_job_and_a_restart_resumes_split_mode_and_ve
         assert report["global_step"] == version + 2 * SAMPLES // 64
         assert list(report["seen"]) == ["2", "3"]
     assert [len(report["seen"]["2"]) for report in after] == [768, 256]
+
+
+@pytest.mark.multiprocess
+def test_elastic_asp_under_lightnings_launcher_outlives_its_process_observer(run_script, tmp_path):
+    # Lightning's launcher kills every process a few seconds after any child exits; the strategy takes the lost
+    # child out of its watch, so the job goes on and ends normally
+    proc = run_script(
+        "ps_train.py", str(tmp_path), "--devices", "3", "--epochs", "2", "--kill-rank", "2", "--kill-after", "4",
+        "--on-worker-lost", "continue", "--fault-timeout-s", str(FAULT_TIMEOUT_S),
+        timeout_s=240,
+    )  # fmt: skip
+    assert "continuing with 2 workers" in proc.stderr
+    survivors = [read_json(tmp_path / f"rank{rank}.json") for rank in (0, 1)]
+    pushed = read_json(tmp_path / "rank2.lost.json")["pushed"]
+    for epoch in ("0", "1"):
+        seen = survivors[0]["seen"][epoch] + survivors[1]["seen"][epoch] + pushed.get(epoch, [])
+        assert sorted(seen) == list(range(SAMPLES))
