@@ -758,8 +758,12 @@ class AsyncPSStrategy(DDPStrategy):
         if self._active and self._membership is not None:
             self._announce_failure(exception)
         # Lightning leaves the processes it launched running when the main one fails (except on KeyboardInterrupt);
-        # a hung worker would then outlive the job.
+        # a hung worker would then outlive the job. A lost one is no longer in the launcher's list (see
+        # _on_rank_lost), but may be hung rather than dead.
         if isinstance(self.launcher, _SubprocessScriptLauncher):
+            for proc in self._launched:
+                if proc.poll() is None:
+                    proc.kill()
             self.launcher.kill(signal.SIGKILL)
 
     def _announce_failure(self, exception: BaseException) -> None:
