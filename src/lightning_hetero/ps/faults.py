@@ -148,11 +148,14 @@ def coordinate_meeting(
             board.abort_meeting(meeting)
             raise
         members = sorted(expected())
-        missing = [rank for rank in members if not store.check([_arrived_key(meeting, rank)])]
-        if not missing:
+        if store.check([_arrived_key(meeting, rank) for rank in members]):  # one round trip for all
             store.set(_members_key(meeting), ",".join(map(str, members)))
             return members
-        if time.monotonic() >= deadline:
+        if time.monotonic() < deadline:
+            time.sleep(_POLL_S)
+            continue
+        missing = [rank for rank in members if not store.check([_arrived_key(meeting, rank)])]
+        if missing:
             late = "it" if len(missing) == 1 else f"ranks {missing}"
             cause = f"{late} did not reach the epoch's end within fault_timeout_s={timeout_s:g}"
             error = board.record(PeerLostError(missing[0], "worker", cause))
