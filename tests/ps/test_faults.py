@@ -242,3 +242,18 @@ def test_elastic_asp_under_lightnings_launcher_outlives_its_process_observer(run
     for epoch in ("0", "1"):
         seen = survivors[0]["seen"][epoch] + survivors[1]["seen"][epoch] + pushed.get(epoch, [])
         assert sorted(seen) == list(range(SAMPLES))
+
+
+@pytest.mark.multiprocess
+def test_under_lightnings_launcher_a_rank_inside_a_long_step_names_the_worker_lost_first(run_script, tmp_path):
+    proc = run_script(
+        "ps_train.py", str(tmp_path), "--devices", "3", "--epochs", "50", "--kill-rank", "1", "--kill-after", "5",
+        "--slow-rank", "2", "--sleep-per-sample-s", "0.05", "--fault-timeout-s", str(FAULT_TIMEOUT_S),
+        timeout_s=240, expect_ok=False,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert "[rank2]: lightning_hetero.ps.protocol.PeerLostError: AsyncPSStrategy lost the worker on rank 1" in (
+        proc.stderr
+    )
+    assert "lost the parameter server" not in proc.stderr
+    assert "terminate called" not in proc.stderr
