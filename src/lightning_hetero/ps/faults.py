@@ -8,7 +8,8 @@ Both live in a key-value store hosted by rank 0 (the parameter server's rank), w
   store: rank 0 waits for the ranks it still counts as members, names the ones that do not arrive within the fault
   timeout, and announces the members; a rank lost on the way is dropped when the job continues without it.
 
-Pure store logic: no Lightning, no process groups; any ``torch.distributed.Store`` works (a ``HashStore`` in tests).
+No Lightning here; only :class:`Membership` builds a process group. Any ``torch.distributed.Store`` works (a
+``HashStore`` in tests).
 """
 
 from __future__ import annotations
