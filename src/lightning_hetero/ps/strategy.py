@@ -9,8 +9,6 @@ thread per remote worker. See ``docs/async_ps.md`` for how steps, epochs, loggin
 from __future__ import annotations
 
 import copy
-import math
-import re
 import signal
 import time
 from collections.abc import Callable
@@ -29,14 +27,14 @@ from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 from lightning.pytorch.utilities.data import _update_dataloader
 from lightning.pytorch.utilities.exceptions import SIGTERMException
-from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, SequentialSampler
 from typing_extensions import override
 
 from lightning_hetero._validation import check_finite
-from lightning_hetero.ps.faults import FaultBoard, Membership, arrived
+from lightning_hetero.ps.fault_tolerance import LOST_WORKER_GRACE_S, FaultTolerance
+from lightning_hetero.ps.faults import FaultBoard, Membership
 from lightning_hetero.ps.layout import FlatLayout, bind_parameters_to_flat, flatten_grads_into
 from lightning_hetero.ps.protocol import (
     FLAG_JOIN,
@@ -65,11 +63,6 @@ ON_WORKER_LOST = ("fail", "continue")
 # The server's threads block in receives for as long as their worker is alive (it may validate, or the strategy may
 # train synchronously for many epochs); a dead worker breaks the connection at once, so no timeout is needed there.
 _SERVER_RECEIVE_TIMEOUT = timedelta(days=7)
-# How long a rank whose connection broke waits for the rank that noticed first to name the rank lost first.
-_LOST_WORKER_GRACE_S = 5.0
-# Rank 0 failing keeps serving aborts until every remote worker left, at most this long past fault_timeout_s (a
-# worker blocked in a collective with rank 0 gives up after fault_timeout_s, then reads the fault from rank 0's store).
-_LINGER_MARGIN_S = 5.0
 
 
 def _hyperparameters(param_group: dict[str, Any]) -> dict[str, Any]:
@@ -91,7 +84,7 @@ class _RemoteStepOptimizer:
         return getattr(self._optimizer, name)
 
 
-class AsyncPSStrategy(DDPStrategy):
+class AsyncPSStrategy(FaultTolerance, DDPStrategy):
     """Asynchronous parameter-server training (``mode="asp"``) or synchronous all-reduce (``mode="bsp"``).
 
     In ASP each worker computes gradients on its own batch and pushes them (one flat buffer) to the parameter server,
@@ -482,35 +475,6 @@ class AsyncPSStrategy(DDPStrategy):
         except RuntimeError as err:
             raise self._lost_cause(err) from err
 
-    def _lost_workers_chunks(self, epoch: int, own: set[int]) -> list[int]:
-        """Rank 0's claims ran out (elastic ASP): once every other worker is done with the epoch or lost, the chunks
-        of the epoch nobody pushed are the ones lost workers had claimed; rank 0 trains them."""
-        server, sampler, membership = self._server, self._claim_sampler, self._membership
-        assert server is not None and sampler is not None and membership is not None and self._store is not None
-        server.finish(SERVER_RANK)  # while rank 0 waits here, the staleness bound must not wait for it
-        meeting = membership.meetings
-        while True:
-            with server.cond:
-                if server.lost is not None:
-                    raise server.lost
-                if server.budget_spent:
-                    return []
-                busy = [
-                    rank
-                    for rank in range(self.world_size)
-                    if rank != SERVER_RANK
-                    and rank not in server.lost_ranks
-                    and server.finished_epoch.get(rank, -1) < epoch
-                ]
-            if all(arrived(self._store, meeting, rank) for rank in busy):
-                break
-            with server.cond:
-                server.cond.wait(0.01)
-        with server.cond:
-            applied = server.applied_chunks.pop(epoch, set())
-        num_chunks = math.ceil(sampler.num_samples / sampler.chunk_size)
-        return sorted(set(range(num_chunks)) - applied - own)
-
     # ------------------------------------------------------------------ stepping
 
     @override
@@ -595,7 +559,7 @@ class AsyncPSStrategy(DDPStrategy):
             lost = self._server.lost if self._server is not None else None
             if lost is not None:
                 raise PeerLostError(lost.rank, lost.role, lost.cause)
-            recorded = self._recorded_fault(_LOST_WORKER_GRACE_S)
+            recorded = self._recorded_fault(LOST_WORKER_GRACE_S)
             if recorded is not None and recorded.rank == header.lost_rank:
                 raise recorded
             raise PeerLostError(header.lost_rank, "worker", "reported by the parameter server")
@@ -670,88 +634,6 @@ class AsyncPSStrategy(DDPStrategy):
 
     # ------------------------------------------------------------------ collectives while asynchronous
 
-    def _meet(self) -> None:
-        """Where the ranks meet at an epoch's end (before validation, at a mode switch, at the end of training, and
-        before the first collective after asynchronous batches): a barrier through rank 0's store that names the
-        ranks that did not arrive within ``fault_timeout_s`` and, in elastic ASP, drops the ranks lost meanwhile and
-        moves later collectives to a process group of the remaining ranks."""
-        assert self._membership is not None
-        self._needs_meeting = False
-        server = self._server
-
-        def expected() -> list[int]:
-            lost = server.lost_ranks if server is not None else set()
-            return [rank for rank in self._membership.members if rank not in lost]
-
-        def check() -> None:
-            if server is not None and server.lost is not None:
-                raise server.lost
-
-        before = len(self._membership.members)
-        members = self._membership.meet(expected, check)
-        if len(members) < before:
-            self._check_no_rank_lost("continue in BSP", allow_asp=True)
-
-    def _tolerates_lost_workers(self) -> bool:
-        return self.on_worker_lost == "continue" and self._mode == "asp"
-
-    def _lost_ranks(self) -> list[int]:
-        members = self._membership.members if self._membership is not None else range(self.world_size)
-        lost = self._server.lost_ranks if self._server is not None else set()
-        return sorted(set(range(self.world_size)) - set(members) | lost)
-
-    def _check_no_rank_lost(self, action: str, allow_asp: bool = False) -> None:
-        lost = self._lost_ranks()
-        if lost and not (allow_asp and self._mode == "asp"):
-            raise RuntimeError(
-                f"AsyncPSStrategy cannot {action} after losing rank(s) {lost}: synchronous training needs every rank. "
-                "Restart the job (e.g. torchrun --max-restarts) and resume from the last checkpoint "
-                "(trainer.fit(..., ckpt_path='last'))."
-            )
-
-    def _on_rank_lost(self, error: PeerLostError) -> None:
-        """Called by the server's thread that saw a rank's connection break (rank 0)."""
-        if isinstance(self.launcher, _SubprocessScriptLauncher):
-            # Lightning's process observer would kill every process a few seconds after a child exits; the strategy
-            # ends the job itself (after telling the others why) or goes on without it
-            # (the launcher's processes are local ranks 1.. of rank 0's node, whose global ranks they are)
-            proc = self._launched[error.rank - 1] if 1 <= error.rank <= len(self._launched) else None
-            if proc in self.launcher.procs:
-                self.launcher.procs.remove(proc)
-        assert self._server is not None
-        if self._server.tolerate_lost_workers and self._server.lost is None:
-            remaining = self.world_size - len(self._server.lost_ranks)
-            cause = re.sub(r"^\[[^\]]*\]\s*", "", error.cause).split(". ")[0]  # gloo's first sentence
-            rank_zero_warn(
-                f"AsyncPSStrategy lost the worker on rank {error.rank} ({cause}); continuing with {remaining} "
-                "workers (on_worker_lost='continue')."
-            )
-
-    def _recorded_fault(self, wait_s: float) -> PeerLostError | None:
-        """The first fault rank 0 recorded; ``None`` if none (or rank 0's store is unreachable)."""
-        if self._membership is None:
-            return None
-        try:
-            return self._membership.board.read(wait_s)
-        except RuntimeError:
-            return None
-
-    def _lost_cause(self, err: BaseException) -> BaseException:
-        """The error to raise for a broken connection or collective: the rank lost first, when one is known."""
-        if self._server is not None:
-            lost = self._server.lost or self._server.wait_lost(_LOST_WORKER_GRACE_S)
-            if lost is None and self._server.lost_ranks:
-                rank = min(self._server.lost_ranks)
-                lost = PeerLostError(rank, "worker", "its connection broke")
-            return lost or err
-        if self._store is None:
-            return err
-        try:
-            recorded = self._membership.board.read(_LOST_WORKER_GRACE_S) if self._membership is not None else None
-        except RuntimeError as store_err:  # rank 0, which hosts the store, is gone
-            return PeerLostError(SERVER_RANK, "parameter server", str(store_err).splitlines()[0])
-        return recorded or err
-
     @override
     def on_exception(self, exception: BaseException) -> None:
         super().on_exception(exception)
@@ -766,31 +648,6 @@ class AsyncPSStrategy(DDPStrategy):
                     proc.kill()
             self.launcher.kill(signal.SIGKILL)
 
-    def _announce_failure(self, exception: BaseException) -> None:
-        """Record why this rank fails on rank 0's board (the first record wins) so every other rank names the rank
-        lost first; rank 0 then answers every worker's request with an abort until all left (bounded)."""
-        assert self._membership is not None
-        board = self._membership.board
-        if isinstance(exception, PeerLostError):
-            error = exception
-        elif self._server is not None and self._server.lost is not None:
-            error = self._server.lost
-        else:
-            role = "parameter server" if self.global_rank == SERVER_RANK else "worker"
-            error = PeerLostError(self.global_rank, role, f"it failed with {type(exception).__name__}: {exception}")
-        try:
-            error = board.record(error)
-            if self._server is not None:
-                board.abort_meeting(self._membership.meetings - 1)
-                board.abort_meeting(self._membership.meetings)
-        except RuntimeError:
-            return  # rank 0's store is gone; the other ranks name rank 0 themselves
-        if self._server is not None and self._loop is not None:
-            self._server.tolerate_lost_workers = False
-            self._server.fail(error)
-            self._loop.join(self.fault_timeout_s + _LINGER_MARGIN_S)
-        self._active = False
-
     def _trainer(self) -> pl.Trainer | None:
         module = self.lightning_module
         return None if module is None else module._trainer
@@ -804,26 +661,6 @@ class AsyncPSStrategy(DDPStrategy):
             return False
         progress = trainer.fit_loop.epoch_loop.batch_progress.current
         return progress.ready > progress.completed
-
-    def _collective_group(self, group: Any = None) -> Any:
-        """The group a collective outside asynchronous batches runs on: the remaining ranks' after a loss. The
-        epoch's first collective after its asynchronous batches is preceded by a meeting (see :meth:`_meet`)."""
-        if self._needs_meeting and self._active:
-            self._meet()
-        if group is None and self._membership is not None:
-            return self._membership.group
-        return group
-
-    def _collective(self, run: Callable[[], Any]) -> Any:
-        try:
-            return run()
-        except RuntimeError as err:
-            if isinstance(err, PeerLostError) or not self._active:
-                raise
-            cause = self._lost_cause(err)
-            if cause is err:
-                raise
-            raise cause from err
 
     @override
     def reduce(self, tensor: Tensor | Any, group: Any = None, reduce_op: ReduceOp | str | None = "mean") -> Any:
@@ -886,18 +723,6 @@ class AsyncPSStrategy(DDPStrategy):
         if members is None or len(members) == self.world_size:
             return super().distributed_sampler_kwargs
         return {"num_replicas": len(members), "rank": members.index(self.global_rank)}
-
-    def _reshard_validation(self, trainer: pl.Trainer) -> None:
-        """After a rank was lost, rebuild the validation loaders so the remaining ranks share the whole set (Lightning
-        keeps loaders whose ``DistributedSampler`` still deals a share to the lost rank)."""
-        assert self._membership is not None
-        if self._membership.members == self._validation_members:
-            return
-        self._validation_members = list(self._membership.members)
-        val_loop = trainer.fit_loop.epoch_loop.val_loop
-        val_loop._combined_loader = None
-        val_loop.setup_data()
-        val_loop.reset()
 
     def _average_buffers(self) -> None:
         """Average the workers' floating-point module buffers (BatchNorm running statistics): in ASP each worker
