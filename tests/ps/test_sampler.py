@@ -60,3 +60,53 @@ def test_synchronous_mode_deals_equal_numbers_of_chunks():
 def test_epoch_order_changes_with_epoch_and_is_shared():
     assert epoch_order(50, 1, True, 3) == epoch_order(50, 1, True, 3)
     assert epoch_order(50, 1, True, 3) != epoch_order(50, 2, True, 3)
+
+
+@given(
+    num_samples=st.integers(1, 200),
+    chunk=st.integers(1, 17),
+    world=st.integers(2, 4),
+    seed=st.integers(0, 10_000),
+)
+def test_chunks_of_workers_lost_mid_epoch_are_taken_by_rank_0_at_its_end(num_samples, chunk, world, seed):
+    """Workers 1.. may die holding a batch (claimed, not pushed); rank 0, once the others are done or lost, takes
+    every chunk nobody pushed, so what was pushed plus rank 0's batches still covers the epoch exactly once."""
+    counter = Counter()
+    rng = random.Random(seed)
+    num_chunks = -(-num_samples // chunk)
+    pushed_chunks: set[int] = set()
+    trained: list[int] = []
+    others = list(range(1, world))
+
+    def step(rank: int) -> bool:
+        batch = list(itertools.islice(iterators[rank], chunk))
+        if not batch:
+            return False
+        taken = samplers[rank].next_chunk()
+        if rank != 0 and rng.random() < 0.2:
+            others.remove(rank)  # dies with the batch in hand
+            return False
+        pushed_chunks.add(taken)
+        trained.extend(batch)
+        return True
+
+    def tail(epoch: int, own: set[int]) -> list[int]:
+        while others:  # rank 0 waits until every other worker pushed its last batch or was lost
+            rank = rng.choice(others)
+            if not step(rank) and rank in others:
+                others.remove(rank)
+        return sorted(set(range(num_chunks)) - pushed_chunks - own)
+
+    samplers = [
+        ClaimSampler(
+            num_samples, chunk, counter.claim, lambda: 0, lambda: True, rank, world, tail=tail if rank == 0 else None
+        )
+        for rank in range(world)
+    ]
+    iterators = [iter(s) for s in samplers]
+    while step(0) or others:
+        if others:
+            rank = rng.choice(others)
+            if not step(rank) and rank in others:
+                others.remove(rank)
+    assert sorted(trained) == list(range(num_samples))

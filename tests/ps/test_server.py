@@ -175,3 +175,28 @@ def test_clone_keeps_class_and_every_hyper_parameter(make):
     assert type(clone) is type(template)
     hyper = [{k: v for k, v in g.items() if k != "params"} for g in template.param_groups]
     assert [{k: v for k, v in g.items() if k != "params"} for g in clone.param_groups] == hyper
+
+
+def test_a_tolerated_lost_worker_is_dropped_without_aborting_the_others():
+    server, _, _ = _server(world_size=3, max_staleness=0)
+    noticed = []
+    server.on_lost = noticed.append
+    server.tolerate_lost_workers = True
+    _push(server, 2, torch.ones(8), base_version=0)  # worker 2 leads the clock of the slowest active worker
+    server.fail(PeerLostError(2, "worker", "Connection closed by peer"))
+    server.fail(PeerLostError(2, "worker", "Connection closed by peer"))  # its thread may notice twice
+    assert [error.rank for error in noticed] == [2] and server.lost is None and server.lost_ranks == {2}
+    header, _ = _push(server, 1, torch.ones(8), base_version=1)  # not held back by, nor aborted for, worker 2
+    assert header.status == STATUS_OK
+    server.fail(PeerLostError(0, "parameter server", "it failed"))  # not a worker: the job ends
+    assert _push(server, 1, torch.ones(8), base_version=2)[0].status == STATUS_ABORTED
+
+
+def test_applied_chunks_and_each_workers_last_epoch_are_recorded():
+    server, _, _ = _server()
+    reply = new_message(server.layout.numel)
+    server.apply(1, PushHeader(0, 0, 0.5, epoch=3, chunk=7), torch.ones(8), reply)
+    server.apply(1, PushHeader(FLAG_LAST, 1, 0.5, epoch=3, chunk=2), torch.ones(8), reply)
+    server.apply(0, PushHeader(0, 2, 0.5, epoch=3, chunk=-1), torch.ones(8), reply)  # not from a ClaimSampler
+    assert server.applied_chunks == {3: {2, 7}}
+    assert server.finished_epoch == {1: 3}

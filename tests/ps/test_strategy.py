@@ -18,6 +18,8 @@ def test_registered_and_exported():
         ({"max_staleness": -1}, "max_staleness"),
         ({"lr_scaling": "sqrt"}, "lr_scaling"),
         ({"fault_timeout_s": 0}, "fault_timeout_s"),
+        ({"startup_timeout_s": -1}, "startup_timeout_s"),
+        ({"on_worker_lost": "ignore"}, "on_worker_lost"),
     ],
 )
 def test_bad_arguments_name_the_argument(kwargs, match):
@@ -42,3 +44,9 @@ def test_shares_default_to_equal_and_follow_attached_callable():
     timer.start()
     strategy._mark_compute_end()
     assert timer.elapsed_s() is not None
+
+
+def test_elastic_mode_refuses_hetero_batches_whose_split_assumes_fixed_ranks():
+    strategy = AsyncPSStrategy(on_worker_lost="continue")
+    with pytest.raises(ValueError, match="does not support HeteroBatchCallback"):
+        strategy.attach_hetero_batches(ComputeTimer(), lambda: 0.5)

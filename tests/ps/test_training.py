@@ -3,8 +3,6 @@
 Each run is ``tests/scripts/ps_train.py`` in a fresh interpreter; its ranks write JSON reports.
 """
 
-import re
-
 import pytest
 import torch
 
@@ -148,9 +146,7 @@ def test_worker_killed_mid_run_ends_the_job_naming_it(run_script, tmp_path):
         timeout_s=90, expect_ok=False,
     )  # fmt: skip
     assert proc.returncode != 0
-    # Usually the server notices the broken connection; when the worker dies just before an epoch's end, the
-    # epoch-end monitored barrier notices first. Either way the error names rank 1.
-    assert re.search(r"AsyncPSStrategy lost the worker on rank 1|Ranks 1 failed to pass monitoredBarrier", proc.stderr)
+    assert "AsyncPSStrategy lost the worker on rank 1" in proc.stderr
 
 
 def test_worker_dying_while_the_server_waits_at_the_epoch_end_is_named(run_script, tmp_path):
@@ -172,7 +168,9 @@ def test_hung_worker_ends_the_job_within_the_fault_timeout_naming_it(run_script,
         timeout_s=90, expect_ok=False,
     )  # fmt: skip
     assert proc.returncode != 0
-    assert "Ranks 1 failed to pass monitoredBarrier" in proc.stderr
+    assert "AsyncPSStrategy lost the worker on rank 1: it did not reach the epoch's end within fault_timeout_s=5" in (
+        proc.stderr
+    )
 
 
 def test_parameter_server_killed_mid_run_stops_the_workers_naming_it(run_script, tmp_path):

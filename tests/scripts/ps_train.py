@@ -10,6 +10,7 @@ global step, the strategy's version and mode, a checksum of its final parameters
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -50,6 +51,7 @@ class PSTestModel(MLPClassifier):
         self.train_set = IndexedDataset(data[0][: args.samples], data[1][: args.samples])
         self.val_set = IndexedDataset(data[0][args.samples :], data[1][args.samples :])
         self.local_batches = 0
+        self.val_seen: list[int] = []
 
     def training_step(self, batch, batch_idx):
         x, y, idx = batch
@@ -58,17 +60,29 @@ class PSTestModel(MLPClassifier):
         if self.global_rank == self.args.slow_rank:
             time.sleep(self.args.sleep_per_sample_s * len(x))
         if self.global_rank == self.args.kill_rank and self.local_batches == self.args.kill_after:
+            # what this rank pushed before dying: everything but the batch in hand
+            pushed = {epoch: list(seen) for epoch, seen in self.seen.items()}
+            pushed[self.current_epoch] = pushed[self.current_epoch][: -len(idx)]
+            out = Path(self.args.out)
+            out.mkdir(parents=True, exist_ok=True)
+            (out / f"rank{self.global_rank}.lost.json").write_text(
+                json.dumps({"pushed": pushed, "killed_at": time.time()})
+            )
             sys.stdout.flush()
             if self.args.hang:
                 time.sleep(3600)
-            os._exit(3)
+            os.kill(os.getpid(), signal.SIGKILL)
         loss = nn.functional.cross_entropy(self(x), y)
         self.losses.append(float(loss))
         self.log("train_loss", loss, sync_dist=True, prog_bar=False)
         return loss
 
+    def on_validation_epoch_start(self):
+        self.val_seen = []
+
     def validation_step(self, batch, batch_idx):
-        x, y, _ = batch
+        x, y, idx = batch
+        self.val_seen.extend(idx.tolist())
         logits = self(x)
         self.log("val_loss", nn.functional.cross_entropy(logits, y), sync_dist=True)
         self.log("val_acc", (logits.argmax(-1) == y).float().mean(), sync_dist=True)
@@ -119,6 +133,9 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
     parser.add_argument("--devices", type=int, default=2)
+    parser.add_argument("--num-nodes", type=int, default=1, help="one process per node, started separately")
+    parser.add_argument("--on-worker-lost", default="fail")
+    parser.add_argument("--startup-timeout-s", type=float, default=300.0)
     parser.add_argument("--mode", default="asp")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--max-steps", type=int, default=-1)
@@ -157,6 +174,8 @@ def main() -> None:
         max_staleness=args.max_staleness,
         lr_scaling=args.lr_scaling,
         fault_timeout_s=args.fault_timeout_s,
+        startup_timeout_s=args.startup_timeout_s,
+        on_worker_lost=args.on_worker_lost,
     )
     recorder = Recorder(args.switch_at_epoch, args.switch_to)
     callbacks = [recorder]
@@ -168,10 +187,11 @@ def main() -> None:
             EarlyStopping(monitor="val_acc", mode="max", stopping_threshold=args.early_stop_acc, patience=1000)
         )
     if args.ckpt_dir:
-        callbacks.append(ModelCheckpoint(dirpath=args.ckpt_dir, save_last=True, save_top_k=0))
+        callbacks.append(ModelCheckpoint(dirpath=args.ckpt_dir, save_last=True, save_top_k=-1))
     trainer = L.Trainer(
         accelerator="cpu",
         devices=args.devices,
+        num_nodes=args.num_nodes,
         strategy="async_ps" if args.by_name else strategy,
         max_epochs=args.epochs,
         max_steps=args.max_steps,
@@ -203,6 +223,7 @@ def main() -> None:
         "val_acc": float(trainer.callback_metrics.get("val_acc", float("nan"))),
         "staleness_logged": "ps/staleness" in trainer.callback_metrics,
         "local_batches": model.local_batches,
+        "val_seen": model.val_seen,
         "lr": trainer.optimizers[0].param_groups[0]["lr"],
         "scheduler_steps": [config.scheduler.last_epoch for config in trainer.lr_scheduler_configs],
     }

@@ -30,6 +30,7 @@ A config file with a user level and a wall-clock schedule::
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -273,7 +274,7 @@ def _positive_int(value: Any, key: str) -> int:
 
 
 def _positive_float(value: Any, key: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
         raise ConfigError(f"{key}: expected a positive number, got {value!r}")
     return float(value)
 
@@ -356,7 +357,7 @@ def _schedule(value: Any, check_level: Any) -> Schedule:
             if not isinstance(step, dict) or set(step) != {"start", "level"}:
                 raise ConfigError(f"schedule.steps[{i}]: expected {{start: ..., level: ...}}, got {step!r}")
             start = step["start"]
-            if isinstance(start, bool) or not isinstance(start, (int, float)) or start < 0:
+            if isinstance(start, bool) or not isinstance(start, (int, float)) or not 0 <= start < math.inf:
                 raise ConfigError(f"schedule.steps[{i}].start: expected a number >= 0, got {start!r}")
             pairs.append((start, step["level"]))
         try:

@@ -16,6 +16,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from torch.nn.parallel import DistributedDataParallel
 
+from lightning_hetero._validation import check_finite
 from lightning_hetero.emulation.slowdown import SlowdownEmulator
 from lightning_hetero.hetero_batch.aggregation import BatchWeightState, register_batch_weighted_hook
 from lightning_hetero.hetero_batch.controller import AdjustmentPolicy, BatchSizeController
@@ -130,6 +131,7 @@ class HeteroBatchCallback(Callback):
             raise ValueError(f"initial_batch_sizes must all be positive, got {list(initial_batch_sizes)}")
         if adjust_every_n_steps is not None and adjust_every_n_steps < 1:
             raise ValueError(f"adjust_every_n_steps must be a positive int or None, got {adjust_every_n_steps}")
+        check_finite(deadband=deadband, smoothing=smoothing)
         if deadband < 0:
             raise ValueError(f"deadband must be >= 0, got {deadband}")
         if lr_scaling is not None and lr_scaling not in LR_SCALING_RULES:

@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from lightning_hetero._validation import check_finite
+
 
 def apportion(
     weights: Sequence[float],
@@ -194,6 +196,7 @@ class BatchSizeController:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
         if global_batch_size < 1:
             raise ValueError(f"global_batch_size must be positive, got {global_batch_size}")
+        check_finite(deadband=deadband)
         if deadband < 0:
             raise ValueError(f"deadband must be >= 0, got {deadband}")
         self.global_batch_size = global_batch_size

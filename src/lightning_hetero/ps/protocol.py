@@ -1,6 +1,6 @@
 """The parameter server's wire protocol: one flat float32 message per push and per pull, over torch.distributed.
 
-A message is ``[header (4 slots) | payload (the flat parameters or gradients)]``. Integer header fields are stored
+A message is ``[header (6 slots) | payload (the flat parameters or gradients)]``. Integer header fields are stored
 bit-exactly through an int32 view of the float32 buffer, so versions never lose precision. Pushes travel with tag
 :data:`TAG_PUSH` from a worker to the server's rank, replies with :data:`TAG_REPLY` back; both use a gloo process
 group dedicated to the server (CPU tensors; GPU workers stage through a CPU buffer). One function per pattern.
@@ -8,9 +8,9 @@ group dedicated to the server (CPU tensors; GPU workers stage through a CPU buff
 Example::
 
     >>> msg = new_message(3)
-    >>> write_push_header(msg, flags=FLAG_LAST, base_version=41, share=0.25)
+    >>> write_push_header(msg, flags=FLAG_LAST, base_version=41, share=0.25, epoch=2, chunk=7)
     >>> read_push_header(msg)
-    PushHeader(flags=1, base_version=41, share=0.25)
+    PushHeader(flags=1, base_version=41, share=0.25, epoch=2, chunk=7)
     >>> payload(msg).numel()
     3
 """
@@ -23,7 +23,9 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-HEADER_SLOTS = 4
+HEADER_SLOTS = 6
+#: the global rank that hosts the parameter server (and the key-value store of claims and faults)
+SERVER_RANK = 0
 TAG_PUSH = 71
 TAG_REPLY = 72
 
@@ -43,6 +45,8 @@ class PushHeader(NamedTuple):
     flags: int
     base_version: int
     share: float
+    epoch: int = -1  # the epoch the gradient's batch belongs to
+    chunk: int = -1  # the batch's chunk of the epoch's order (``ClaimSampler``), -1 when unknown
 
 
 class ReplyHeader(NamedTuple):
@@ -82,7 +86,9 @@ def payload(msg: torch.Tensor) -> torch.Tensor:
     return msg[HEADER_SLOTS:]
 
 
-def write_push_header(msg: torch.Tensor, flags: int, base_version: int, share: float) -> None:
+def write_push_header(
+    msg: torch.Tensor, flags: int, base_version: int, share: float, epoch: int = -1, chunk: int = -1
+) -> None:
     """Fill a push's header.
 
     Args:
@@ -90,15 +96,17 @@ def write_push_header(msg: torch.Tensor, flags: int, base_version: int, share: f
         flags: OR of ``FLAG_*``.
         base_version: the server version the gradient was computed on.
         share: this worker's share of the global batch (``b_k / sum(b)``).
+        epoch: the epoch of the gradient's batch.
+        chunk: the batch's chunk number in the epoch's order (-1 when unknown).
     """
     ints = msg[:HEADER_SLOTS].view(torch.int32)
-    ints[0], ints[1] = flags, base_version
+    ints[0], ints[1], ints[3], ints[4] = flags, base_version, epoch, chunk
     msg[2] = share
 
 
 def read_push_header(msg: torch.Tensor) -> PushHeader:
     ints = msg[:HEADER_SLOTS].view(torch.int32).tolist()
-    return PushHeader(flags=ints[0], base_version=ints[1], share=float(msg[2]))
+    return PushHeader(flags=ints[0], base_version=ints[1], share=float(msg[2]), epoch=ints[3], chunk=ints[4])
 
 
 def write_reply_header(msg: torch.Tensor, status: int, version: int, staleness: int, lost_rank: int = -1) -> None:
@@ -111,11 +119,11 @@ def write_reply_header(msg: torch.Tensor, status: int, version: int, staleness: 
         staleness: the staleness the pushed update was applied with.
         lost_rank: the lost rank when ``status`` is ``STATUS_ABORTED``.
     """
-    msg[:HEADER_SLOTS].view(torch.int32)[:] = torch.tensor([status, version, staleness, lost_rank], dtype=torch.int32)
+    msg[:4].view(torch.int32)[:] = torch.tensor([status, version, staleness, lost_rank], dtype=torch.int32)
 
 
 def read_reply_header(msg: torch.Tensor) -> ReplyHeader:
-    return ReplyHeader(*msg[:HEADER_SLOTS].view(torch.int32).tolist())
+    return ReplyHeader(*msg[:4].view(torch.int32).tolist())
 
 
 def push_and_pull(

@@ -9,6 +9,7 @@ of steps, which the all-reduce requires.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterator
 
 import torch
@@ -16,6 +17,9 @@ from torch.utils.data import Sampler
 
 #: ``claim(epoch, count) -> start``: atomically reserve ``count`` positions of the epoch's order; return the first.
 ClaimFn = Callable[[int, int], int]
+#: ``tail(epoch, own_chunks) -> chunks``: once the claims run out, the chunks this worker must still train (the ones
+#: a lost worker had claimed but not pushed); may block until the other workers are done with the epoch.
+TailFn = Callable[[int, set[int]], list[int]]
 
 
 def epoch_order(num_samples: int, epoch: int, shuffle: bool, seed: int) -> list[int]:
@@ -81,6 +85,8 @@ class ClaimSampler(Sampler[int]):
         world_size: number of workers (synchronous mode).
         shuffle: visit the data in a new random order each epoch.
         seed: base seed, identical on all workers.
+        tail: asynchronous mode: asked for more chunks once the claims run out, see :data:`TailFn` (the parameter
+            server's rank returns a lost worker's chunks there, so the epoch still covers every sample once).
 
     Example::
 
@@ -109,6 +115,7 @@ class ClaimSampler(Sampler[int]):
         world_size: int,
         shuffle: bool = False,
         seed: int = 0,
+        tail: TailFn | None = None,
     ) -> None:
         if chunk_size <= 0:
             raise ValueError(f"chunk_size must be positive, got {chunk_size}")
@@ -121,6 +128,14 @@ class ClaimSampler(Sampler[int]):
         self.world_size = world_size
         self.shuffle = shuffle
         self.seed = seed
+        self.tail = tail
+        #: asynchronous mode: the chunks (``position // chunk_size``) whose indices were yielded and whose batch has not
+        #: been taken with :meth:`next_chunk` yet, oldest first
+        self.pending_chunks: deque[int] = deque()
+
+    def next_chunk(self) -> int:
+        """The chunk of the oldest batch yielded but not yet taken (the batch about to be trained); -1 if none."""
+        return self.pending_chunks.popleft() if self.pending_chunks else -1
 
     def __iter__(self) -> Iterator[int]:
         epoch = self.epoch()
@@ -131,7 +146,17 @@ class ClaimSampler(Sampler[int]):
             return
         # Each rank's first chunk is reserved (chunk number ``rank``), so every rank trains at least one batch per
         # epoch and epoch-level collectives (``self.log(..., on_epoch=True, sync_dist=True)``) stay matched.
+        self.pending_chunks = deque()
+        own = set()
         start = self.rank * self.chunk_size
         while start < self.num_samples:
-            yield from order[start : start + self.chunk_size]
+            yield from self._chunk(order, start // self.chunk_size, own)
             start = self.world_size * self.chunk_size + self.claim(epoch, self.chunk_size)
+        if self.tail is not None:
+            for chunk in self.tail(epoch, own):
+                yield from self._chunk(order, chunk, own)
+
+    def _chunk(self, order: list[int], chunk: int, own: set[int]) -> Iterator[int]:
+        own.add(chunk)
+        self.pending_chunks.append(chunk)
+        yield from order[chunk * self.chunk_size : (chunk + 1) * self.chunk_size]

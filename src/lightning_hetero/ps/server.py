@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import threading
+import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
@@ -134,7 +135,18 @@ class ParameterServer:
         self.max_updates = -1
         self.gate = StalenessGate(max_staleness)
         self.tracker = StalenessTracker()
+        #: the first lost rank the job does not survive (every waiting or later request is answered with an abort)
         self.lost: PeerLostError | None = None
+        #: lose workers without aborting (elastic ASP): they are dropped and the others go on
+        self.tolerate_lost_workers = False
+        #: every rank whose connection broke
+        self.lost_ranks: set[int] = set()
+        #: called (from the thread that noticed, outside the lock) with each newly lost rank's error
+        self.on_lost: Callable[[PeerLostError], None] | None = None
+        #: per epoch, the chunks (``PushHeader.chunk``) whose gradients were applied
+        self.applied_chunks: dict[int, set[int]] = {}
+        #: per worker, the last epoch it made its last push of (``FLAG_LAST``)
+        self.finished_epoch: dict[int, int] = {}
         self.cond = threading.Condition()
         #: called with the new version after each update, under the server's lock (steps LR schedulers)
         self.on_update: Callable[[int], None] | None = None
@@ -168,12 +180,15 @@ class ParameterServer:
             staleness = self.version - header.base_version
             self._step(grad, header.share, staleness)
             self.version += 1
+            if header.chunk >= 0:
+                self.applied_chunks.setdefault(header.epoch, set()).add(header.chunk)
             if self.on_update is not None:
                 self.on_update(self.version)
             self.tracker.record(worker, staleness)
             self.gate.tick(worker)
             if header.flags & FLAG_LAST:
                 self.gate.finish(worker)
+                self.finished_epoch[worker] = header.epoch
             self.cond.notify_all()
             while not self.gate.may_proceed(worker) and self.lost is None and not self.budget_spent:
                 self.cond.wait()
@@ -213,15 +228,23 @@ class ParameterServer:
             self.cond.notify_all()
 
     def fail(self, error: PeerLostError) -> None:
-        """Record a lost rank; every waiting or later request is answered with an abort naming it.
+        """Record a lost rank. Unless it is a worker and :attr:`tolerate_lost_workers` is set, every waiting or later
+        request is answered with an abort naming the first lost rank; a tolerated lost worker stops counting for the
+        staleness bound and the others go on.
 
         Args:
             error: what was lost.
         """
         with self.cond:
-            if self.lost is None:
+            new = error.rank not in self.lost_ranks
+            self.lost_ranks.add(error.rank)
+            if self.tolerate_lost_workers and error.role == "worker":
+                self.gate.finish(error.rank)
+            elif self.lost is None:
                 self.lost = error
             self.cond.notify_all()
+        if new and self.on_lost is not None:
+            self.on_lost(error)
 
     def wait_lost(self, timeout_s: float) -> PeerLostError | None:
         """The recorded lost rank, waiting up to ``timeout_s`` for one to be recorded (``None`` if none is).
@@ -284,14 +307,16 @@ class ServerLoop:
         for thread in self._threads:
             thread.start()
 
-    def join(self, timeout_s: float) -> None:
-        """Wait for the threads to end (each ends when its worker says it is done, or is lost).
+    def join(self, timeout_s: float) -> bool:
+        """Wait for the threads to end (each ends when its worker says it is done, or is lost); whether they did.
 
         Args:
-            timeout_s: the longest wait per thread.
+            timeout_s: the longest wait in all.
         """
+        deadline = time.monotonic() + timeout_s
         for thread in self._threads:
-            thread.join(timeout_s)
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return not any(thread.is_alive() for thread in self._threads)
 
     def _serve(self, worker: int) -> None:
         push = new_message(self.server.layout.numel)

@@ -32,11 +32,15 @@ from torch.optim import Optimizer
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, SequentialSampler
 from typing_extensions import override
 
+from lightning_hetero._validation import check_finite
+from lightning_hetero.ps.fault_tolerance import LOST_WORKER_GRACE_S, FaultTolerance
+from lightning_hetero.ps.faults import FaultBoard, Membership
 from lightning_hetero.ps.layout import FlatLayout, bind_parameters_to_flat, flatten_grads_into
 from lightning_hetero.ps.protocol import (
     FLAG_JOIN,
     FLAG_LAST,
     FLAG_PULL_ONLY,
+    SERVER_RANK,
     STATUS_ABORTED,
     STATUS_OK,
     PeerLostError,
@@ -55,12 +59,10 @@ from lightning_hetero.ps.staleness import staleness_lr_factor
 from lightning_hetero.schedules import StepSchedules
 
 MODES = ("asp", "bsp")
-SERVER_RANK = 0
+ON_WORKER_LOST = ("fail", "continue")
 # The server's threads block in receives for as long as their worker is alive (it may validate, or the strategy may
 # train synchronously for many epochs); a dead worker breaks the connection at once, so no timeout is needed there.
 _SERVER_RECEIVE_TIMEOUT = timedelta(days=7)
-# How long a failed epoch-end barrier waits for the server's threads to name a worker whose connection broke.
-_LOST_WORKER_GRACE_S = 5.0
 
 
 def _hyperparameters(param_group: dict[str, Any]) -> dict[str, Any]:
@@ -82,7 +84,7 @@ class _RemoteStepOptimizer:
         return getattr(self._optimizer, name)
 
 
-class AsyncPSStrategy(DDPStrategy):
+class AsyncPSStrategy(FaultTolerance, DDPStrategy):
     """Asynchronous parameter-server training (``mode="asp"``) or synchronous all-reduce (``mode="bsp"``).
 
     In ASP each worker computes gradients on its own batch and pushes them (one flat buffer) to the parameter server,
@@ -96,7 +98,12 @@ class AsyncPSStrategy(DDPStrategy):
             active worker waits (``None``: no bound, pure ASP).
         lr_scaling: ``"none"``, or ``"inverse"`` to divide the learning rate of each update by its staleness.
         fault_timeout_s: how long any rank waits for a peer before failing with an error naming it (also the
-            default process group's timeout). A rank that dies is detected at once.
+            default process group's timeout once started). A rank that dies is detected at once.
+        startup_timeout_s: how long the ranks wait for each other at start-up (the process group's rendezvous).
+        on_worker_lost: ``"fail"`` ends the job when any rank is lost; ``"continue"`` (elastic ASP) lets the other
+            workers train on without a lost non-server rank while in ASP (its unfinished batches go to rank 0 at the
+            epoch's end, so every epoch still covers every sample once). Losing rank 0, or any rank in BSP, ends
+            the job either way.
         accelerator: see :class:`~lightning.pytorch.strategies.DDPStrategy`.
         parallel_devices: see :class:`~lightning.pytorch.strategies.DDPStrategy`.
         cluster_environment: see :class:`~lightning.pytorch.strategies.DDPStrategy`.
@@ -123,6 +130,8 @@ class AsyncPSStrategy(DDPStrategy):
         max_staleness: int | None = None,
         lr_scaling: str = "none",
         fault_timeout_s: float = 60.0,
+        startup_timeout_s: float = 300.0,
+        on_worker_lost: str = "fail",
         accelerator: pl.accelerators.Accelerator | None = None,
         parallel_devices: list[torch.device] | None = None,
         cluster_environment: Any = None,
@@ -135,8 +144,13 @@ class AsyncPSStrategy(DDPStrategy):
         if max_staleness is not None and max_staleness < 0:
             raise ValueError(f"max_staleness must be >= 0 or None, got {max_staleness}")
         staleness_lr_factor(0, lr_scaling)
+        check_finite(fault_timeout_s=fault_timeout_s, startup_timeout_s=startup_timeout_s)
         if not fault_timeout_s > 0:
             raise ValueError(f"fault_timeout_s must be positive, got {fault_timeout_s}")
+        if not startup_timeout_s > 0:
+            raise ValueError(f"startup_timeout_s must be positive, got {startup_timeout_s}")
+        if on_worker_lost not in ON_WORKER_LOST:
+            raise ValueError(f"on_worker_lost must be one of {ON_WORKER_LOST}, got {on_worker_lost!r}")
         super().__init__(
             accelerator=accelerator,
             parallel_devices=parallel_devices,
@@ -144,12 +158,14 @@ class AsyncPSStrategy(DDPStrategy):
             checkpoint_io=checkpoint_io,
             precision_plugin=precision_plugin,
             process_group_backend=process_group_backend,
-            timeout=timedelta(seconds=fault_timeout_s),
+            timeout=timedelta(seconds=startup_timeout_s),
         )
         self._mode = mode
         self.max_staleness = max_staleness
         self.lr_scaling = lr_scaling
         self.fault_timeout_s = fault_timeout_s
+        self.startup_timeout_s = startup_timeout_s
+        self.on_worker_lost = on_worker_lost
         #: seconds the last effective :meth:`set_mode` took (``None`` before any switch)
         self.last_switch_s: float | None = None
         #: updates applied to the model so far (the server's version in ASP, the step count in BSP)
@@ -168,6 +184,12 @@ class AsyncPSStrategy(DDPStrategy):
         self._step_schedules = StepSchedules()
         self._group: dist.ProcessGroup | None = None
         self._store: dist.Store | None = None
+        self._membership: Membership | None = None
+        self._needs_meeting = False
+        self._claim_sampler: ClaimSampler | None = None
+        self._chunk = -1
+        self._launched: list[Any] = []
+        self._validation_members: list[int] = []
 
     # ------------------------------------------------------------------ public API
 
@@ -198,10 +220,14 @@ class AsyncPSStrategy(DDPStrategy):
             return
         start = time.perf_counter()
         if mode == "bsp":
+            self._meet()  # brings every rank's view of the lost ranks up to date
+            self._check_no_rank_lost("switch to BSP")
             self._enter_bsp()
         else:
             self._enter_asp()
         self._mode = mode
+        if self._server is not None:
+            self._server.tolerate_lost_workers = self._tolerates_lost_workers()
         self.last_switch_s = time.perf_counter() - start
 
     def attach_hetero_batches(self, compute_timer: Any, batch_share: Callable[[], float]) -> None:
@@ -216,6 +242,11 @@ class AsyncPSStrategy(DDPStrategy):
             compute_timer: a :class:`~lightning_hetero.measurement.ComputeTimer`.
             batch_share: returns this rank's ``b_k / sum(b)`` for the current step.
         """
+        if self.on_worker_lost == "continue":
+            raise ValueError(
+                "AsyncPSStrategy(on_worker_lost='continue') does not support HeteroBatchCallback: its split of each "
+                "global batch assumes a fixed set of ranks. Use on_worker_lost='fail' with it."
+            )
         self._compute_timer = compute_timer
         self._batch_share = batch_share
 
@@ -228,6 +259,19 @@ class AsyncPSStrategy(DDPStrategy):
             )
 
     # ------------------------------------------------------------------ setup and teardown
+
+    @override
+    def setup_distributed(self) -> None:
+        try:
+            super().setup_distributed()
+        except RuntimeError as err:
+            raise RuntimeError(
+                f"AsyncPSStrategy: the {self.num_nodes * self.num_processes} ranks did not all join within "
+                f"startup_timeout_s={self.startup_timeout_s:g} ({str(err).splitlines()[0]}); start every rank, or "
+                "raise startup_timeout_s on a busy machine."
+            ) from err
+        # start-up may take long on a busy cluster; once running, a peer that stops answering is a fault
+        dist.distributed_c10d._set_pg_timeout(timedelta(seconds=self.fault_timeout_s))
 
     @override
     def setup(self, trainer: pl.Trainer) -> None:
@@ -301,9 +345,14 @@ class AsyncPSStrategy(DDPStrategy):
             )
             self._server.max_updates = trainer.max_steps
             self._server.on_update = self._step_schedules.step_at
+            self._server.tolerate_lost_workers = self._tolerates_lost_workers()
+            self._server.on_lost = self._on_rank_lost
             workers = [rank for rank in range(self.world_size) if rank != SERVER_RANK]
             self._loop = ServerLoop(self._server, workers, self._group, timedelta(seconds=self.fault_timeout_s))
             self._loop.start()
+        self._launched = list(self.launcher.procs) if isinstance(self.launcher, _SubprocessScriptLauncher) else []
+        self._validation_members = list(range(self.world_size))
+        self._membership = Membership(FaultBoard(self._store), self.global_rank, self.world_size, self.fault_timeout_s)
         self._install_local_sigterm_check(trainer)
         self._active = True
 
@@ -414,7 +463,9 @@ class AsyncPSStrategy(DDPStrategy):
             world_size=self.world_size,
             shuffle=shuffle,
             seed=seed,
+            tail=self._lost_workers_chunks if self._server is not None and self.on_worker_lost == "continue" else None,
         )
+        self._claim_sampler = claim_sampler
         return _update_dataloader(dataloader, claim_sampler, mode=RunningStage.TRAINING)
 
     def _claim(self, epoch: int, count: int) -> int:
@@ -422,16 +473,20 @@ class AsyncPSStrategy(DDPStrategy):
         try:
             return self._store.add(f"claims/epoch{epoch}", count) - count
         except RuntimeError as err:
-            raise PeerLostError(SERVER_RANK, "parameter server", str(err).splitlines()[0]) from err
+            raise self._lost_cause(err) from err
 
     # ------------------------------------------------------------------ stepping
 
     @override
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
-        if self._mode == "asp" and self._active and not self._joined:
-            # the epoch's first batch: start on the latest parameters and count for the staleness bound from now on
-            self._pull(FLAG_JOIN)
-            self._joined = True
+        if self._mode == "asp" and self._active:
+            if not self._joined:
+                # the epoch's first batch: start on the latest parameters and count for the staleness bound from now on
+                self._pull(FLAG_JOIN)
+                self._joined = True
+            self._chunk = self._claim_sampler.next_chunk() if self._claim_sampler is not None else -1
+            # the epoch's first collective after its asynchronous batches is preceded by a meeting of the ranks
+            self._needs_meeting = True
         output = super().training_step(*args, **kwargs)
         if self._mode == "asp" and self._active:
             # logged at every asynchronous step on every rank (each rank trains at least one batch per epoch), so
@@ -480,7 +535,7 @@ class AsyncPSStrategy(DDPStrategy):
         flags = FLAG_LAST if trainer.fit_loop.epoch_loop.batch_progress.is_last_batch else 0
         self._joined = not flags
         flatten_grads_into(self._params, payload(self._push))
-        write_push_header(self._push, flags, self.version, self._share())
+        write_push_header(self._push, flags, self.version, self._share(), trainer.current_epoch, self._chunk)
         header = self._exchange()
         self._last_staleness = header.staleness if header.status == STATUS_OK else 0
         self._set_step_counter(header.version, in_step=True)
@@ -494,13 +549,19 @@ class AsyncPSStrategy(DDPStrategy):
             )
         else:
             assert self._group is not None
-            header = push_and_pull(
-                self._push, self._reply, SERVER_RANK, self._group, timedelta(seconds=self.fault_timeout_s)
-            )
+            try:
+                header = push_and_pull(
+                    self._push, self._reply, SERVER_RANK, self._group, timedelta(seconds=self.fault_timeout_s)
+                )
+            except PeerLostError as err:
+                raise self._lost_cause(err) from err
         if header.status == STATUS_ABORTED:
             lost = self._server.lost if self._server is not None else None
             if lost is not None:
                 raise PeerLostError(lost.rank, lost.role, lost.cause)
+            recorded = self._recorded_fault(LOST_WORKER_GRACE_S)
+            if recorded is not None and recorded.rank == header.lost_rank:
+                raise recorded
             raise PeerLostError(header.lost_rank, "worker", "reported by the parameter server")
         self._flat.copy_(payload(self._reply), non_blocking=self._reply.is_pinned())
         self.version = header.version
@@ -520,7 +581,7 @@ class AsyncPSStrategy(DDPStrategy):
 
     def _all_reduce_gradients(self) -> None:
         flatten_grads_into(self._params, self._grad_flat)
-        all_reduce_weighted(self._grad_flat, self._share())
+        self._collective(lambda: all_reduce_weighted(self._grad_flat, self._share()))
         for param, grad in zip(self._params, self._layout.views(self._grad_flat), strict=True):
             if param.grad is None:
                 param.grad = grad.clone()
@@ -538,7 +599,6 @@ class AsyncPSStrategy(DDPStrategy):
     # ------------------------------------------------------------------ mode switches
 
     def _enter_bsp(self) -> None:
-        self._meet()
         self._average_buffers()
         self._step_schedules.release()
         optimizer = self.optimizers[0]
@@ -574,28 +634,18 @@ class AsyncPSStrategy(DDPStrategy):
 
     # ------------------------------------------------------------------ collectives while asynchronous
 
-    def _meet(self) -> None:
-        """A barrier at an epoch's end that names the ranks that did not arrive within ``fault_timeout_s`` (gloo's
-        monitored barrier; a plain barrier with the process group's timeout on other backends)."""
-        if dist.get_backend() != "gloo":
-            super().barrier()
-            return
-        try:
-            dist.monitored_barrier(timeout=timedelta(seconds=self.fault_timeout_s), wait_all_ranks=True)
-        except RuntimeError as err:
-            # A worker that died (rather than hung) breaks the barrier at once with gloo's "connection closed",
-            # which names no rank; the server's thread for that worker sees its own connection break and knows it.
-            lost = self._server.wait_lost(_LOST_WORKER_GRACE_S) if self._server is not None else None
-            if lost is not None:
-                raise PeerLostError(lost.rank, lost.role, lost.cause) from err
-            raise RuntimeError(f"AsyncPSStrategy: a rank did not reach the epoch's end in time: {err}") from err
-
     @override
     def on_exception(self, exception: BaseException) -> None:
         super().on_exception(exception)
+        if self._active and self._membership is not None:
+            self._announce_failure(exception)
         # Lightning leaves the processes it launched running when the main one fails (except on KeyboardInterrupt);
-        # a hung worker would then outlive the job.
+        # a hung worker would then outlive the job. A lost one is no longer in the launcher's list (see
+        # _on_rank_lost), but may be hung rather than dead.
         if isinstance(self.launcher, _SubprocessScriptLauncher):
+            for proc in self._launched:
+                if proc.poll() is None:
+                    proc.kill()
             self.launcher.kill(signal.SIGKILL)
 
     def _trainer(self) -> pl.Trainer | None:
@@ -616,30 +666,44 @@ class AsyncPSStrategy(DDPStrategy):
     def reduce(self, tensor: Tensor | Any, group: Any = None, reduce_op: ReduceOp | str | None = "mean") -> Any:
         if self._inside_asynchronous_batch():
             return tensor
-        return super().reduce(tensor, group, reduce_op)
+        group = self._collective_group(group)
+        return self._collective(lambda: super(AsyncPSStrategy, self).reduce(tensor, group, reduce_op))
 
     @override
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
         if self._inside_asynchronous_batch():
             return decision
-        return super().reduce_boolean_decision(decision, all)
+        members = len(self._membership.members) if self._membership is not None else self.world_size
+        count = self.reduce(torch.tensor(int(decision), device=self.root_device), reduce_op=ReduceOp.SUM)
+        return bool(count == members) if all else bool(count)
 
     @override
     def barrier(self, *args: Any, **kwargs: Any) -> None:
-        if not self._inside_asynchronous_batch():
-            super().barrier(*args, **kwargs)
+        if self._inside_asynchronous_batch():
+            return
+        group = self._collective_group()
+        if group is None:
+            self._collective(lambda: super(AsyncPSStrategy, self).barrier(*args, **kwargs))
+        else:
+            self._collective(lambda: dist.barrier(group=group))
 
     @override
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         if self._inside_asynchronous_batch():
             return obj
-        return super().broadcast(obj, src)
+        group = self._collective_group()
+        if group is None:
+            return self._collective(lambda: super(AsyncPSStrategy, self).broadcast(obj, src))
+        objects = [obj]
+        self._collective(lambda: dist.broadcast_object_list(objects, src, group=group))
+        return objects[0]
 
     @override
     def all_gather(self, tensor: Tensor, group: Any = None, sync_grads: bool = False) -> Tensor:
         if self._inside_asynchronous_batch():
             return tensor.unsqueeze(0)
-        return super().all_gather(tensor, group, sync_grads)
+        group = self._collective_group(group)
+        return self._collective(lambda: super(AsyncPSStrategy, self).all_gather(tensor, group, sync_grads))
 
     # ------------------------------------------------------------------ validation and checkpoints
 
@@ -650,6 +714,15 @@ class AsyncPSStrategy(DDPStrategy):
             self._meet()
             self._pull()
             self._average_buffers()
+            self._reshard_validation(trainer)
+
+    @property
+    @override
+    def distributed_sampler_kwargs(self) -> dict[str, Any]:
+        members = self._membership.members if self._membership is not None else None
+        if members is None or len(members) == self.world_size:
+            return super().distributed_sampler_kwargs
+        return {"num_replicas": len(members), "rank": members.index(self.global_rank)}
 
     def _average_buffers(self) -> None:
         """Average the workers' floating-point module buffers (BatchNorm running statistics): in ASP each worker
@@ -658,7 +731,8 @@ class AsyncPSStrategy(DDPStrategy):
         if not buffers or self.world_size == 1:
             return
         flat = torch.cat([b.detach().reshape(-1).to(torch.float64) for b in buffers])
-        flat = super().reduce(flat, reduce_op="mean")
+        group = self._collective_group()
+        flat = self._collective(lambda: super(AsyncPSStrategy, self).reduce(flat, group, reduce_op="mean"))
         offset = 0
         for buffer in buffers:
             buffer.copy_(flat[offset : offset + buffer.numel()].view_as(buffer))

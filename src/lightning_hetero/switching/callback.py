@@ -18,6 +18,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.data import extract_batch_size
 
+from lightning_hetero._validation import check_finite
 from lightning_hetero.hetero_batch import HeteroBatchCallback
 from lightning_hetero.measurement import ComputeTimer, ThroughputMeter
 from lightning_hetero.schedules import StepSchedules
@@ -121,6 +122,7 @@ class SyncSwitchCallback(Callback):
         warmup_steps: int = 3,
         verbose: bool = True,
     ) -> None:
+        check_finite(smoothing=smoothing)
         if policy is None:
             policy = FixedFractionPolicy()
         elif isinstance(policy, str):

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from lightning_hetero._validation import check_finite
 from lightning_hetero.switching.policies import check_mode
 
 
@@ -46,6 +47,7 @@ class PhaseHyperparams:
     momentum_ramp_start: float = 0.0
 
     def __post_init__(self) -> None:
+        check_finite(lr_scale=self.lr_scale, momentum=self.momentum, momentum_ramp_start=self.momentum_ramp_start)
         if not self.lr_scale > 0:
             raise ValueError(f"lr_scale must be > 0, got {self.lr_scale}")
         if self.momentum is not None and not 0.0 <= self.momentum < 1.0:

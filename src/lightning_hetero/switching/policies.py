@@ -25,6 +25,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Literal
 
+from lightning_hetero._validation import check_finite
+
 Mode = Literal["bsp", "asp"]
 MODES: tuple[str, ...] = ("bsp", "asp")
 
@@ -117,6 +119,7 @@ class FixedFractionPolicy(SwitchPolicy):
     needs_max_epochs = True
 
     def __init__(self, bsp_fraction: float = 0.05, first: Mode = "bsp") -> None:
+        check_finite(bsp_fraction=bsp_fraction)
         if not 0.0 <= bsp_fraction <= 1.0:
             raise ValueError(f"bsp_fraction must be in [0, 1], got {bsp_fraction}")
         self.bsp_fraction = bsp_fraction
@@ -261,6 +264,7 @@ class GreedyPolicy(SwitchPolicy):
     uses_stragglers = True
 
     def __init__(self, bsp_fraction: float = 1.0) -> None:
+        check_finite(bsp_fraction=bsp_fraction)
         if not 0.0 <= bsp_fraction <= 1.0:
             raise ValueError(f"bsp_fraction must be in [0, 1], got {bsp_fraction}")
         self.bsp_fraction = bsp_fraction

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from lightning_hetero._validation import check_finite
+
 
 @dataclass(frozen=True)
 class SearchResult:
@@ -61,6 +63,7 @@ def search_bsp_fraction(
         >>> [f for f, _ in result.trials]
         [1.0, 0.5, 0.25, 0.125, 0.0625, 0.09375, 0.109375]
     """
+    check_finite(tolerance=tolerance, min_fraction=min_fraction)
     if tolerance < 0:
         raise ValueError(f"tolerance must be >= 0, got {tolerance}")
     if not 0.0 < min_fraction <= 1.0:

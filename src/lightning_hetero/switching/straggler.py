@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from lightning_hetero._validation import check_finite
+
 
 class StragglerDetector:
     """Flags a rank as straggling after ``k`` consecutive measurements below ``threshold`` times its baseline, and as
@@ -35,6 +37,7 @@ class StragglerDetector:
     """
 
     def __init__(self, threshold: float = 0.7, k: int = 3, baseline_measurements: int = 5) -> None:
+        check_finite(threshold=threshold)
         if not 0.0 < threshold < 1.0:
             raise ValueError(f"threshold must be in (0, 1), got {threshold}")
         if k < 1:
