@@ -173,7 +173,7 @@ class AsynchronyCompensator:
         self.dc_lambda = dc_lambda
         self.dc_smoothing = dc_smoothing
         self.mean_staleness = float(workers - 1)
-        #: the first param group's momentum (or beta1) and learning rate as last applied (``None`` before any)
+        #: the first param group's momentum (or beta1; ``None`` without either) and learning rate as last applied
         self.momentum_effective: float | None = None
         self.lr_effective: float | None = None
         self._square_mean: torch.Tensor | None = None
@@ -218,7 +218,7 @@ class AsynchronyCompensator:
             if factor != 1.0:
                 group["lr"] = group["lr"] * factor
             if index == 0:
-                self.momentum_effective = momentum
+                self.momentum_effective = momentum if key is not None else None
                 self.lr_effective = float(group["lr"])
 
     def compensate_delay(self, grad: torch.Tensor, params_now: torch.Tensor, params_stale: torch.Tensor) -> None:

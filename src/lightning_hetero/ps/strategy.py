@@ -74,6 +74,10 @@ def _hyperparameters(param_group: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in param_group.items() if key != "params"}
 
 
+def _rounded(value: float | None) -> str:
+    return "None" if value is None else f"{value:.4g}"
+
+
 class _RemoteStepOptimizer:
     """Stands in for the user's optimizer in asynchronous mode: ``step`` runs the closure (forward, backward, hooks,
     clipping) and then hands the gradients to the parameter server instead of updating locally."""
@@ -402,9 +406,10 @@ class AsyncPSStrategy(DDPStrategy):
             return
         rank_zero_info(
             f"AsyncPSStrategy: asynchrony_compensation={self._compensation_mode!r}: in ASP with "
-            f"{compensator.n_eff:g} effective workers the server uses momentum {compensator.momentum_effective:.4g} "
-            f"(yours {momentum_of(user)}) and lr {compensator.lr_effective:.4g} (yours {user['lr']:g}), updated from "
-            "the measured staleness (logged as ps/momentum_effective, ps/lr_effective); BSP uses yours."
+            f"{compensator.n_eff:g} effective workers the server uses momentum "
+            f"{_rounded(compensator.momentum_effective)} (yours {momentum_of(user)}) and lr "
+            f"{_rounded(compensator.lr_effective)} (yours {user['lr']:g}), updated from the measured staleness "
+            "(logged as ps/momentum_effective, ps/lr_effective); BSP uses yours."
         )
 
     def _take_over_step_schedules(self) -> None:
