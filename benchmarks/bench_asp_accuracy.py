@@ -315,14 +315,18 @@ def plot(rows: list[dict[str, Any]], path: Path) -> bool:
     levels = sorted({row["hl"] for row in rows})
     figure, axes = plt.subplots(1, len(levels), figsize=(5 * len(levels), 4), squeeze=False)
     for axis, level in zip(axes[0], levels, strict=True):
-        for config in CONFIGS:
+        for config in CONFIGS[1:]:
             points = sorted(
-                (r["workers"], r["acc_mean"], r["acc_sd"]) for r in rows if r["hl"] == level and r["config"] == config
+                (r["workers"], r["acc_vs_bsp_points"], r["acc_vs_bsp_points_sd"])
+                for r in rows
+                if r["hl"] == level and r["config"] == config and r["acc_vs_bsp_points"] is not None
             )
             if points:
                 xs, ys, sds = zip(*points, strict=True)
                 axis.errorbar(xs, ys, yerr=sds, marker="o", capsize=3, label=config)
-        axis.set(title=f"HL{level:g}", xlabel="workers", ylabel="final validation accuracy")
+        axis.axhline(0.0, color="black", linewidth=0.8)
+        axis.set_xticks(sorted({r["workers"] for r in rows}))
+        axis.set(title=f"HL{level:g}", xlabel="workers", ylabel="final accuracy - BSP's (points, paired by seed)")
         axis.legend()
     figure.tight_layout()
     figure.savefig(path)
