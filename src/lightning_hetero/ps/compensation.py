@@ -28,8 +28,8 @@ Adam-type optimizers (``betas``): ``beta1`` is lowered by the same rule and the 
 (so it is unchanged while ``beta1`` absorbs the asynchrony). Adam's ``beta1`` is an average of unit gain, so lowering
 it does not shorten a gradient's total step as it does for heavy-ball momentum: per sample, compensated ASP with
 Adam still steps up to ``N`` times as far as BSP (not benchmarked; lower the learning rate by hand if needed).
-Optimizers with neither ``momentum`` nor
-``betas`` get only the learning-rate rule (as for ``mu = 0``: ``lr / N_eff``), and a warning says so.
+Optimizers with neither ``momentum`` nor ``betas`` get only the learning-rate rule (as for ``mu = 0``:
+``lr / N_eff``), and a warning says so.
 
 ``mode="dc"`` adds delay-compensated gradients (Zheng et al., "Asynchronous stochastic gradient descent with delay
 compensation", ICML 2017, the adaptive variant): ``g + lambda_t * g * g * (w_now - w_stale)`` with
