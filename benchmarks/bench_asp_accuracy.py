@@ -337,13 +337,17 @@ def merge(paths: list[Path], out: Path) -> None:
     """One report from several result files: their runs, conditions and cell lists, the table recomputed."""
     reports = [json.loads(path.read_text()) for path in paths]
     runs = [run for report in reports for run in report["runs"]]
+    ran = {(run["workers"], run["hl"], run["seed"]) for run in runs}
+    skipped = [cell for report in reports for cell in report["cells_skipped_for_budget"]]
     rows = summarise(runs)
     print_table(rows)
     merged = {
         "merged_from": [str(path) for path in paths],
         "conditions": [report["conditions"] for report in reports],
         "cells_ran": [cell for report in reports for cell in report["cells_ran"]],
-        "cells_skipped_for_budget": [cell for report in reports for cell in report["cells_skipped_for_budget"]],
+        "cells_skipped_for_budget": [
+            cell for cell in skipped if (cell["workers"], cell["hl"], cell["seed"]) not in ran
+        ],
         "compensation_cost_us_per_update": reports[-1]["compensation_cost_us_per_update"],
         "median_asp_update_interval_us": reports[-1]["median_asp_update_interval_us"],
         "rows": rows,
