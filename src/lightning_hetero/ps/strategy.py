@@ -68,6 +68,8 @@ SERVER_RANK = 0
 _SERVER_RECEIVE_TIMEOUT = timedelta(days=7)
 # How long a failed epoch-end barrier waits for the server's threads to name a worker whose connection broke.
 _LOST_WORKER_GRACE_S = 5.0
+# How often rank 0 logs the hyper-parameters in force (ps/momentum_effective, ps/lr_effective), in its batches.
+_LOG_EVERY_N_BATCHES = 8
 
 
 def _hyperparameters(param_group: dict[str, Any]) -> dict[str, Any]:
@@ -520,8 +522,14 @@ class AsyncPSStrategy(DDPStrategy):
 
     def _log_hyperparameters_in_force(self) -> None:
         """Rank 0 logs the first param group's momentum and learning rate that updates use: the server's
-        compensated values in ASP, the optimizer's own in BSP."""
+        compensated values in ASP, the optimizer's own in BSP (on every 8th batch and the last: ``self.log`` costs
+        tens of microseconds, and rank 0 also serves the other workers)."""
         if not self._active or self.global_rank != SERVER_RANK:
+            return
+        trainer = self._trainer()
+        assert trainer is not None
+        progress = trainer.fit_loop.epoch_loop.batch_progress
+        if progress.current.ready % _LOG_EVERY_N_BATCHES != 1 and not progress.is_last_batch:
             return
         module = self.lightning_module
         assert module is not None
