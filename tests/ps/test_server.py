@@ -3,6 +3,7 @@ import threading
 import pytest
 import torch
 
+from lightning_hetero.ps.compensation import AsynchronyCompensator
 from lightning_hetero.ps.layout import FlatLayout
 from lightning_hetero.ps.protocol import (
     FLAG_LAST,
@@ -88,6 +89,48 @@ def test_hyper_parameters_follow_the_template_and_inverse_scaling():
     before = server.params.clone()
     _push(server, 1, grad, base_version=-1, share=0.5)  # staleness 2: lr / 2
     assert torch.allclose(server.params, before - 0.25 * grad)
+
+
+def test_compensation_lowers_the_servers_momentum_and_leaves_the_template_alone():
+    plain, _, _ = _server(lr=0.1, momentum=0.9)
+    server, _, template = _server(lr=0.1, momentum=0.9, compensator=AsynchronyCompensator("auto", workers=2))
+    grad = torch.ones(server.layout.numel)
+    for version in range(3):
+        _push(plain, 0, grad, version)
+        _push(server, 0, grad, version)
+    # staleness 0 three times: N_eff drifts from 2 towards 1, so momentum sits just above 0.8
+    momentum = server.optimizer.param_groups[0]["momentum"]
+    assert 0.8 < momentum < 0.81
+    assert server.compensator.momentum_effective == momentum
+    assert template.param_groups[0]["momentum"] == 0.9 and template.param_groups[0]["lr"] == 0.1
+    # less momentum: the same gradients moved the parameters less far than the uncompensated server's
+    start = _server()[0].params
+    assert (start - server.params).abs().sum() < (start - plain.params).abs().sum()
+    server.compensator = None  # replaced between updates: the user's values again
+    _push(server, 0, grad, 3)
+    assert server.optimizer.param_groups[0]["momentum"] == 0.9
+
+
+def test_delay_compensation_uses_the_parameters_sent_to_the_pushing_worker():
+    server, _, _ = _server(lr=1.0, compensator=AsynchronyCompensator("dc", workers=2, dc_lambda=1.0))
+    grad = torch.ones(server.layout.numel)
+    _, sent = _push(server, 1, torch.zeros_like(grad), 0, flags=FLAG_PULL_ONLY)  # worker 1 pulls version 0
+    _push(server, 0, grad, 0)  # worker 0's update moves the parameters
+    before = server.params.clone()
+    _push(server, 1, grad, base_version=0)  # stale by one
+    lr = server.optimizer.param_groups[0]["lr"]
+    # g + lambda0 * g * g / sqrt(E[g * g]) * (w_now - w_sent) with g = 1, lambda0 = 1
+    assert torch.allclose(before - server.params, lr * (1 + before - sent), atol=1e-6)
+    assert not torch.allclose(before - server.params, lr * grad)
+
+
+def test_load_restarts_the_staleness_measurement():
+    server, _, _ = _server(compensator=AsynchronyCompensator("auto", workers=4))
+    for version in range(20):
+        _push(server, 0, torch.zeros(server.layout.numel), version)
+    assert server.compensator.n_eff < 4
+    server.load(server.params, None, server.version)
+    assert server.compensator.n_eff == 4
 
 
 def test_budget_spent_drops_updates_and_pull_only_reads():

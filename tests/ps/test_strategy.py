@@ -17,6 +17,7 @@ def test_registered_and_exported():
         ({"mode": "sync"}, "mode"),
         ({"max_staleness": -1}, "max_staleness"),
         ({"lr_scaling": "sqrt"}, "lr_scaling"),
+        ({"asynchrony_compensation": "on"}, "asynchrony_compensation must be one of"),
         ({"fault_timeout_s": 0}, "fault_timeout_s"),
         ({"startup_timeout_s": -1}, "startup_timeout_s"),
         ({"on_worker_lost": "ignore"}, "on_worker_lost"),
@@ -25,6 +26,16 @@ def test_registered_and_exported():
 def test_bad_arguments_name_the_argument(kwargs, match):
     with pytest.raises(ValueError, match=match):
         AsyncPSStrategy(**kwargs)
+
+
+def test_asynchrony_compensation_is_on_by_default_and_settable():
+    strategy = AsyncPSStrategy()
+    assert strategy.asynchrony_compensation == "auto"
+    strategy.asynchrony_compensation = None
+    assert strategy.asynchrony_compensation is None
+    with pytest.raises(ValueError, match="asynchrony_compensation"):
+        strategy.asynchrony_compensation = "yes"
+    assert AsyncPSStrategy(asynchrony_compensation="dc").asynchrony_compensation == "dc"
 
 
 def test_set_mode_before_setup_just_records_it():

@@ -121,6 +121,46 @@ def test_switching_mode_between_epochs(run_script, tmp_path, start, switch_to):
         assert all(len(r["seen"][e]) == SAMPLES // 2 for r in reports for e in ("1", "2"))
 
 
+def test_asp_compensates_momentum_and_entering_bsp_restores_the_users_hyperparameters(run_script, tmp_path):
+    result = run_script(
+        "ps_train.py", str(tmp_path), "--epochs", "3", "--switch-at-epoch", "1", "--switch-to", "bsp",
+        "--momentum", "0.9", "--slow-rank", "1", "--sleep-per-sample-s", "0.0003",
+        timeout_s=120,
+    )  # fmt: skip
+    reports = _reports(tmp_path)
+    logged = reports[0]["logged_hyper"]
+    # ASP (epochs 0-1): two workers, mean staleness ~1, so the server's momentum is ~1 - 2 * (1 - 0.9) = 0.8
+    for epoch in ("0", "1"):
+        assert 0.7 < logged[epoch]["ps/momentum_effective"] < 0.85
+        assert logged[epoch]["ps/lr_effective"] == pytest.approx(0.1)
+    # BSP (epoch 2): every rank steps with exactly the user's values, and rank 0 logs them (as float32)
+    assert logged["2"] == {"ps/momentum_effective": pytest.approx(0.9), "ps/lr_effective": pytest.approx(0.1)}
+    for report in reports:
+        assert report["hyper_seen"]["2"] == [[0.1, 0.9]]
+        assert report["mode"] == "bsp"
+    assert reports[0]["checksum"] == reports[1]["checksum"]
+    assert (result.stdout + result.stderr).count("asynchrony_compensation='auto': in ASP with 2") == 1
+
+
+def test_bsp_is_the_same_with_or_without_compensation_and_unhandled_optimizers_are_named(run_script, tmp_path):
+    for compensation in ("auto", "none"):
+        run_script(
+            "ps_train.py", str(tmp_path / compensation), "--mode", "bsp", "--epochs", "1", "--samples", "256",
+            "--momentum", "0.9", "--compensation", compensation,
+            timeout_s=120,
+        )  # fmt: skip
+    assert _reports(tmp_path / "auto")[0]["checksum"] == _reports(tmp_path / "none")[0]["checksum"]
+    result = run_script(
+        "ps_train.py", str(tmp_path / "adagrad"), "--epochs", "1", "--samples", "256", "--optimizer", "adagrad",
+        timeout_s=120,
+    )  # fmt: skip
+    output = result.stdout + result.stderr
+    assert output.count("AsyncPSStrategy(asynchrony_compensation='auto'): Adagrad has no 'momentum' or 'betas'") == 1
+    assert "everything else is left unchanged" in output
+    logged = _reports(tmp_path / "adagrad")[0]["logged_hyper"]["0"]
+    assert "ps/momentum_effective" not in logged and logged["ps/lr_effective"] < 0.1  # lr / N_eff
+
+
 def test_batchnorm_statistics_are_averaged_where_workers_meet(run_script, tmp_path):
     run_script("ps_train.py", str(tmp_path), "--epochs", "2", "--batchnorm", timeout_s=120)
     reports = _reports(tmp_path)

@@ -88,6 +88,8 @@ class PSTestModel(MLPClassifier):
         self.log("val_acc", (logits.argmax(-1) == y).float().mean(), sync_dist=True)
 
     def configure_optimizers(self):
+        if self.args.optimizer == "adagrad":
+            return torch.optim.Adagrad(self.parameters(), lr=self.hparams.lr)
         optimizer = torch.optim.SGD(self.parameters(), lr=self.hparams.lr, momentum=self.hparams.momentum)
         if self.args.two_optimizers:
             return [optimizer, torch.optim.SGD(self.parameters(), lr=0.1)]
@@ -116,11 +118,23 @@ class Recorder(Callback):
         self.switch_at_epoch = switch_at_epoch
         self.switch_to = switch_to
         self.start: dict = {}
+        self.hyper_seen: dict[int, list] = {}  # epoch -> distinct (lr, momentum) of this rank's optimizer
+        self.logged: dict[int, dict] = {}  # epoch -> the hyper-parameters in force as logged (rank 0)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        group = trainer.optimizers[0].param_groups[0]
+        seen = self.hyper_seen.setdefault(trainer.current_epoch, [])
+        if [group["lr"], group.get("momentum")] not in seen:
+            seen.append([group["lr"], group.get("momentum")])
 
     def on_train_start(self, trainer, pl_module):
         self.start = {"global_step": trainer.global_step, "checksum": checksum(pl_module)}
 
     def on_train_epoch_end(self, trainer, pl_module):
+        metrics = trainer.callback_metrics
+        self.logged[trainer.current_epoch] = {
+            key: float(metrics[key]) for key in ("ps/momentum_effective", "ps/lr_effective") if key in metrics
+        }
         if trainer.current_epoch == self.switch_at_epoch:
             trainer.strategy.set_mode(self.switch_to)
 
@@ -151,6 +165,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--fault-timeout-s", type=float, default=60.0)
     parser.add_argument("--max-staleness", type=int, default=None)
     parser.add_argument("--lr-scaling", default="none")
+    parser.add_argument("--compensation", default="auto", help='asynchrony_compensation ("none": None)')
+    parser.add_argument("--optimizer", default="sgd", choices=("sgd", "adagrad"))
     parser.add_argument("--switch-at-epoch", type=int, default=-1)
     parser.add_argument("--switch-to", default="bsp")
     parser.add_argument("--ckpt-dir", default=None)
@@ -173,6 +189,7 @@ def main() -> None:
         mode=args.mode,
         max_staleness=args.max_staleness,
         lr_scaling=args.lr_scaling,
+        asynchrony_compensation=None if args.compensation == "none" else args.compensation,
         fault_timeout_s=args.fault_timeout_s,
         startup_timeout_s=args.startup_timeout_s,
         on_worker_lost=args.on_worker_lost,
@@ -226,6 +243,8 @@ def main() -> None:
         "val_seen": model.val_seen,
         "lr": trainer.optimizers[0].param_groups[0]["lr"],
         "scheduler_steps": [config.scheduler.last_epoch for config in trainer.lr_scheduler_configs],
+        "hyper_seen": recorder.hyper_seen,
+        "logged_hyper": recorder.logged,
     }
     (out / f"rank{trainer.global_rank}.json").write_text(json.dumps(result))
     if torch.distributed.is_initialized():

@@ -229,3 +229,20 @@ def test_step_schedules_advance_by_epoch_whatever_the_steps_per_epoch():
     assert model.lrs == {0: 1.0, 1: 0.5, 2: 0.25, 3: 0.125, 4: 0.0625}
     # Lightning steps the scheduler itself again after fit.
     assert trainer.lr_scheduler_configs[0].frequency == 1
+
+
+class CompensatingStrategy(ModeSwitchingStrategy):
+    """The stand-in strategy with AsyncPSStrategy's compensation setting."""
+
+    def __init__(self, mode="bsp"):
+        super().__init__(mode)
+        self.asynchrony_compensation = "auto"
+
+
+@pytest.mark.parametrize(("hyperparams", "expected"), [(None, "auto"), ({"bsp": {}}, "auto"), ({"asp": {}}, None)])
+def test_asp_phase_hyperparams_turn_the_strategys_compensation_off(hyperparams, expected):
+    strategy = CompensatingStrategy()
+    trainer = make_trainer(SyncSwitchCallback("bsp:0,asp:1", hyperparams=hyperparams), 2, strategy=strategy)
+    trainer.fit(MLPClassifier(), datamodule=datamodule())
+    assert strategy.set_mode_calls == ["asp"]
+    assert strategy.asynchrony_compensation == expected

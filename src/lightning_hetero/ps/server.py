@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 from torch.optim import Optimizer
 
+from lightning_hetero.ps.compensation import AsynchronyCompensator
 from lightning_hetero.ps.layout import FlatLayout
 from lightning_hetero.ps.protocol import (
     FLAG_DONE,
@@ -94,6 +95,9 @@ class ParameterServer:
         world_size: number of workers (an update's gradient is scaled by ``share * world_size``).
         max_staleness: stale-synchronous bound, see :class:`~lightning_hetero.ps.staleness.StalenessGate`.
         lr_scaling: staleness-aware learning-rate rule, see :func:`~lightning_hetero.ps.staleness.staleness_lr_factor`.
+        compensator: rewrites the hyper-parameters copied from the template before each update so that the
+            asynchronous dynamics match the synchronous ones, see :mod:`~lightning_hetero.ps.compensation`
+            (``None``: the template's values as they are); :attr:`compensator` may be replaced under :attr:`cond`.
 
     Example::
 
@@ -122,6 +126,7 @@ class ParameterServer:
         world_size: int,
         max_staleness: int | None = None,
         lr_scaling: str = "none",
+        compensator: AsynchronyCompensator | None = None,
     ) -> None:
         staleness_lr_factor(0, lr_scaling)  # validates the rule name
         self.layout = layout
@@ -131,6 +136,9 @@ class ParameterServer:
         self.optimizer = clone_optimizer(template, self._views, index_of)
         self.world_size = world_size
         self.lr_scaling = lr_scaling
+        self.compensator = compensator
+        # parameters each worker was last sent (the base of its next gradient), kept for delay compensation
+        self._sent: dict[int, torch.Tensor] = {}
         self.version = 0
         self.max_updates = -1
         self.gate = StalenessGate(max_staleness)
@@ -172,13 +180,13 @@ class ParameterServer:
             if header.flags & FLAG_PULL_ONLY:
                 if header.flags & FLAG_JOIN:
                     self.gate.join(worker)
-                return self._reply(reply, STATUS_OK, 0)
+                return self._reply(reply, STATUS_OK, 0, worker)
             if self.budget_spent:
                 self.gate.finish(worker)
                 self.cond.notify_all()
                 return self._reply(reply, STATUS_STOPPED, 0)
             staleness = self.version - header.base_version
-            self._step(grad, header.share, staleness)
+            self._step(worker, grad, header.share, staleness)
             self.version += 1
             if header.chunk >= 0:
                 self.applied_chunks.setdefault(header.epoch, set()).add(header.chunk)
@@ -196,25 +204,34 @@ class ParameterServer:
                 return self._reply(reply, STATUS_ABORTED, staleness)
             if not self.budget_spent:
                 self.tracker.record_lead(self.gate.lead(worker))
-            return self._reply(reply, STATUS_OK, staleness)
+            return self._reply(reply, STATUS_OK, staleness, worker)
 
-    def _step(self, grad: torch.Tensor, share: float, staleness: int) -> None:
+    def _step(self, worker: int, grad: torch.Tensor, share: float, staleness: int) -> None:
         factor = staleness_lr_factor(staleness, self.lr_scaling)
         for group, source in zip(self.optimizer.param_groups, self._template.param_groups, strict=True):
             group.update({key: value for key, value in source.items() if key != "params"})
-            if factor != 1.0:
-                group["lr"] = source["lr"] * factor
+        compensator = self.compensator
+        if compensator is not None:
+            compensator.observe(staleness)
+            compensator.apply(self.optimizer.param_groups)
+        if factor != 1.0:
+            for group in self.optimizer.param_groups:
+                group["lr"] *= factor
         grad.mul_(share * self.world_size)
+        if compensator is not None and compensator.delay_compensation and worker in self._sent:
+            compensator.compensate_delay(grad, self.params, self._sent[worker])
         for param, grad_view in zip(self._views, self.layout.views(grad), strict=True):
             param.grad = grad_view
         self.optimizer.step()
         for param in self._views:
             param.grad = None
 
-    def _reply(self, reply: torch.Tensor, status: int, staleness: int) -> ReplyHeader:
+    def _reply(self, reply: torch.Tensor, status: int, staleness: int, worker: int | None = None) -> ReplyHeader:
         lost_rank = self.lost.rank if self.lost is not None else -1
         write_reply_header(reply, status, self.version, staleness, lost_rank)
         payload(reply).copy_(self.params)
+        if worker is not None and self.compensator is not None and self.compensator.delay_compensation:
+            self._sent.setdefault(worker, torch.empty_like(self.params)).copy_(self.params)
         return ReplyHeader(status, self.version, staleness, lost_rank)
 
     def finish(self, worker: int) -> None:
@@ -279,6 +296,9 @@ class ParameterServer:
                 self.optimizer.load_state_dict(optimizer_state)
             self.version = version
             self.gate = StalenessGate(self.gate.max_staleness)
+            self._sent.clear()
+            if self.compensator is not None:
+                self.compensator.reset()
             self.cond.notify_all()
 
 

@@ -25,6 +25,7 @@ from lightning.pytorch.overrides.distributed import _sync_module_states
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.data import _update_dataloader
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import Tensor
@@ -33,6 +34,12 @@ from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, Sequ
 from typing_extensions import override
 
 from lightning_hetero._validation import check_finite
+from lightning_hetero.ps.compensation import (
+    AsynchronyCompensator,
+    check_compensation_mode,
+    momentum_of,
+    unsupported_reason,
+)
 from lightning_hetero.ps.fault_tolerance import LOST_WORKER_GRACE_S, FaultTolerance
 from lightning_hetero.ps.faults import FaultBoard, Membership
 from lightning_hetero.ps.layout import FlatLayout, bind_parameters_to_flat, flatten_grads_into
@@ -63,10 +70,16 @@ ON_WORKER_LOST = ("fail", "continue")
 # The server's threads block in receives for as long as their worker is alive (it may validate, or the strategy may
 # train synchronously for many epochs); a dead worker breaks the connection at once, so no timeout is needed there.
 _SERVER_RECEIVE_TIMEOUT = timedelta(days=7)
+# How often rank 0 logs the hyper-parameters in force (ps/momentum_effective, ps/lr_effective), in its batches.
+_LOG_EVERY_N_BATCHES = 8
 
 
 def _hyperparameters(param_group: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in param_group.items() if key != "params"}
+
+
+def _rounded(value: float | None) -> str:
+    return "None" if value is None else f"{value:.4g}"
 
 
 class _RemoteStepOptimizer:
@@ -97,6 +110,11 @@ class AsyncPSStrategy(FaultTolerance, DDPStrategy):
         max_staleness: stale-synchronous bound: a worker more than this many of its own updates ahead of the slowest
             active worker waits (``None``: no bound, pure ASP).
         lr_scaling: ``"none"``, or ``"inverse"`` to divide the learning rate of each update by its staleness.
+        asynchrony_compensation: ``"auto"`` (default): in ASP the server's optimizer runs with momentum lowered (and,
+            past what momentum can absorb, the learning rate damped) by the measured staleness, so that explicit
+            plus asynchrony's implicit momentum equal the user's and each sample moves the model as far as in BSP
+            (see :mod:`~lightning_hetero.ps.compensation`); ``"dc"``: the same plus delay-compensated gradients
+            (Zheng et al., 2017); ``None``: the user's hyper-parameters as they are. BSP always uses the user's.
         fault_timeout_s: how long any rank waits for a peer before failing with an error naming it (also the
             default process group's timeout once started). A rank that dies is detected at once.
         startup_timeout_s: how long the ranks wait for each other at start-up (the process group's rendezvous).
@@ -129,6 +147,7 @@ class AsyncPSStrategy(FaultTolerance, DDPStrategy):
         mode: str = "asp",
         max_staleness: int | None = None,
         lr_scaling: str = "none",
+        asynchrony_compensation: str | None = "auto",
         fault_timeout_s: float = 60.0,
         startup_timeout_s: float = 300.0,
         on_worker_lost: str = "fail",
@@ -145,6 +164,7 @@ class AsyncPSStrategy(FaultTolerance, DDPStrategy):
             raise ValueError(f"max_staleness must be >= 0 or None, got {max_staleness}")
         staleness_lr_factor(0, lr_scaling)
         check_finite(fault_timeout_s=fault_timeout_s, startup_timeout_s=startup_timeout_s)
+        check_compensation_mode(asynchrony_compensation)
         if not fault_timeout_s > 0:
             raise ValueError(f"fault_timeout_s must be positive, got {fault_timeout_s}")
         if not startup_timeout_s > 0:
@@ -163,6 +183,8 @@ class AsyncPSStrategy(FaultTolerance, DDPStrategy):
         self._mode = mode
         self.max_staleness = max_staleness
         self.lr_scaling = lr_scaling
+        self._compensation_mode = asynchrony_compensation
+        self._compensation_announced = False
         self.fault_timeout_s = fault_timeout_s
         self.startup_timeout_s = startup_timeout_s
         self.on_worker_lost = on_worker_lost
@@ -201,6 +223,26 @@ class AsyncPSStrategy(FaultTolerance, DDPStrategy):
     @override
     def is_distributed(self) -> bool:
         return True
+
+    @property
+    def asynchrony_compensation(self) -> str | None:
+        """The asynchrony compensation mode (settable; takes effect at the server's next update)."""
+        return self._compensation_mode
+
+    @asynchrony_compensation.setter
+    def asynchrony_compensation(self, mode: str | None) -> None:
+        check_compensation_mode(mode)
+        self._compensation_mode = mode
+        if self._server is not None:
+            with self._server.cond:
+                self._server.compensator = self._new_compensator()
+
+    def _new_compensator(self) -> AsynchronyCompensator | None:
+        if self._compensation_mode is None:
+            return None
+        compensator = AsynchronyCompensator(self._compensation_mode, workers=self.world_size)
+        compensator.apply([_hyperparameters(group) for group in self.optimizers[0].param_groups])
+        return compensator
 
     def set_mode(self, mode: str) -> None:
         """Switch between ``"asp"`` and ``"bsp"``; call on every rank with the same value at an epoch's end (e.g. from
@@ -342,7 +384,11 @@ class AsyncPSStrategy(FaultTolerance, DDPStrategy):
                 world_size=self.world_size,
                 max_staleness=self.max_staleness,
                 lr_scaling=self.lr_scaling,
+                compensator=self._new_compensator(),
             )
+            reason = unsupported_reason(self.optimizers[0]) if self._compensation_mode is not None else None
+            if reason is not None:
+                rank_zero_warn(f"AsyncPSStrategy(asynchrony_compensation={self._compensation_mode!r}): {reason}.")
             self._server.max_updates = trainer.max_steps
             self._server.on_update = self._step_schedules.step_at
             self._server.tolerate_lost_workers = self._tolerates_lost_workers()
@@ -394,6 +440,28 @@ class AsyncPSStrategy(FaultTolerance, DDPStrategy):
             self._set_step_counter(self.version, in_step=False)
         if self._mode == "asp":
             self._take_over_step_schedules()
+            self._announce_compensation()
+
+    def _announce_compensation(self) -> None:
+        """Say once, on rank 0, which hyper-parameters the server uses in ASP."""
+        if self._compensation_announced or self._server is None:
+            return
+        self._compensation_announced = True
+        user = self.optimizers[0].param_groups[0]
+        compensator = self._server.compensator
+        if compensator is None:
+            rank_zero_info(
+                f"AsyncPSStrategy: ASP uses the optimizer's hyper-parameters as they are (lr {user['lr']:g}, "
+                f"momentum {momentum_of(user)}); asynchrony_compensation=None"
+            )
+            return
+        rank_zero_info(
+            f"AsyncPSStrategy: asynchrony_compensation={self._compensation_mode!r}: in ASP with "
+            f"{compensator.n_eff:g} effective workers the server uses momentum "
+            f"{_rounded(compensator.momentum_effective)} (yours {momentum_of(user)}) and lr "
+            f"{_rounded(compensator.lr_effective)} (yours {user['lr']:g}), updated from the measured staleness "
+            "(logged as ps/momentum_effective, ps/lr_effective); BSP uses yours."
+        )
 
     def _take_over_step_schedules(self) -> None:
         """In ASP, step-interval LR schedulers count the server's updates (rank 0's schedulers, which the server's
@@ -488,6 +556,7 @@ class AsyncPSStrategy(FaultTolerance, DDPStrategy):
             # the epoch's first collective after its asynchronous batches is preceded by a meeting of the ranks
             self._needs_meeting = True
         output = super().training_step(*args, **kwargs)
+        self._log_hyperparameters_in_force()
         if self._mode == "asp" and self._active:
             # logged at every asynchronous step on every rank (each rank trains at least one batch per epoch), so
             # the epoch-end synchronisation of these two keys is matched across ranks
@@ -505,6 +574,29 @@ class AsyncPSStrategy(FaultTolerance, DDPStrategy):
                 reduce_fx="max",
             )
         return output
+
+    def _log_hyperparameters_in_force(self) -> None:
+        """Rank 0 logs the first param group's momentum and learning rate that updates use: the server's
+        compensated values in ASP, the optimizer's own in BSP (on every 8th batch and the last: ``self.log`` costs
+        tens of microseconds, and rank 0 also serves the other workers)."""
+        if not self._active or self.global_rank != SERVER_RANK:
+            return
+        trainer = self._trainer()
+        assert trainer is not None
+        progress = trainer.fit_loop.epoch_loop.batch_progress
+        if progress.current.ready % _LOG_EVERY_N_BATCHES != 1 and not progress.is_last_batch:
+            return
+        module = self.lightning_module
+        assert module is not None
+        compensator = self._server.compensator if self._server is not None and self._mode == "asp" else None
+        if compensator is not None:
+            momentum, lr = compensator.momentum_effective, compensator.lr_effective
+        else:
+            group = self.optimizers[0].param_groups[0]
+            momentum, lr = momentum_of(group), group["lr"]
+        for name, value in (("ps/momentum_effective", momentum), ("ps/lr_effective", lr)):
+            if isinstance(value, (int, float)):
+                module.log(name, float(value), on_step=False, on_epoch=True, batch_size=1, rank_zero_only=True)
 
     @override
     def optimizer_step(self, optimizer: Any, closure: Callable[[], Any], model: Any = None, **kwargs: Any) -> Any:
@@ -630,6 +722,7 @@ class AsyncPSStrategy(FaultTolerance, DDPStrategy):
         self._take_over_step_schedules()
         if self._server is not None:
             self._server.load(self._flat, copy.deepcopy(self.optimizers[0].state_dict()), self.version)
+            self._announce_compensation()
         self._meet()
 
     # ------------------------------------------------------------------ collectives while asynchronous

@@ -87,7 +87,9 @@ class SyncSwitchCallback(Callback):
             ``"bsp:0-4,asp:5-"`` (a :class:`~lightning_hetero.switching.SchedulePolicy`). Default: 5% of the
             epochs in BSP, then ASP.
         hyperparams: per-mode :class:`~lightning_hetero.switching.PhaseHyperparams` (learning-rate scale, momentum,
-            momentum ramp), or mappings of their arguments.
+            momentum ramp), or mappings of their arguments. Not needed with ``AsyncPSStrategy``, whose asynchrony
+            compensation (on by default) adapts the ASP phase's momentum and learning rate at every switch; giving
+            ``"asp"`` here turns that compensation off and uses these values instead.
         detector: the per-rank straggler detector used by policies with ``uses_stragglers`` (such as
             :class:`~lightning_hetero.switching.GreedyPolicy`); default ``StragglerDetector()``.
         schedule_steps_per_epoch: the steps per epoch that step-interval LR schedules were written for (the steps of
@@ -168,6 +170,13 @@ class SyncSwitchCallback(Callback):
         self.policy.check_max_epochs(self._max_epochs)
         hetero = [cb for cb in trainer.callbacks if isinstance(cb, HeteroBatchCallback)]
         self._shared_meter = hetero[0].meter if hetero else None
+        if "asp" in self.hyperparams.phases and getattr(strategy, "asynchrony_compensation", None) is not None:
+            # the user chose the ASP phase's hyper-parameters: the server uses them as they are
+            strategy.asynchrony_compensation = None
+            rank_zero_info(
+                "SyncSwitchCallback: hyperparams['asp'] is given, so the strategy's asynchrony compensation is off "
+                "and ASP uses those hyper-parameters as they are."
+            )
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # After any checkpoint restore: optimizers and schedulers hold their saved (already phase-scaled) values.

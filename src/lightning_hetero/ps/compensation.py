@@ -1,0 +1,270 @@
+"""Asynchrony compensation: hyper-parameters for the parameter server's optimizer so that asynchronous training
+moves the model as the user's synchronous (BSP) hyper-parameters would.
+
+Why. With ``N`` workers, BSP makes one update per ``N`` batches (the mean of ``N`` gradients) with the user's
+learning rate ``lr`` and momentum ``mu``; heavy-ball momentum carries each gradient ``lr / (1 - mu)`` in total.
+ASP applies every worker's gradient as its own update, and each gradient is computed on parameters that are
+``tau`` updates old. Mitliagkas et al. ("Asynchrony begets momentum", 2016) show that such staleness acts, in
+expectation, like momentum ``1 - 1/N`` with the step divided by ``N``: *implicit momentum*. Momenta compose as
+``1 - (1 - a)(1 - b)``, so the user's ``mu`` on top of it gives far more momentum than the user tuned (0.95 for
+``mu = 0.9`` and two workers). The compensation lowers the explicit momentum so that explicit and implicit momentum
+together equal the user's::
+
+    mu_explicit = max(0, 1 - N_eff * (1 - mu))
+
+and, when the momentum budget is spent (``N_eff * (1 - mu) > 1``), damps the learning rate by what is left::
+
+    lr_explicit = lr * (1 - mu_explicit) / (N_eff * (1 - mu))
+
+Both rules together keep ``lr_explicit / (1 - mu_explicit) = lr / (N_eff (1 - mu))``: every gradient moves the
+model by ``1/N`` of what the user's optimizer would move it by for one BSP update, i.e. per *sample* ASP moves the
+model as far as BSP does (BSP applies ``lr`` to the mean of ``N`` gradients). ``N_eff`` is measured, not assumed:
+in steady state the mean staleness of the updates is exactly ``N - 1`` whatever the workers' speeds (each worker
+has one gradient in flight; a worker of rate ``r_k`` sees ``sum_{j != k} r_j / r_k`` other updates during one of
+its steps), so ``N_eff = 1 + EWMA(staleness)``; it starts at the number of workers and follows workers that stop or
+wait (a staleness bound, the end of an epoch).
+
+Adam-type optimizers (``betas``): ``beta1`` is lowered by the same rule and the learning rate follows the same rule
+(so it is unchanged while ``beta1`` absorbs the asynchrony). Adam's ``beta1`` is an average of unit gain, so lowering
+it does not shorten a gradient's total step as it does for heavy-ball momentum: per sample, compensated ASP with
+Adam still steps up to ``N`` times as far as BSP (not benchmarked; lower the learning rate by hand if needed).
+Optimizers with neither ``momentum`` nor ``betas`` get only the learning-rate rule (as for ``mu = 0``:
+``lr / N_eff``), and a warning says so.
+
+``mode="dc"`` adds delay-compensated gradients (Zheng et al., "Asynchronous stochastic gradient descent with delay
+compensation", ICML 2017, the adaptive variant): ``g + lambda_t * g * g * (w_now - w_stale)`` with
+``lambda_t = lambda0 / sqrt(E[g * g])`` elementwise, a first-order Taylor correction of the stale gradient with a
+diagonal approximation of the Hessian.
+
+Pure logic: no threads, no torch.distributed.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+COMPENSATION_MODES = ("auto", "dc")
+
+
+def check_compensation_mode(mode: str | None) -> None:
+    """Fail with an error naming the setting for an unknown mode.
+
+    Example::
+
+        >>> check_compensation_mode("auto"), check_compensation_mode(None)
+        (None, None)
+        >>> check_compensation_mode("sqrt")
+        Traceback (most recent call last):
+        ...
+        ValueError: asynchrony_compensation must be one of ('auto', 'dc') or None, got 'sqrt'
+    """
+    if mode is not None and mode not in COMPENSATION_MODES:
+        raise ValueError(f"asynchrony_compensation must be one of {COMPENSATION_MODES} or None, got {mode!r}")
+
+
+def compensated_momentum(momentum: float, n_eff: float) -> float:
+    """The explicit momentum that, composed with asynchrony's implicit ``1 - 1/n_eff``, gives ``momentum``.
+
+    Args:
+        momentum: the user's momentum, in [0, 1).
+        n_eff: the effective number of concurrent workers (mean staleness + 1), >= 1.
+
+    Example::
+
+        >>> [round(compensated_momentum(0.9, n), 6) for n in (1, 2, 4, 8, 16)]
+        [0.9, 0.8, 0.6, 0.2, 0.0]
+    """
+    return max(0.0, 1.0 - n_eff * (1.0 - momentum))
+
+
+def compensated_lr_factor(momentum: float, n_eff: float) -> float:
+    """The learning-rate multiplier that goes with :func:`compensated_momentum`: 1 while the momentum absorbs the
+    asynchrony, else the rest of the ``1 / (n_eff (1 - momentum))`` reduction.
+
+    Args:
+        momentum: the user's momentum, in [0, 1).
+        n_eff: the effective number of concurrent workers, >= 1.
+
+    Example::
+
+        >>> [round(compensated_lr_factor(0.9, n), 6) for n in (2, 8, 16)]
+        [1.0, 1.0, 0.625]
+        >>> [round(compensated_lr_factor(0.0, n), 6) for n in (1, 2, 4)]
+        [1.0, 0.5, 0.25]
+    """
+    spent = n_eff * (1.0 - momentum)
+    return 1.0 if spent <= 1.0 else 1.0 / spent
+
+
+def momentum_of(group: dict[str, Any]) -> float | None:
+    """A param group's momentum (``momentum``, or ``betas[0]``), ``None`` when it has neither.
+
+    Example::
+
+        >>> momentum_of({"momentum": 0.9}), momentum_of({"betas": (0.8, 0.999)}), momentum_of({"lr": 0.1})
+        (0.9, 0.8, None)
+    """
+    key = _momentum_key(group)
+    if key is None:
+        return None
+    return float(group["momentum"] if key == "momentum" else group["betas"][0])
+
+
+def _momentum_key(group: dict[str, Any]) -> str | None:
+    if "momentum" in group:
+        return "momentum"
+    if "betas" in group:
+        return "betas"
+    return None
+
+
+class AsynchronyCompensator:
+    """Measures the asynchrony (``N_eff`` = 1 + an EWMA of the updates' staleness) and rewrites the server's
+    hyper-parameters before each update, see the module docstring for the rules.
+
+    Args:
+        mode: ``"auto"`` (momentum and learning-rate compensation) or ``"dc"`` (the same plus delay-compensated
+            gradients).
+        workers: the number of workers; ``N_eff`` starts at it (and returns to it at :meth:`reset`).
+        smoothing: EWMA weight of each update's staleness, in (0, 1].
+        dc_lambda: ``lambda0`` of the delay compensation (``mode="dc"``), > 0.
+        dc_smoothing: EWMA weight of ``g * g`` in the adaptive ``lambda_t``, in (0, 1].
+
+    Example::
+
+        >>> compensator = AsynchronyCompensator("auto", workers=2)
+        >>> group = {"lr": 0.1, "momentum": 0.9}
+        >>> compensator.apply([group])
+        >>> round(group["momentum"], 6), round(group["lr"], 6), compensator.n_eff
+        (0.8, 0.1, 2.0)
+        >>> for _ in range(400):
+        ...     compensator.observe(3)  # the updates turn out 3 versions stale: four workers' worth
+        >>> group = {"lr": 0.1, "momentum": 0.9}
+        >>> compensator.apply([group])
+        >>> round(compensator.n_eff, 2), round(group["momentum"], 2)
+        (4.0, 0.6)
+    """
+
+    def __init__(
+        self,
+        mode: str,
+        workers: int,
+        smoothing: float = 0.02,
+        dc_lambda: float = 2.0,
+        dc_smoothing: float = 0.05,
+    ) -> None:
+        check_compensation_mode(mode)
+        if mode is None:
+            raise ValueError("AsynchronyCompensator needs a mode; use no compensator for None")
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        if not 0.0 < smoothing <= 1.0:
+            raise ValueError(f"smoothing must be in (0, 1], got {smoothing}")
+        if not (math.isfinite(dc_lambda) and dc_lambda > 0):
+            raise ValueError(f"dc_lambda must be a positive number, got {dc_lambda}")
+        if not 0.0 < dc_smoothing <= 1.0:
+            raise ValueError(f"dc_smoothing must be in (0, 1], got {dc_smoothing}")
+        self.mode = mode
+        self.workers = workers
+        self.smoothing = smoothing
+        self.dc_lambda = dc_lambda
+        self.dc_smoothing = dc_smoothing
+        self.mean_staleness = float(workers - 1)
+        #: the first param group's momentum (or beta1; ``None`` without either) and learning rate as last applied
+        self.momentum_effective: float | None = None
+        self.lr_effective: float | None = None
+        self._square_mean: torch.Tensor | None = None
+
+    @property
+    def n_eff(self) -> float:
+        """The effective number of concurrent workers: mean staleness + 1."""
+        return 1.0 + self.mean_staleness
+
+    @property
+    def delay_compensation(self) -> bool:
+        return self.mode == "dc"
+
+    def reset(self) -> None:
+        """Forget the measured staleness (a new asynchronous phase starts with all workers)."""
+        self.mean_staleness = float(self.workers - 1)
+
+    def observe(self, staleness: int) -> None:
+        """Account one applied update's staleness.
+
+        Args:
+            staleness: versions between the worker's pull and the update's application.
+        """
+        self.mean_staleness += self.smoothing * (staleness - self.mean_staleness)
+
+    def apply(self, groups: list[dict[str, Any]]) -> None:
+        """Rewrite the param groups' momentum (or ``beta1``) and learning rate in place; the groups hold the user's
+        values on entry. The first group's results are kept in :attr:`momentum_effective` and :attr:`lr_effective`.
+
+        Args:
+            groups: param groups' hyper-parameters (``lr``, and ``momentum`` or ``betas``).
+        """
+        for index, group in enumerate(groups):
+            key = _momentum_key(group)
+            user = momentum_of(group) or 0.0
+            momentum = compensated_momentum(user, self.n_eff)
+            if key == "momentum":
+                group["momentum"] = momentum
+            elif key == "betas":
+                group["betas"] = (momentum, *tuple(group["betas"])[1:])
+            factor = compensated_lr_factor(user, self.n_eff)
+            if factor != 1.0:
+                group["lr"] = group["lr"] * factor
+            if index == 0:
+                self.momentum_effective = momentum if key is not None else None
+                self.lr_effective = float(group["lr"])
+
+    def compensate_delay(self, grad: torch.Tensor, params_now: torch.Tensor, params_stale: torch.Tensor) -> None:
+        """Correct a stale gradient in place: ``g + lambda_t g g (w_now - w_stale)`` (``mode="dc"`` only).
+
+        Args:
+            grad: the flat gradient, computed on ``params_stale``.
+            params_now: the server's parameters now.
+            params_stale: the parameters the gradient was computed on.
+
+        Example::
+
+            >>> compensator = AsynchronyCompensator("dc", workers=2, dc_lambda=1.0, dc_smoothing=1.0)
+            >>> grad = torch.tensor([2.0, -1.0])
+            >>> compensator.compensate_delay(grad, torch.tensor([1.0, 1.0]), torch.tensor([0.5, 1.0]))
+            >>> grad.tolist()  # lambda_t = 1 / |g|: g + |g| (w_now - w_stale)
+            [3.0, -1.0]
+        """
+        square = grad * grad
+        if self._square_mean is None or self._square_mean.shape != grad.shape:
+            self._square_mean = square.clone()
+        else:
+            self._square_mean.lerp_(square, self.dc_smoothing)
+        scale = self.dc_lambda / self._square_mean.sqrt().clamp_min(1e-12)
+        grad.add_(scale * square * (params_now - params_stale))
+
+
+def unsupported_reason(optimizer: torch.optim.Optimizer) -> str | None:
+    """Why the compensation cannot fully handle ``optimizer`` (``None`` when it can): it needs ``lr``, and
+    ``momentum`` or ``betas``, in every param group.
+
+    Example::
+
+        >>> p = [torch.nn.Parameter(torch.zeros(1))]
+        >>> unsupported_reason(torch.optim.SGD(p, lr=0.1, momentum=0.9)) is None
+        True
+        >>> unsupported_reason(torch.optim.Adagrad(p, lr=0.1))
+        "Adagrad has no 'momentum' or 'betas': only its learning rate is compensated (divided by the effective number of workers); everything else is left unchanged"
+    """
+    name = type(optimizer).__name__
+    groups = optimizer.param_groups
+    if any("lr" not in group or isinstance(group["lr"], torch.Tensor) for group in groups):
+        return f"{name} has no plain float 'lr': its hyper-parameters are left unchanged"
+    if any(_momentum_key(group) is None for group in groups):
+        return (
+            f"{name} has no 'momentum' or 'betas': only its learning rate is compensated (divided by the effective "
+            "number of workers); everything else is left unchanged"
+        )
+    return None
