@@ -52,11 +52,10 @@ def test_max_staleness_bounds_the_lead_and_max_steps_counts_server_updates(run_s
     fast, slow = _reports(tmp_path)
     summary = fast["server_summary"]
     assert summary["updates"] == fast["global_step"] == slow["global_step"] == 40
-    # two workers, clock lead <= 1: an update is at most (1 + 1) * (2 - 1) versions stale
-    assert summary["staleness_max"] <= 2
     # no worker went on to a step more than one update ahead of the slowest active one (unbounded, the fast worker
-    # would lead by many: see the first test); per-worker totals are not bounded, as a worker between epochs
-    # holds nobody back
+    # would lead by many: see the first test). Neither per-worker totals nor staleness are bounded by timing-free
+    # arguments: a worker between epochs holds nobody back, so one that starts an epoch behind lets the other make
+    # up to s + 1 + its lag updates meanwhile (staleness 2 at steady state here, more after an epoch boundary).
     assert summary["lead_max"] <= 1
 
 
