@@ -17,14 +17,19 @@ Usage:
     python benchmarks/bench_docker.py            # 2 containers, HL2, HL4 and the schedule, 4 methods
     python benchmarks/bench_docker.py --quick    # 2 containers, HL4 only, DDP and HeteroBatch, 3 epochs
     python benchmarks/bench_docker.py --workers 2 4
+    python benchmarks/bench_docker.py --plot-only benchmarks/results/docker.json benchmarks/results/docker_4w.json
 
-Writes ``benchmarks/results/docker.json`` (``--out``) and prints a table. Not run in CI (minutes per
-configuration on a 2-core host); it needs a Docker daemon and builds (or reuses) the worker image.
+Writes ``benchmarks/results/docker.json`` (``--out``), prints a table and, when matplotlib is installed
+(``pip install -e ".[plots]"``), plots each method's samples/s as a fraction of the ideal per level to ``docker.png``
+beside the JSON (without matplotlib the plot is skipped with a note). ``--plot-only`` redraws that plot from existing
+JSON files (beside the first one) without running anything. Not run in CI (minutes per configuration on a 2-core
+host); it needs a Docker daemon and builds (or reuses) the worker image.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -246,6 +251,58 @@ def summarise(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def plot(results: list[dict[str, Any]], out: Path) -> Path:
+    """Grouped bars: each method's median samples/s over its ideal, per (containers, level), with ideal = 1.0."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [row for result in results for row in result["rows"]]
+    groups = list(dict.fromkeys((row["workers"], row["level"]) for row in rows))
+    methods = [m for m in METHODS if any(row["method"] == m for row in rows)]
+    colours = {"ddp": "tab:gray", "hetero": "tab:blue", "asp": "tab:orange", "hybrid": "tab:green"}
+    width = 0.8 / len(methods)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(groups) + 2), 4.5))
+    top = 1.0
+    for i, method in enumerate(methods):
+        xs, ys = [], []
+        for j, (workers, level) in enumerate(groups):
+            runs = [r for r in rows if (r["workers"], r["level"], r["method"]) == (workers, level, method)]
+            if runs:
+                xs.append(j + (i - (len(methods) - 1) / 2) * width)
+                ys.append(statistics.median(r["throughput"] for r in runs) / runs[0]["ideal"])
+        bars = ax.bar(xs, ys, width, label=METHOD_NAMES[method], color=colours[method])
+        ax.bar_label(bars, fmt="%.2f", fontsize=7, padding=1)
+        top = max(top, *ys)
+    ax.axhline(1.0, color="black", linestyle="--", linewidth=1, label="ideal (sum of standalone samples/s)")
+    ax.set_xticks(range(len(groups)), [f"{level}\n{workers} containers" for workers, level in groups])
+    ax.set_xlabel("CPU quota level (HL1->HL4: by epoch)")
+    ax.set_ylabel("training samples/s / ideal")
+    ax.set_ylim(0, 1.2 * top)
+    loads = [row["load_average_1min"] for row in rows if row.get("load_average_1min") is not None]
+    load = f", load average {min(loads):.1f}-{max(loads):.1f}" if loads else ""
+    ax.set_title(
+        "Real CPU quotas in containers: throughput as a fraction of the ideal\n"
+        f"(median of runs; {results[0]['conditions']['cpus']}-core host{load})",
+        fontsize=10,
+    )
+    handles, labels = ax.get_legend_handles_labels()  # the methods first, then the ideal line
+    ax.legend(handles[1:] + handles[:1], labels[1:] + labels[:1], fontsize=8, loc="upper center", ncols=5)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def write_plot(results: list[dict[str, Any]], out: Path) -> None:
+    if importlib.util.find_spec("matplotlib") is None:
+        print("plot skipped: matplotlib is not installed (pip install -e '.[plots]')")
+        return
+    print(f"wrote {plot(results, out)}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, nargs="+", default=[2], choices=sorted(LEVELS))
@@ -256,7 +313,19 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--quick", action="store_true", help="HL4, DDP and HeteroBatch, 3 epochs, no schedule")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "docker.json")
+    parser.add_argument(
+        "--plot-only",
+        type=Path,
+        nargs="+",
+        metavar="JSON",
+        help="redraw the plot from these result files (to the first one's .png); no Docker, no training",
+    )
     args = parser.parse_args()
+    if args.plot_only:
+        write_plot([json.loads(path.read_text()) for path in args.plot_only], args.plot_only[0].with_suffix(".png"))
+        return
+    if importlib.util.find_spec("matplotlib") is None:
+        print("note: matplotlib is not installed (pip install -e '.[plots]'): the plot will be skipped")
     if args.quick:
         args.levels, args.methods, args.epochs, args.schedule = ["HL4"], ["ddp", "hetero"], 3, False
     build = subprocess.run([str(ROOT / "docker" / "build-image.sh"), "--tag", IMAGE])
@@ -281,6 +350,7 @@ def main() -> None:
     result = {"conditions": conditions, "standalone_samples_per_s": standalone, "rows": rows, "summary": lines}
     args.out.write_text(json.dumps(result, indent=1))
     print(f"wrote {args.out}")
+    write_plot([result], args.out.with_suffix(".png"))
 
 
 if __name__ == "__main__":
