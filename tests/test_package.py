@@ -58,3 +58,19 @@ def test_a_trainer_resolves_async_ps_when_the_package_is_imported_first():
 def test_unknown_names_raise_attribute_error():
     with pytest.raises(AttributeError, match="has no attribute 'NoSuchCallback'"):
         lightning_hetero.NoSuchCallback
+
+
+def test_every_callback_hook_in_the_package_is_marked_override():
+    from lightning.pytorch.callbacks import Callback
+
+    from lightning_hetero.emulation.reporter import ProgressReporter
+    from lightning_hetero.emulation.slowdown import SlowdownEmulator
+    from lightning_hetero.hetero_batch import HeteroBatchCallback
+    from lightning_hetero.switching import SyncSwitchCallback
+
+    hooks = {name for name in vars(Callback) if not name.startswith("__")}
+    for callback in (HeteroBatchCallback, SlowdownEmulator, ProgressReporter, SyncSwitchCallback):
+        overridden = hooks & set(vars(callback))
+        assert overridden, callback
+        unmarked = sorted(name for name in overridden if not getattr(vars(callback)[name], "__override__", False))
+        assert unmarked == [], f"{callback.__name__}: hooks without @override: {unmarked}"

@@ -9,12 +9,18 @@ over Lightning's scheduler configs: no threads, no torch.distributed.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterable
 from typing import Any
 
-# A frequency Lightning's batch counter never reaches: a config with it is never stepped by the loop.
-NEVER = sys.maxsize
+from lightning_hetero._lightning_internals import (
+    NEVER_STEPPED,
+    lr_scheduler_paused,
+    pause_lr_scheduler,
+    resume_lr_scheduler,
+)
+
+#: The frequency of a config that Lightning's loop never steps (kept under its old name for ``ps/``).
+NEVER = NEVER_STEPPED
 
 
 class StepSchedules:
@@ -62,14 +68,13 @@ class StepSchedules:
             configs: the trainer's ``lr_scheduler_configs``.
         """
         for config in configs:
-            if config.interval == "step" and not config.reduce_on_plateau and config.frequency < NEVER:
-                self._taken.append((config, config.frequency))
-                config.frequency = NEVER
+            if config.interval == "step" and not config.reduce_on_plateau and not lr_scheduler_paused(config):
+                self._taken.append((config, pause_lr_scheduler(config)))
 
     def release(self) -> None:
         """Give the schedulers back to Lightning's loop with their own frequencies."""
         for config, frequency in self._taken:
-            config.frequency = frequency
+            resume_lr_scheduler(config, frequency)
         self._taken = []
 
     def step_at(self, count: int) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback
+from typing_extensions import override
 
 from lightning_hetero.emulation.progress import PROGRESS_DIR_ENV, write_progress
 
@@ -43,10 +44,12 @@ class ProgressReporter(Callback):
         self.directory = Path(directory)
         self._epoch = 0
 
+    @override
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._epoch = trainer.current_epoch
         write_progress(self.directory, trainer.global_rank, self._epoch)
 
+    @override
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # trainer.current_epoch has moved past the last epoch when training ran to max_epochs, but not after max_steps
         write_progress(self.directory, trainer.global_rank, self._epoch, done=True)

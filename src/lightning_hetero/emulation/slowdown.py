@@ -27,6 +27,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
+from typing_extensions import override
 
 SLOWDOWN_UNITS = ("epoch", "step")
 THROTTLE_MODES = ("sleep", "cfs")
@@ -228,6 +229,7 @@ class SlowdownEmulator(Callback):
         #: seconds slept since fit started
         self.total_stretch_s = 0.0
 
+    @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         beyond = sorted(rank for rank in self.schedule.ranks if rank >= trainer.world_size)
         if beyond:
@@ -251,11 +253,13 @@ class SlowdownEmulator(Callback):
             how = "sleeps" if self.throttle == "sleep" else f"CFS quota of 1/factor CPUs per {self.period_ms:g} ms"
             rank_zero_info(f"SlowdownEmulator ({how} emulate slower ranks): {entries}")
 
+    @override
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles = []
 
+    @override
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
@@ -272,6 +276,7 @@ class SlowdownEmulator(Callback):
                 self._quota.quota_cpus = 1.0 / self._factor
                 self._quota.remaining_s = min(self._quota.remaining_s, self._quota.quota_s)
 
+    @override
     def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor) -> None:
         forward_s = time.perf_counter() - self._segment_start
         # The first step of a run pays one-off costs (lazy initialisation, first collectives: up to a second under
@@ -281,6 +286,7 @@ class SlowdownEmulator(Callback):
             self._sleep(stretch_s(self._factor, forward_s, backward_s))
         self._backward_start = time.perf_counter()
 
+    @override
     def on_after_backward(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._charge()
         if self._backward_start is not None and self._last_grad > self._backward_start:
@@ -289,6 +295,7 @@ class SlowdownEmulator(Callback):
         # a further backward in this batch (manual optimization) stretches only the compute after this one
         self._segment_start = time.perf_counter()
 
+    @override
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:

@@ -15,7 +15,9 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from torch.nn.parallel import DistributedDataParallel
+from typing_extensions import override
 
+from lightning_hetero._lightning_internals import rebuild_train_dataloader
 from lightning_hetero._validation import check_finite
 from lightning_hetero.emulation.slowdown import SlowdownEmulator
 from lightning_hetero.hetero_batch.aggregation import BatchWeightState, register_batch_weighted_hook
@@ -193,6 +195,7 @@ class HeteroBatchCallback(Callback):
 
     # ------------------------------------------------------------------ setup
 
+    @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
@@ -215,8 +218,9 @@ class HeteroBatchCallback(Callback):
                 f"initial_batch_sizes has {len(self.initial_batch_sizes)} entries but the world size is "
                 f"{self._world_size}"
             )
-        _wrap_train_data_source(trainer, self._rebuild_loader)
+        rebuild_train_dataloader(trainer, self._rebuild_loader)
 
+    @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         strategy = trainer.strategy
         marks = _ComputeEndMarks(self.timer, self.busy)
@@ -270,6 +274,7 @@ class HeteroBatchCallback(Callback):
             setattr(strategy, name, timed)
             self._wrapped.append(name)
 
+    @override
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         for handle in self._handles:
             handle.remove()
@@ -336,6 +341,7 @@ class HeteroBatchCallback(Callback):
 
     # ------------------------------------------------------------------ per step
 
+    @override
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
@@ -358,14 +364,17 @@ class HeteroBatchCallback(Callback):
         self._share = sizes[self._rank] / sum(sizes)
         self.timer.start()
 
+    @override
     def on_after_backward(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not self._gradients_hooked:
             self.timer.mark_compute_end()
         self.busy.close_ready()  # DDP returns from backward once the gradient all-reduce is done: that was a wait
 
+    @override
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any) -> None:
         self.busy.close_ready()  # AsyncPSStrategy in BSP all-reduces after backward, before this hook
 
+    @override
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
@@ -378,9 +387,11 @@ class HeteroBatchCallback(Callback):
         if mid_epoch and not _asynchronous(trainer.strategy):
             self._adjust(trainer, epoch_end=False)
 
+    @override
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.busy.skip()  # a validation run inside the epoch is not part of any training step's cost
 
+    @override
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.busy.skip()  # the step across the epoch boundary pays for epoch-end work: not measured
         self._adjust(trainer, epoch_end=True)
@@ -465,6 +476,7 @@ class HeteroBatchCallback(Callback):
 
     # ------------------------------------------------------------------ summary and state
 
+    @override
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.verbose and trainer.is_global_zero and self.plan is not None:
             rank_zero_info(self.summary())
@@ -495,6 +507,7 @@ class HeteroBatchCallback(Callback):
             lines.append(f"predicted step-time ratio, equal batches / this split (model): {equal / max(predicted):.2f}")
         return "\n".join(lines)
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         return {
             "split": None if self.plan is None else list(self.plan.current),
@@ -505,6 +518,7 @@ class HeteroBatchCallback(Callback):
             "history": self.history,
         }
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._restored = state_dict if state_dict.get("split") else None
         self._lr_scale_applied = state_dict.get("lr_scale_applied", False)
@@ -533,32 +547,3 @@ def _is_ddp(strategy: Any) -> bool:
     from lightning.pytorch.strategies import DDPStrategy
 
     return isinstance(strategy, DDPStrategy)
-
-
-class _HeteroDataSource:
-    """Stands in for Lightning's train-dataloader source and passes what it returns through ``rebuild``."""
-
-    def __init__(self, source: Any, rebuild: Callable[[Any], Any]) -> None:
-        self.source = source
-        self.rebuild = rebuild
-
-    def dataloader(self) -> Any:
-        return self.rebuild(self.source.dataloader())
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.source, name)
-
-
-def _wrap_train_data_source(trainer: L.Trainer, rebuild: Callable[[Any], Any]) -> None:
-    # Lightning has no public hook between "the user's train loader exists" and "Lightning injects a
-    # DistributedSampler into it"; its fit loop reads the loader from `_data_source`, so that is where we step in.
-    fit_loop = trainer.fit_loop
-    if not hasattr(fit_loop, "_data_source"):
-        raise RuntimeError(
-            "HeteroBatchCallback could not find the train data source on this Lightning version's fit loop; "
-            "please report your Lightning version"
-        )
-    source = fit_loop._data_source
-    if isinstance(source, _HeteroDataSource):
-        source = source.source
-    fit_loop._data_source = _HeteroDataSource(source, rebuild)

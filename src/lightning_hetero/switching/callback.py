@@ -17,6 +17,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.data import extract_batch_size
+from typing_extensions import override
 
 from lightning_hetero._validation import check_finite
 from lightning_hetero.hetero_batch import HeteroBatchCallback
@@ -156,6 +157,7 @@ class SyncSwitchCallback(Callback):
 
     # ------------------------------------------------------------------ setup
 
+    @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
@@ -178,6 +180,7 @@ class SyncSwitchCallback(Callback):
                 "and ASP uses those hyper-parameters as they are."
             )
 
+    @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # After any checkpoint restore: optimizers and schedulers hold their saved (already phase-scaled) values.
         self.hyperparams.bind(trainer.optimizers, [config.scheduler for config in trainer.lr_scheduler_configs])
@@ -223,6 +226,7 @@ class SyncSwitchCallback(Callback):
 
     # ------------------------------------------------------------------ per step
 
+    @override
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         epoch = trainer.current_epoch
         mode = trainer.strategy.mode
@@ -241,21 +245,26 @@ class SyncSwitchCallback(Callback):
             self.schedule_clock.steps_per_epoch = known
         self.schedule_clock.begin_epoch(epoch, self._local_steps.get(mode, known))
 
+    @override
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._validation_start_s = time.perf_counter()
 
+    @override
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._validation_s += time.perf_counter() - self._validation_start_s
 
+    @override
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         self.hyperparams.before_optimizer_step()
         self.timer.start()
 
+    @override
     def on_after_backward(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.timer.mark_compute_end()
 
+    @override
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
@@ -279,6 +288,7 @@ class SyncSwitchCallback(Callback):
 
     # ------------------------------------------------------------------ epoch boundary
 
+    @override
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         epoch = trainer.current_epoch
         strategy = trainer.strategy
@@ -310,11 +320,13 @@ class SyncSwitchCallback(Callback):
 
     # ------------------------------------------------------------------ summary and state
 
+    @override
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._step_schedules.release()
         if self.verbose:
             rank_zero_info(self.summary())
 
+    @override
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         self._step_schedules.release()
 
@@ -334,6 +346,7 @@ class SyncSwitchCallback(Callback):
             )
         return "\n".join(lines)
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         return {
             "history": list(self.history),
@@ -348,6 +361,7 @@ class SyncSwitchCallback(Callback):
             "local_steps": dict(self._local_steps),
         }
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.history = list(state_dict["history"])
         self.planned = {int(epoch): mode for epoch, mode in state_dict["planned"].items()}
