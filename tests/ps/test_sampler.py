@@ -4,7 +4,7 @@ import random
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lightning_hetero.ps.sampler import ClaimSampler, epoch_order, round_robin_chunks
+from lightning_hetero.ps.sampler import ClaimSampler, round_robin_chunks
 
 
 class Counter:
@@ -55,11 +55,6 @@ def test_synchronous_mode_deals_equal_numbers_of_chunks():
     chunks = [round_robin_chunks(100, 8, rank, 3) for rank in range(3)]
     assert len({len(c) for c in chunks}) == 1
     assert set().union(*map(set, per_rank)) == set(range(100))
-
-
-def test_epoch_order_changes_with_epoch_and_is_shared():
-    assert epoch_order(50, 1, True, 3) == epoch_order(50, 1, True, 3)
-    assert epoch_order(50, 1, True, 3) != epoch_order(50, 2, True, 3)
 
 
 @given(

@@ -17,9 +17,9 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-import torch
 from torch.utils.data import Dataset, DistributedSampler
 
+from lightning_hetero.epoch_order import epoch_order
 from lightning_hetero.hetero_batch.controller import apportion
 
 
@@ -144,11 +144,7 @@ class HeteroBatchSampler(DistributedSampler):
     def __iter__(self) -> Iterator[list[int]]:
         self._pending_sizes.clear()  # batches of an abandoned iterator never reach the training loop
         epoch = self.epoch
-        if self.shuffle:
-            generator = torch.Generator().manual_seed(self.seed + epoch)
-            order = torch.randperm(self.dataset_size, generator=generator).tolist()
-        else:
-            order = list(range(self.dataset_size))
+        order = epoch_order(self.dataset_size, epoch, self.shuffle, self.seed)
         start = 0
         for step in range(self.steps_per_epoch):
             sizes = self.sizes_at(epoch, step)
@@ -167,6 +163,7 @@ class BatchIndexedDataset(Dataset):
 
     Example::
 
+        >>> import torch
         >>> ds = BatchIndexedDataset([torch.tensor(i) for i in range(5)], collate_fn=torch.stack)
         >>> ds[[1, 3]]
         tensor([1, 3])

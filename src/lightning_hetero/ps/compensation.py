@@ -46,6 +46,9 @@ from typing import Any
 
 import torch
 
+from lightning_hetero.param_groups import momentum_key, set_momentum
+from lightning_hetero.param_groups import momentum_of as momentum_of  # re-exported: ps/strategy.py imports it here
+
 COMPENSATION_MODES = ("auto", "dc")
 
 
@@ -97,28 +100,6 @@ def compensated_lr_factor(momentum: float, n_eff: float) -> float:
     """
     spent = n_eff * (1.0 - momentum)
     return 1.0 if spent <= 1.0 else 1.0 / spent
-
-
-def momentum_of(group: dict[str, Any]) -> float | None:
-    """A param group's momentum (``momentum``, or ``betas[0]``), ``None`` when it has neither.
-
-    Example::
-
-        >>> momentum_of({"momentum": 0.9}), momentum_of({"betas": (0.8, 0.999)}), momentum_of({"lr": 0.1})
-        (0.9, 0.8, None)
-    """
-    key = _momentum_key(group)
-    if key is None:
-        return None
-    return float(group["momentum"] if key == "momentum" else group["betas"][0])
-
-
-def _momentum_key(group: dict[str, Any]) -> str | None:
-    if "momentum" in group:
-        return "momentum"
-    if "betas" in group:
-        return "betas"
-    return None
 
 
 class AsynchronyCompensator:
@@ -207,13 +188,10 @@ class AsynchronyCompensator:
             groups: param groups' hyper-parameters (``lr``, and ``momentum`` or ``betas``).
         """
         for index, group in enumerate(groups):
-            key = _momentum_key(group)
+            key = momentum_key(group)
             user = momentum_of(group) or 0.0
             momentum = compensated_momentum(user, self.n_eff)
-            if key == "momentum":
-                group["momentum"] = momentum
-            elif key == "betas":
-                group["betas"] = (momentum, *tuple(group["betas"])[1:])
+            set_momentum(group, momentum)
             factor = compensated_lr_factor(user, self.n_eff)
             if factor != 1.0:
                 group["lr"] = group["lr"] * factor
@@ -262,7 +240,7 @@ def unsupported_reason(optimizer: torch.optim.Optimizer) -> str | None:
     groups = optimizer.param_groups
     if any("lr" not in group or isinstance(group["lr"], torch.Tensor) for group in groups):
         return f"{name} has no plain float 'lr': its hyper-parameters are left unchanged"
-    if any(_momentum_key(group) is None for group in groups):
+    if any(momentum_key(group) is None for group in groups):
         return (
             f"{name} has no 'momentum' or 'betas': only its learning rate is compensated (divided by the effective "
             "number of workers); everything else is left unchanged"

@@ -12,36 +12,15 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterator
 
-import torch
 from torch.utils.data import Sampler
+
+from lightning_hetero.epoch_order import epoch_order as epoch_order  # re-exported: the old import path
 
 #: ``claim(epoch, count) -> start``: atomically reserve ``count`` positions of the epoch's order; return the first.
 ClaimFn = Callable[[int, int], int]
 #: ``tail(epoch, own_chunks) -> chunks``: once the claims run out, the chunks this worker must still train (the ones
 #: a lost worker had claimed but not pushed); may block until the other workers are done with the epoch.
 TailFn = Callable[[int, set[int]], list[int]]
-
-
-def epoch_order(num_samples: int, epoch: int, shuffle: bool, seed: int) -> list[int]:
-    """The epoch's visiting order, identical on every worker.
-
-    Args:
-        num_samples: dataset length.
-        epoch: the epoch number (shuffles differently each epoch).
-        shuffle: permute, or keep ``0..num_samples-1``.
-        seed: base seed shared by all workers.
-
-    Example::
-
-        >>> epoch_order(4, epoch=0, shuffle=False, seed=0)
-        [0, 1, 2, 3]
-        >>> sorted(epoch_order(4, epoch=3, shuffle=True, seed=0))
-        [0, 1, 2, 3]
-    """
-    if not shuffle:
-        return list(range(num_samples))
-    generator = torch.Generator().manual_seed(seed + epoch)
-    return torch.randperm(num_samples, generator=generator).tolist()
 
 
 def round_robin_chunks(num_samples: int, chunk_size: int, rank: int, world_size: int) -> list[tuple[int, int]]:

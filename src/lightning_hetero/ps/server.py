@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 from torch.optim import Optimizer
 
+from lightning_hetero.param_groups import hyperparameters
 from lightning_hetero.ps.compensation import AsynchronyCompensator
 from lightning_hetero.ps.layout import FlatLayout
 from lightning_hetero.ps.protocol import (
@@ -66,8 +67,7 @@ def clone_optimizer(template: Optimizer, params: Sequence[torch.Tensor], index_o
                 "AsyncPSStrategy: the optimizer holds parameters that are not trainable parameters of the model "
                 f"(shapes {[tuple(p.shape) for p in missing]}); the parameter server cannot lay them out."
             )
-        hyper = {key: value for key, value in group.items() if key != "params"}
-        groups.append({**hyper, "params": [params[index_of[id(p)]] for p in group["params"]]})
+        groups.append({**hyperparameters(group), "params": [params[index_of[id(p)]] for p in group["params"]]})
     # ``defaults`` may hold entries the constructor does not take (AdamW's ``decoupled_weight_decay``); each group
     # carries every hyper-parameter anyway, so pass only what the signature accepts
     parameters = inspect.signature(type(template)).parameters
@@ -209,7 +209,7 @@ class ParameterServer:
     def _step(self, worker: int, grad: torch.Tensor, share: float, staleness: int) -> None:
         factor = staleness_lr_factor(staleness, self.lr_scaling)
         for group, source in zip(self.optimizer.param_groups, self._template.param_groups, strict=True):
-            group.update({key: value for key, value in source.items() if key != "params"})
+            group.update(hyperparameters(source))
         compensator = self.compensator
         if compensator is not None:
             compensator.observe(staleness)

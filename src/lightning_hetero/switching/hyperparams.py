@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lightning_hetero._validation import check_finite
+from lightning_hetero.param_groups import momentum_of, scale_learning_rates, set_momentum
 from lightning_hetero.switching.policies import check_mode
 
 
@@ -66,21 +67,6 @@ class PhaseHyperparams:
 
 
 _DEFAULT = PhaseHyperparams()
-
-
-def _momentum_of(group: dict[str, Any]) -> float | None:
-    if "momentum" in group:
-        return float(group["momentum"])
-    if "betas" in group:
-        return float(group["betas"][0])
-    return None
-
-
-def _set_momentum(group: dict[str, Any], value: float) -> None:
-    if "momentum" in group:
-        group["momentum"] = value
-    else:
-        group["betas"] = (value, *tuple(group["betas"])[1:])
 
 
 class PhaseHyperparamController:
@@ -139,7 +125,7 @@ class PhaseHyperparamController:
         self._optimizers = list(optimizers)
         self._schedulers = list(schedulers)
         if self.base_momenta is None:
-            self.base_momenta = [[_momentum_of(group) for group in opt.param_groups] for opt in self._optimizers]
+            self.base_momenta = [[momentum_of(group) for group in opt.param_groups] for opt in self._optimizers]
         if self._touches_momentum() and any(m is None for momenta in self.base_momenta for m in momenta):
             raise ValueError(
                 "hyperparams set or ramp momentum, but an optimizer param group has neither 'momentum' nor 'betas'"
@@ -151,15 +137,7 @@ class PhaseHyperparamController:
         check_mode(mode)
         old, new = self._params(self.mode), self._params(mode)
         factor = new.lr_scale / old.lr_scale
-        if factor != 1.0:
-            for optimizer in self._optimizers:
-                for group in optimizer.param_groups:
-                    group["lr"] *= factor
-                    if "initial_lr" in group:
-                        group["initial_lr"] *= factor
-            for scheduler in self._schedulers:
-                if hasattr(scheduler, "base_lrs"):
-                    scheduler.base_lrs = [lr * factor for lr in scheduler.base_lrs]
+        scale_learning_rates(self._optimizers, self._schedulers, factor)
         self.mode = mode
         self.ramping = switched and new.momentum_ramp_steps > 0
         self.steps_since_switch = 0
@@ -190,7 +168,7 @@ class PhaseHyperparamController:
             for group, base in zip(optimizer.param_groups, momenta, strict=True):
                 target = params.momentum if params.momentum is not None else base
                 if target is not None:
-                    _set_momentum(group, target * factor)
+                    set_momentum(group, target * factor)
 
     def _touches_momentum(self) -> bool:
         return any(p.momentum is not None or p.momentum_ramp_steps for p in self.phases.values())
