@@ -247,3 +247,23 @@ def cgroup_cpu_quota(root: str | Path = "/sys/fs/cgroup") -> float | None:
     except (OSError, ValueError):
         return None
     return None if quota_us <= 0 or period_us <= 0 else quota_us / period_us
+
+
+def close_compute_window(timer: ComputeTimer, meter: ThroughputMeter, samples: int) -> float | None:
+    """End a step's compute window: feed ``samples`` over the window ``timer`` measured to ``meter``.
+
+    Both callbacks time the same window (batch start to the end of backward) and feed it the same way; this is that
+    one step. Returns the meter's value after the update (``None`` while it has none), and ``None`` without feeding
+    the meter when the window was not both opened and closed.
+
+    Example::
+
+        >>> timer, meter = ComputeTimer(clock=iter([0.0, 0.5]).__next__), ThroughputMeter(warmup_steps=0)
+        >>> close_compute_window(timer, meter, samples=32) is None  # no window opened yet
+        True
+        >>> timer.start(); timer.mark_compute_end()
+        >>> close_compute_window(timer, meter, samples=32)
+        64.0
+    """
+    elapsed = timer.elapsed_s()
+    return None if elapsed is None else meter.update(samples, elapsed)

@@ -31,6 +31,7 @@ from lightning_hetero.measurement import (
     ComputeTimer,
     ThroughputMeter,
     cgroup_cpu_quota,
+    close_compute_window,
     sustained_step_s,
 )
 
@@ -378,9 +379,7 @@ class HeteroBatchCallback(Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        elapsed = self.timer.elapsed_s()
-        if elapsed is not None:
-            self.meter.update(self._local_batch_size, elapsed)
+        close_compute_window(self.timer, self.meter, self._local_batch_size)
         n = self.adjust_every_n_steps
         assert self.sampler is not None
         mid_epoch = n is not None and (batch_idx + 1) % n == 0 and batch_idx + 1 < len(self.sampler)

@@ -21,7 +21,7 @@ from typing_extensions import override
 
 from lightning_hetero._validation import check_finite
 from lightning_hetero.hetero_batch import HeteroBatchCallback
-from lightning_hetero.measurement import ComputeTimer, ThroughputMeter
+from lightning_hetero.measurement import ComputeTimer, ThroughputMeter, close_compute_window
 from lightning_hetero.schedules import StepSchedules
 from lightning_hetero.switching.hyperparams import PhaseHyperparamController, PhaseHyperparams, StepScheduleClock
 from lightning_hetero.switching.policies import EpochContext, FixedFractionPolicy, SchedulePolicy, SwitchPolicy
@@ -280,11 +280,9 @@ class SyncSwitchCallback(Callback):
                 self._shared_count = self._shared_meter.count
                 self.detector.update(self._shared_meter.value)
             return
-        elapsed = self.timer.elapsed_s()
-        if elapsed is not None:
-            value = self.meter.update(samples, elapsed)
-            if value is not None:
-                self.detector.update(value)
+        value = close_compute_window(self.timer, self.meter, samples)
+        if value is not None:
+            self.detector.update(value)
 
     # ------------------------------------------------------------------ epoch boundary
 
