@@ -93,7 +93,7 @@ class CountingModel(MLPClassifier):
         ({"global_batch_size": 0}, "global_batch_size must be positive"),
         ({"initial_batch_sizes": [4, 0]}, "initial_batch_sizes must all be positive"),
         ({"adjust_every_n_steps": 0}, "adjust_every_n_steps"),
-        ({"lr_scaling": "cubic"}, "lr_scaling"),
+        ({"batch_lr_scaling": "cubic"}, "batch_lr_scaling"),
     ],
 )
 def test_bad_arguments_fail_at_construction(kwargs, message):
@@ -153,8 +153,14 @@ def test_gradient_accumulation_is_refused():
         trainer.fit(CountingModel(), datamodule=SyntheticClassificationDataModule(num_samples=256))
 
 
-def test_lr_scaling_applies_once_for_a_larger_global_batch():
-    callback = HeteroBatchCallback(global_batch_size=128, lr_scaling="linear", verbose=False)
+@pytest.mark.parametrize("argument", ["batch_lr_scaling", "lr_scaling"])
+def test_batch_lr_scaling_applies_once_for_a_larger_global_batch(argument):
+    if argument == "lr_scaling":
+        with pytest.deprecated_call(match=r"HeteroBatchCallback\(lr_scaling=...\) is deprecated"):
+            callback = HeteroBatchCallback(global_batch_size=128, lr_scaling="linear", verbose=False)
+    else:
+        callback = HeteroBatchCallback(global_batch_size=128, batch_lr_scaling="linear", verbose=False)
+    assert callback.batch_lr_scaling == "linear"
     model = CountingModel()
     trainer = L.Trainer(
         accelerator="cpu",
@@ -248,3 +254,8 @@ def test_strategy_collectives_are_timed_during_fit_and_restored_after():
 def test_new_tolerances_are_validated(kwargs, message):
     with pytest.raises(ValueError, match=message):
         HeteroBatchCallback(**kwargs)
+
+
+def test_the_deprecated_lr_scaling_and_its_new_name_together_are_refused():
+    with pytest.raises(TypeError, match="give batch_lr_scaling only"):
+        HeteroBatchCallback(batch_lr_scaling="sqrt", lr_scaling="linear")

@@ -17,6 +17,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
+from lightning_hetero._deprecation import renamed_argument
 from lightning_hetero._lightning_internals import rebuild_train_dataloader
 from lightning_hetero._validation import check_finite
 from lightning_hetero.emulation.slowdown import SlowdownEmulator
@@ -80,13 +81,15 @@ class HeteroBatchCallback(Callback):
         warmup_steps: measurements discarded at the start of fit (and one after each change of split).
         rollback_tolerance: a change of split is undone when the synchronous step measured after it is slower than
             the one measured before it by more than this fraction.
+        lr_scaling: deprecated old name of ``batch_lr_scaling``; removed in the next release.
         change_tolerance: a rank whose measured busy time misses its model's prediction by more than this fraction
             forgets its older measurements (its speed changed, or the model was wrong) and starts again from the
             newest period.
         adjust_every_n_steps: also adjust every ``n`` optimizer steps inside an epoch; by default the split changes
             only at epoch ends.
-        lr_scaling: ``"linear"`` or ``"sqrt"`` to rescale learning rates when ``global_batch_size`` differs from
-            the loader's ``batch_size`` x world size; ``None`` leaves them alone.
+        batch_lr_scaling: ``"linear"`` or ``"sqrt"`` to rescale learning rates when ``global_batch_size`` differs
+            from the loader's ``batch_size`` x world size; ``None`` leaves them alone. (Not to be confused with
+            ``AsyncPSStrategy(lr_scaling=...)``, which scales each update by its staleness.)
         seed: seeds the per-epoch permutation, identically on every rank.
         verbose: print the end-of-fit summary on rank 0.
 
@@ -116,12 +119,16 @@ class HeteroBatchCallback(Callback):
         smoothing: float = 0.5,
         warmup_steps: int = 3,
         adjust_every_n_steps: int | None = None,
-        lr_scaling: str | None = None,
+        batch_lr_scaling: str | None = None,
         seed: int = 0,
         verbose: bool = True,
         rollback_tolerance: float = 0.15,
         change_tolerance: float = 0.4,
+        lr_scaling: str | None = None,
     ) -> None:
+        batch_lr_scaling = renamed_argument(
+            "HeteroBatchCallback", "lr_scaling", "batch_lr_scaling", lr_scaling, batch_lr_scaling
+        )
         for name, value in (("min_batch_size", min_batch_size), ("max_batch_size", max_batch_size)):
             values = [value] if isinstance(value, int) else list(value or [])
             if any(v < 1 for v in values):
@@ -137,8 +144,8 @@ class HeteroBatchCallback(Callback):
         check_finite(deadband=deadband, smoothing=smoothing)
         if deadband < 0:
             raise ValueError(f"deadband must be >= 0, got {deadband}")
-        if lr_scaling is not None and lr_scaling not in LR_SCALING_RULES:
-            raise ValueError(f"lr_scaling must be one of {LR_SCALING_RULES} or None, got {lr_scaling!r}")
+        if batch_lr_scaling is not None and batch_lr_scaling not in LR_SCALING_RULES:
+            raise ValueError(f"batch_lr_scaling must be one of {LR_SCALING_RULES} or None, got {batch_lr_scaling!r}")
         for name, value in (("rollback_tolerance", rollback_tolerance), ("change_tolerance", change_tolerance)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
@@ -151,7 +158,7 @@ class HeteroBatchCallback(Callback):
         self.memory_caps = memory_caps
         self.deadband = deadband
         self.adjust_every_n_steps = adjust_every_n_steps
-        self.lr_scaling = lr_scaling
+        self.batch_lr_scaling = batch_lr_scaling
         self.seed = seed
         self.verbose = verbose
         self.rollback_tolerance = rollback_tolerance
@@ -309,7 +316,7 @@ class HeteroBatchCallback(Callback):
         if self.plan is None:
             self.plan = SplitPlan(self._starting_split(global_batch))
         if not self._lr_scale_applied:
-            factor = lr_scale_factor(self.lr_scaling, base_global, global_batch)
+            factor = lr_scale_factor(self.batch_lr_scaling, base_global, global_batch)
             trainer = self._trainer
             assert trainer is not None
             scale_learning_rates(trainer.optimizers, [c.scheduler for c in trainer.lr_scheduler_configs], factor)

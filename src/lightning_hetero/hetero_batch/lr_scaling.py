@@ -25,6 +25,6 @@ def lr_scale_factor(rule: str | None, base_global_batch: int, global_batch: int)
     if rule is None:
         return 1.0
     if rule not in LR_SCALING_RULES:
-        raise ValueError(f"lr_scaling must be one of {LR_SCALING_RULES} or None, got {rule!r}")
+        raise ValueError(f"batch_lr_scaling must be one of {LR_SCALING_RULES} or None, got {rule!r}")
     ratio = global_batch / base_global_batch
     return ratio if rule == "linear" else math.sqrt(ratio)
