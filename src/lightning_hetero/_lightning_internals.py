@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-# --- trainer, loops and data (used by hetero_batch/, switching/, schedules.py) ---
+# --- trainer, loops and data (used by hetero_batch/ and lr_schedules.py) ---
 #
 # Checked against Lightning 2.6.6 (pyproject allows lightning>=2.2).
 

@@ -2,11 +2,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lightning_hetero.emulation.schedule import OMNILEARN_SCHEDULES, Schedule
+from lightning_hetero.emulation.schedule import OMNILEARN_SCHEDULES, LevelSchedule
 
 
 def test_omnilearn_resnet18_routine():
-    schedule = Schedule.named("omnilearn-resnet18")
+    schedule = LevelSchedule.named("omnilearn-resnet18")
     levels = [schedule.level_at(epoch) for epoch in range(45)]
     assert levels[:5] == ["HL1"] * 5
     assert levels[15:25] == ["HL8"] * 10
@@ -15,14 +15,14 @@ def test_omnilearn_resnet18_routine():
 
 
 def test_wall_clock_schedule_uses_fractional_seconds():
-    schedule = Schedule.from_steps("seconds", [(0, "HL1"), (1.5, "HL8")])
+    schedule = LevelSchedule.from_steps("seconds", [(0, "HL1"), (1.5, "HL8")])
     assert [schedule.level_at(t) for t in (0.0, 1.49, 1.5, 1e6)] == ["HL1", "HL1", "HL8", "HL8"]
 
 
 @given(st.lists(st.integers(min_value=1, max_value=500), unique=True, max_size=8), st.integers(0, 600))
 def test_level_at_is_the_last_step_started(later_starts, position):
     starts = [0, *sorted(later_starts)]
-    schedule = Schedule.from_steps("epoch", [(s, f"L{s}") for s in starts])
+    schedule = LevelSchedule.from_steps("epoch", [(s, f"L{s}") for s in starts])
     assert schedule.level_at(position) == f"L{max(s for s in starts if s <= position)}"
 
 
@@ -37,9 +37,9 @@ def test_level_at_is_the_last_step_started(later_starts, position):
 )
 def test_bad_schedules(unit, steps, message):
     with pytest.raises(ValueError, match=message):
-        Schedule.from_steps(unit, steps)
+        LevelSchedule.from_steps(unit, steps)
 
 
 def test_unknown_named_schedule_lists_the_known_ones():
     with pytest.raises(ValueError, match=", ".join(OMNILEARN_SCHEDULES)):
-        Schedule.named("resnet18")
+        LevelSchedule.named("resnet18")

@@ -35,7 +35,7 @@ def test_every_sample_once_per_epoch_with_equal_step_counts(scenario):
     world, global_batch, size, epochs, changes, splits, shuffle, drop_last = scenario
     plan = SplitPlan(splits[0])
     for position, split in zip(changes, splits[1:], strict=False):
-        plan.schedule(position, split)
+        plan.change_at(position, split)
     samplers = [
         HeteroBatchSampler(range(size), plan, rank, shuffle=shuffle, seed=7, drop_last=drop_last)
         for rank in range(world)
@@ -84,11 +84,11 @@ def test_dataset_smaller_than_one_global_batch_is_an_error():
 
 def test_plan_rejects_changes_in_the_past_or_of_another_global_batch():
     plan = SplitPlan([4, 4])
-    plan.schedule(10, [6, 2])
+    plan.change_at(10, [6, 2])
     with pytest.raises(ValueError, match="before the last change"):
-        plan.schedule(5, [2, 6])
+        plan.change_at(5, [2, 6])
     with pytest.raises(ValueError, match="global batch"):
-        plan.schedule(12, [6, 6])
+        plan.change_at(12, [6, 6])
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
@@ -111,7 +111,7 @@ def test_mid_epoch_changes_stay_consistent_under_dataloader_prefetching(num_work
             position = max(loader.sampler.produced_position for loader in loaders) + 1
             split = new_splits.pop(0)
             for plan in plans:
-                plan.schedule(position, split)
+                plan.change_at(position, split)
     assert sorted(seen) == list(range(400))
     assert not new_splits
 
@@ -121,9 +121,16 @@ def test_next_sizes_pairs_each_delivered_batch_with_its_split():
     sampler = HeteroBatchSampler(range(40), plan, rank=1, shuffle=False)
     abandoned = iter(sampler)
     next(abandoned)  # an iterator Lightning creates and drops must not leave sizes behind
-    plan.schedule(2, [2, 6])
+    plan.change_at(2, [2, 6])
     batches = list(sampler)
     assert [sampler.next_sizes() for _ in batches] == [(5, 3), (5, 3), (2, 6), (2, 6), (2, 6)]
     assert [len(batch) for batch in batches] == [3, 3, 6, 6, 6]
     with pytest.raises(IndexError):
         sampler.next_sizes()
+
+
+def test_the_old_name_of_change_at_still_works_with_a_deprecation_warning():
+    plan = SplitPlan([4, 4])
+    with pytest.deprecated_call(match=r"SplitPlan.schedule is deprecated"):
+        plan.schedule(3, [6, 2])
+    assert plan.split_at(2) == (4, 4) and plan.split_at(3) == (6, 2)

@@ -246,3 +246,12 @@ def test_asp_phase_hyperparams_turn_the_strategys_compensation_off(hyperparams, 
     trainer.fit(MLPClassifier(), datamodule=datamodule())
     assert strategy.set_mode_calls == ["asp"]
     assert strategy.asynchrony_compensation == expected
+
+
+def test_the_old_schedule_steps_per_epoch_argument_still_works_with_a_deprecation_warning():
+    with pytest.deprecated_call(match=r"SyncSwitchCallback\(schedule_steps_per_epoch=...\) is deprecated"):
+        callback = SyncSwitchCallback(schedule_steps_per_epoch=12, verbose=False)
+    assert callback.lr_schedule_clock.steps_per_epoch == 12
+    assert SyncSwitchCallback(lr_schedule_steps_per_epoch=7).lr_schedule_clock.steps_per_epoch == 7
+    with pytest.raises(TypeError, match="give lr_schedule_steps_per_epoch only"):
+        SyncSwitchCallback(lr_schedule_steps_per_epoch=7, schedule_steps_per_epoch=7)

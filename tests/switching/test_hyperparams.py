@@ -136,3 +136,12 @@ def test_state_round_trip_resumes_a_running_ramp_without_rescaling():
     restored.before_optimizer_step()
     controller.before_optimizer_step()
     assert group(restored_opt)["momentum"] == pytest.approx(group(opt)["momentum"]) == pytest.approx(0.4)
+
+
+def test_the_old_name_of_lr_schedule_clock_still_works_with_a_deprecation_warning():
+    import lightning_hetero.switching as switching
+    from lightning_hetero.switching import hyperparams
+
+    for module in (switching, hyperparams):
+        with pytest.deprecated_call(match="StepScheduleClock is deprecated"):
+            assert module.StepScheduleClock is hyperparams.LRScheduleClock

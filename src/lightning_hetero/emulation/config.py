@@ -47,7 +47,7 @@ from lightning_hetero.emulation.presets import (
     parse_cpuset,
     preset_level,
 )
-from lightning_hetero.emulation.schedule import Schedule
+from lightning_hetero.emulation.schedule import LevelSchedule
 
 DEFAULT_CONTAINERS = {
     "bsp": ("worker1", "worker2", "worker3", "worker4"),
@@ -126,7 +126,7 @@ class EmulationConfig:
     host_cpus: int | None
     cpu_period_us: int
     level: str | None
-    schedule: Schedule | None
+    schedule: LevelSchedule | None
     levels: Mapping[str, tuple[Allocation, ...]]
     progress_dir: Path
     poll_interval_s: float
@@ -338,10 +338,10 @@ def _allocation(item: Any, key: str) -> Allocation:
     return Allocation(cpuset=cpuset, cpus=cpus)
 
 
-def _schedule(value: Any, check_level: Any) -> Schedule:
+def _schedule(value: Any, check_level: Any) -> LevelSchedule:
     if isinstance(value, str):
         try:
-            schedule = Schedule.named(value)
+            schedule = LevelSchedule.named(value)
         except ValueError as err:
             raise ConfigError(f"schedule: {err}") from None
     else:
@@ -361,7 +361,7 @@ def _schedule(value: Any, check_level: Any) -> Schedule:
                 raise ConfigError(f"schedule.steps[{i}].start: expected a number >= 0, got {start!r}")
             pairs.append((start, step["level"]))
         try:
-            schedule = Schedule.from_steps(spec.get("unit", "epoch"), pairs)
+            schedule = LevelSchedule.from_steps(spec.get("unit", "epoch"), pairs)
         except ValueError as err:
             raise ConfigError(f"schedule: {err}") from None
     for i, name in enumerate(schedule.levels):

@@ -1,8 +1,8 @@
-"""A schedule of heterogeneity levels over training epochs or wall-clock seconds (pure, no Docker).
+"""A schedule of heterogeneity levels (:class:`LevelSchedule`) over training epochs or wall-clock seconds (pure, no Docker).
 
 Example::
 
-    >>> schedule = Schedule.from_steps("epoch", [(0, "HL1"), (5, "HL2"), (10, "HL1")])
+    >>> schedule = LevelSchedule.from_steps("epoch", [(0, "HL1"), (5, "HL2"), (10, "HL1")])
     >>> [schedule.level_at(epoch) for epoch in (0, 4, 5, 9, 10, 99)]
     ['HL1', 'HL1', 'HL2', 'HL2', 'HL1', 'HL1']
     >>> schedule.final_start
@@ -33,7 +33,7 @@ OMNILEARN_SCHEDULES: dict[str, tuple[tuple[int, str], ...]] = {
 
 
 @dataclass(frozen=True)
-class Schedule:
+class LevelSchedule:
     """Levels that start at given epochs or seconds; each holds until the next one starts.
 
     Args:
@@ -57,17 +57,17 @@ class Schedule:
             raise ValueError(f"starts must increase strictly, got {list(self.starts)}")
 
     @classmethod
-    def from_steps(cls, unit: str, steps: Iterable[tuple[float, str]]) -> Schedule:
+    def from_steps(cls, unit: str, steps: Iterable[tuple[float, str]]) -> LevelSchedule:
         steps = list(steps)
         return cls(unit, tuple(start for start, _ in steps), tuple(level for _, level in steps))
 
     @classmethod
-    def named(cls, name: str) -> Schedule:
+    def named(cls, name: str) -> LevelSchedule:
         """One of :data:`OMNILEARN_SCHEDULES`, by epoch.
 
         Example::
 
-            >>> Schedule.named("omnilearn-resnet18").level_at(15)
+            >>> LevelSchedule.named("omnilearn-resnet18").level_at(15)
             'HL8'
         """
         if name not in OMNILEARN_SCHEDULES:
@@ -82,3 +82,8 @@ class Schedule:
     def final_start(self) -> float:
         """Where the last level starts; nothing changes after it."""
         return self.starts[-1]
+
+
+#: The old name of :class:`LevelSchedule` (renamed in issue 13 so that "schedule" alone names no class); kept until
+#: the other branches of that change are merged.
+Schedule = LevelSchedule

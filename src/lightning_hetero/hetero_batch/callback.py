@@ -455,7 +455,7 @@ class HeteroBatchCallback(Callback):
             position = int(gathered[:, 6].max().item()) + 1
             if epoch_end:
                 position = max(position, self.sampler.position(trainer.current_epoch + 1, 0))
-            self.plan.schedule(position, decision.sizes)
+            self.plan.change_at(position, decision.sizes)
             self.meter.restart_warmup(1)
             self.history.append(
                 {

@@ -5,7 +5,7 @@ rank ``k`` takes its slice of each global batch according to the split in force 
 used exactly once per epoch across ranks, every rank does the same number of steps, and the split may change at
 any step.
 
-A :class:`SplitPlan` records which split is in force from which step on. Changes are only ever scheduled for
+A :class:`SplitPlan` records which split is in force from which step on. Changes are only ever planned for
 steps no rank's sampler has produced yet (DataLoader workers prefetch indices ahead of training), so all ranks
 use the same split for the same step.
 """
@@ -19,6 +19,7 @@ from typing import Any
 
 from torch.utils.data import Dataset, DistributedSampler
 
+from lightning_hetero._deprecation import warn_renamed
 from lightning_hetero.epoch_order import epoch_order
 from lightning_hetero.hetero_batch.controller import apportion
 
@@ -29,7 +30,7 @@ class SplitPlan:
     Example::
 
         >>> plan = SplitPlan([8, 8])
-        >>> plan.schedule(5, [12, 4])
+        >>> plan.change_at(5, [12, 4])
         >>> plan.split_at(4), plan.split_at(5), plan.current
         ((8, 8), (12, 4), (12, 4))
     """
@@ -46,7 +47,8 @@ class SplitPlan:
     def split_at(self, position: int) -> tuple[int, ...]:
         return self._splits[bisect.bisect_right(self._positions, position) - 1]
 
-    def schedule(self, position: int, split: Sequence[int]) -> None:
+    def change_at(self, position: int, split: Sequence[int]) -> None:
+        """Put ``split`` in force from step ``position`` on (not before the last change)."""
         split = tuple(int(b) for b in split)
         if len(split) != len(self.current) or sum(split) != sum(self.current):
             raise ValueError(
@@ -54,13 +56,18 @@ class SplitPlan:
             )
         if position < self._positions[-1]:
             raise ValueError(
-                f"cannot schedule a split at step {position}, before the last change ({self._positions[-1]})"
+                f"cannot change the split at step {position}, before the last change ({self._positions[-1]})"
             )
         if position == self._positions[-1]:
             self._splits[-1] = split
         else:
             self._positions.append(position)
             self._splits.append(split)
+
+    def schedule(self, position: int, split: Sequence[int]) -> None:
+        """Deprecated old name of :meth:`change_at` (renamed in issue 13); removed in the next release."""
+        warn_renamed("SplitPlan.schedule", "SplitPlan.change_at")
+        self.change_at(position, split)
 
 
 class HeteroBatchSampler(DistributedSampler):

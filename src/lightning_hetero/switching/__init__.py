@@ -6,8 +6,11 @@ Modules: ``policies`` (which mode each epoch trains in), ``straggler`` (transien
 and ``callback`` (the Lightning glue).
 """
 
+from typing import Any
+
+from lightning_hetero._deprecation import warn_renamed
 from lightning_hetero.switching.callback import SyncSwitchCallback
-from lightning_hetero.switching.hyperparams import PhaseHyperparamController, PhaseHyperparams, StepScheduleClock
+from lightning_hetero.switching.hyperparams import LRScheduleClock, PhaseHyperparamController, PhaseHyperparams
 from lightning_hetero.switching.policies import (
     EpochContext,
     FixedFractionPolicy,
@@ -24,11 +27,11 @@ __all__ = [
     "EpochContext",
     "FixedFractionPolicy",
     "GreedyPolicy",
+    "LRScheduleClock",
     "PhaseHyperparamController",
     "PhaseHyperparams",
     "SchedulePolicy",
     "SearchResult",
-    "StepScheduleClock",
     "StragglerDetector",
     "SwitchPolicy",
     "SyncSwitchCallback",
@@ -36,3 +39,10 @@ __all__ = [
     "plan",
     "search_bsp_fraction",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "StepScheduleClock":  # renamed in issue 13; the old name goes in the next release
+        warn_renamed("lightning_hetero.switching.StepScheduleClock", "lightning_hetero.switching.LRScheduleClock")
+        return LRScheduleClock
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

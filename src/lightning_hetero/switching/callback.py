@@ -19,11 +19,12 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.data import extract_batch_size
 from typing_extensions import override
 
+from lightning_hetero._deprecation import renamed_argument
 from lightning_hetero._validation import check_finite
 from lightning_hetero.hetero_batch import HeteroBatchCallback
+from lightning_hetero.lr_schedules import CountedLRSchedulers
 from lightning_hetero.measurement import ComputeTimer, ThroughputMeter, close_compute_window
-from lightning_hetero.schedules import StepSchedules
-from lightning_hetero.switching.hyperparams import PhaseHyperparamController, PhaseHyperparams, StepScheduleClock
+from lightning_hetero.switching.hyperparams import LRScheduleClock, PhaseHyperparamController, PhaseHyperparams
 from lightning_hetero.switching.policies import EpochContext, FixedFractionPolicy, SchedulePolicy, SwitchPolicy
 from lightning_hetero.switching.straggler import StragglerDetector
 
@@ -93,12 +94,14 @@ class SyncSwitchCallback(Callback):
             ``"asp"`` here turns that compensation off and uses these values instead.
         detector: the per-rank straggler detector used by policies with ``uses_stragglers`` (such as
             :class:`~lightning_hetero.switching.GreedyPolicy`); default ``StragglerDetector()``.
-        schedule_steps_per_epoch: the steps per epoch that step-interval LR schedules were written for (the steps of
+        lr_schedule_steps_per_epoch: the steps per epoch that step-interval LR schedules were written for (the steps of
             a BSP epoch); default: the BSP loader's length, or measured in the first epoch. See
-            :class:`~lightning_hetero.switching.hyperparams.StepScheduleClock`.
+            :class:`~lightning_hetero.switching.hyperparams.LRScheduleClock`.
         smoothing: EWMA weight of the newest throughput measurement fed to the detector.
         warmup_steps: throughput measurements discarded at the start and after each switch.
         verbose: print the end-of-fit phase summary on rank 0.
+        schedule_steps_per_epoch: deprecated old name of ``lr_schedule_steps_per_epoch``; removed in the next
+            release.
 
     Notes:
         - The strategy must offer ``mode`` and ``set_mode(mode)`` (:class:`~lightning_hetero.AsyncPSStrategy`
@@ -120,11 +123,19 @@ class SyncSwitchCallback(Callback):
         policy: SwitchPolicy | str | None = None,
         hyperparams: Mapping[str, PhaseHyperparams | Mapping[str, Any]] | None = None,
         detector: StragglerDetector | None = None,
-        schedule_steps_per_epoch: int | None = None,
+        lr_schedule_steps_per_epoch: int | None = None,
         smoothing: float = 0.3,
         warmup_steps: int = 3,
         verbose: bool = True,
+        schedule_steps_per_epoch: int | None = None,
     ) -> None:
+        lr_schedule_steps_per_epoch = renamed_argument(
+            "SyncSwitchCallback",
+            "schedule_steps_per_epoch",
+            "lr_schedule_steps_per_epoch",
+            schedule_steps_per_epoch,
+            lr_schedule_steps_per_epoch,
+        )
         check_finite(smoothing=smoothing)
         if policy is None:
             policy = FixedFractionPolicy()
@@ -135,7 +146,7 @@ class SyncSwitchCallback(Callback):
         self.policy: SwitchPolicy = policy
         self.hyperparams = PhaseHyperparamController(hyperparams)
         self.detector = detector if detector is not None else StragglerDetector()
-        self.schedule_clock = StepScheduleClock(schedule_steps_per_epoch)
+        self.lr_schedule_clock = LRScheduleClock(lr_schedule_steps_per_epoch)
         self.meter = ThroughputMeter(smoothing=smoothing, warmup_steps=warmup_steps)
         self.timer = ComputeTimer()
         self.verbose = verbose
@@ -153,7 +164,7 @@ class SyncSwitchCallback(Callback):
         self._epoch_samples = 0
         self._epoch_steps = 0
         self._local_steps: dict[str, int] = {}
-        self._step_schedules = StepSchedules()
+        self._lr_schedulers = CountedLRSchedulers()
 
     # ------------------------------------------------------------------ setup
 
@@ -184,7 +195,7 @@ class SyncSwitchCallback(Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # After any checkpoint restore: optimizers and schedulers hold their saved (already phase-scaled) values.
         self.hyperparams.bind(trainer.optimizers, [config.scheduler for config in trainer.lr_scheduler_configs])
-        self._take_over_step_schedules(trainer)
+        self._take_over_lr_schedulers(trainer)
         epoch = trainer.current_epoch
         # A checkpoint saved before this callback's epoch end (at validation end) lacks the last epoch's mode.
         while len(self.history) < epoch and len(self.history) in self.planned:
@@ -193,14 +204,14 @@ class SyncSwitchCallback(Callback):
         self.planned[epoch] = mode
         self._apply_mode(trainer, mode, epoch)
 
-    def _take_over_step_schedules(self, trainer: L.Trainer) -> None:
-        self._step_schedules.release()
-        self._step_schedules.take_over(trainer.lr_scheduler_configs)
+    def _take_over_lr_schedulers(self, trainer: L.Trainer) -> None:
+        self._lr_schedulers.release()
+        self._lr_schedulers.take_over(trainer.lr_scheduler_configs)
 
-    def _advance_step_schedules(self, reference_steps: int) -> None:
-        last = self.schedule_clock.taken
+    def _advance_lr_schedulers(self, reference_steps: int) -> None:
+        last = self.lr_schedule_clock.taken
         for count in range(last - reference_steps + 1, last + 1):
-            self._step_schedules.step_at(count)
+            self._lr_schedulers.step_at(count)
 
     def _decide(self, epoch: int) -> str:
         context = EpochContext(epoch, self._max_epochs, tuple(self.history), self.straggler)
@@ -241,9 +252,9 @@ class SyncSwitchCallback(Callback):
         self._epoch_steps = 0
         batches = trainer.num_training_batches
         known = int(batches) if isinstance(batches, (int, float)) and math.isfinite(batches) and batches > 0 else None
-        if mode == "bsp" and known is not None and self.schedule_clock.steps_per_epoch is None:
-            self.schedule_clock.steps_per_epoch = known
-        self.schedule_clock.begin_epoch(epoch, self._local_steps.get(mode, known))
+        if mode == "bsp" and known is not None and self.lr_schedule_clock.steps_per_epoch is None:
+            self.lr_schedule_clock.steps_per_epoch = known
+        self.lr_schedule_clock.begin_epoch(epoch, self._local_steps.get(mode, known))
 
     @override
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -271,7 +282,7 @@ class SyncSwitchCallback(Callback):
         samples = extract_batch_size(batch)
         self._epoch_samples += samples
         self._epoch_steps += 1
-        self._advance_step_schedules(self.schedule_clock.step())
+        self._advance_lr_schedulers(self.lr_schedule_clock.step())
         if not self.policy.uses_stragglers:
             return
         if self._shared_meter is not None:
@@ -297,7 +308,7 @@ class SyncSwitchCallback(Callback):
         samples = int(gathered[:, 0].sum().item())
         self.straggler = bool(gathered[:, 1].max().item() > 0)
         self._local_steps[mode] = self._epoch_steps
-        self._advance_step_schedules(self.schedule_clock.end_epoch(round(gathered[:, 2].mean().item())))
+        self._advance_lr_schedulers(self.lr_schedule_clock.end_epoch(round(gathered[:, 2].mean().item())))
         self.epochs.append({"epoch": epoch, "mode": mode, "time_s": elapsed_s, "samples": samples})
         self.history.append(mode)
         metrics = {
@@ -320,13 +331,13 @@ class SyncSwitchCallback(Callback):
 
     @override
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._step_schedules.release()
+        self._lr_schedulers.release()
         if self.verbose:
             rank_zero_info(self.summary())
 
     @override
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        self._step_schedules.release()
+        self._lr_schedulers.release()
 
     def summary(self) -> str:
         """The phases trained (mode, epochs, time, throughput) and the switches with their cost."""
@@ -355,7 +366,7 @@ class SyncSwitchCallback(Callback):
             "detector": self.detector.state_dict(),
             "meter": self.meter.state_dict(),
             "hyperparams": self.hyperparams.state_dict(),
-            "schedule_clock": self.schedule_clock.state_dict(),
+            "schedule_clock": self.lr_schedule_clock.state_dict(),  # the key checkpoints have always had
             "local_steps": dict(self._local_steps),
         }
 
@@ -369,5 +380,5 @@ class SyncSwitchCallback(Callback):
         self.detector.load_state_dict(state_dict["detector"])
         self.meter.load_state_dict(state_dict["meter"])
         self.hyperparams.load_state_dict(state_dict["hyperparams"])
-        self.schedule_clock.load_state_dict(state_dict["schedule_clock"])
+        self.lr_schedule_clock.load_state_dict(state_dict["schedule_clock"])
         self._local_steps = dict(state_dict["local_steps"])

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from lightning_hetero._deprecation import warn_renamed
 from lightning_hetero._validation import check_finite
 from lightning_hetero.param_groups import momentum_of, scale_learning_rates, set_momentum
 from lightning_hetero.switching.policies import check_mode
@@ -188,7 +189,7 @@ class PhaseHyperparamController:
         self.base_momenta = state["base_momenta"]
 
 
-class StepScheduleClock:
+class LRScheduleClock:
     """Keeps step-interval learning-rate schedules on an epoch footing when the steps per epoch change with the mode.
 
     A schedule written in optimizer steps assumes a fixed number of steps per epoch. In BSP every rank makes the
@@ -204,7 +205,7 @@ class StepScheduleClock:
 
     Example::
 
-        >>> clock = StepScheduleClock(steps_per_epoch=4)
+        >>> clock = LRScheduleClock(steps_per_epoch=4)
         >>> clock.begin_epoch(0, expected_local_steps=4)  # BSP: one reference step per step
         >>> [clock.step() for _ in range(4)], clock.end_epoch()
         ([1, 1, 1, 1], 0)
@@ -260,3 +261,10 @@ class StepScheduleClock:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.steps_per_epoch = state["steps_per_epoch"]
         self.taken = state["taken"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "StepScheduleClock":  # renamed in issue 13; the old name goes in the next release
+        warn_renamed("lightning_hetero.switching.StepScheduleClock", "LRScheduleClock")
+        return LRScheduleClock
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -2,7 +2,7 @@ from types import SimpleNamespace
 
 import torch
 
-from lightning_hetero.schedules import NEVER, StepSchedules
+from lightning_hetero.lr_schedules import NEVER, CountedLRSchedulers
 
 
 def _config(interval="step", frequency=1, plateau=False):
@@ -17,7 +17,7 @@ def _config(interval="step", frequency=1, plateau=False):
 
 def test_only_step_interval_schedulers_are_taken_and_frequency_counts_updates():
     every_third, epoch, plateau = _config(frequency=3), _config(interval="epoch"), _config(plateau=True)
-    schedules = StepSchedules()
+    schedules = CountedLRSchedulers()
     schedules.take_over([every_third, epoch, plateau])
     assert schedules.active
     assert (every_third.frequency, epoch.frequency, plateau.frequency) == (NEVER, 1, 1)
@@ -29,7 +29,7 @@ def test_only_step_interval_schedulers_are_taken_and_frequency_counts_updates():
 
 def test_taking_over_twice_or_a_config_owned_elsewhere_is_a_no_op():
     config, owned = _config(frequency=2), _config(frequency=NEVER)
-    schedules = StepSchedules()
+    schedules = CountedLRSchedulers()
     schedules.take_over([config, owned])
     schedules.take_over([config, owned])
     for version in range(1, 5):
