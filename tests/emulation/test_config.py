@@ -101,3 +101,15 @@ def test_bad_file_names_the_file(tmp_path):
     path.write_text("level: HL2\nlevels: {x: [1,1,1,1]}\ntypo: 1\n")
     with pytest.raises(ConfigError, match="typo: unknown key"):
         load_config(path)
+
+
+def test_the_schema_is_written_once_defaults_come_from_the_dataclass_fields():
+    from dataclasses import fields
+
+    from lightning_hetero.emulation.config import DEFAULTS, ClusterConfig, EmulationConfig
+
+    assert list(DEFAULTS) == [f.name for f in fields(EmulationConfig)]
+    assert list(DEFAULTS["cluster"]) == [f.name for f in fields(ClusterConfig)]
+    config = load_config()
+    assert (config.cpu_period_us, config.cluster.image) == (100_000, "lightning-hetero-worker:latest")
+    assert config.cluster.command == ("sleep", "infinity")

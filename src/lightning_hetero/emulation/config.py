@@ -32,7 +32,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -54,28 +54,14 @@ DEFAULT_CONTAINERS = {
     "asp": ("aspworker1", "aspworker2", "aspworker3", "aspworker4", "aspworker5"),
 }
 
-DEFAULTS: dict[str, Any] = {
-    "containers": None,
-    "variant": "bsp",
-    "allocation": "auto",
-    "host_cpus": None,
-    "cpu_period_us": 100_000,
-    "level": None,
-    "schedule": None,
-    "levels": {},
-    "progress_dir": "/tmp/lightning-hetero/progress",
-    "poll_interval_s": 1.0,
-    "progress_timeout_s": 1800.0,
-    "cluster": {
-        "image": "lightning-hetero-worker:latest",
-        "network": "lightning-hetero",
-        "progress_mount": "/progress",
-        "command": ["sleep", "infinity"],
-        "shm_size": "2g",
-    },
-}
 #: Keys whose content is the user's own (level names, schedule steps), not checked against DEFAULTS.
 FREE_FORM_KEYS = ("levels", "schedule")
+
+
+def _yaml_default(value: Any) -> dict[str, Any]:
+    """A config field's metadata: its default as written in YAML. The fields of the dataclasses below are the
+    schema (:data:`DEFAULTS` is built from them); the validated value is what :func:`load_config` puts in a field."""
+    return {"default": value}
 
 
 class ConfigError(ValueError):
@@ -94,11 +80,11 @@ class ClusterConfig:
         shm_size: ``/dev/shm`` size (DataLoader workers need more than Docker's 64 MB default).
     """
 
-    image: str
-    network: str
-    progress_mount: str
-    command: tuple[str, ...]
-    shm_size: str | None
+    image: str = field(metadata=_yaml_default("lightning-hetero-worker:latest"))
+    network: str = field(metadata=_yaml_default("lightning-hetero"))
+    progress_mount: str = field(metadata=_yaml_default("/progress"))
+    command: tuple[str, ...] = field(metadata=_yaml_default(["sleep", "infinity"]))
+    shm_size: str | None = field(metadata=_yaml_default("2g"))
 
 
 @dataclass(frozen=True)
@@ -120,18 +106,18 @@ class EmulationConfig:
         cluster: container creation settings.
     """
 
-    containers: tuple[str, ...]
-    variant: str
-    allocation: str
-    host_cpus: int | None
-    cpu_period_us: int
-    level: str | None
-    schedule: LevelSchedule | None
-    levels: Mapping[str, tuple[Allocation, ...]]
-    progress_dir: Path
-    poll_interval_s: float
-    progress_timeout_s: float
-    cluster: ClusterConfig
+    containers: tuple[str, ...] = field(metadata=_yaml_default(None))
+    variant: str = field(metadata=_yaml_default("bsp"))
+    allocation: str = field(metadata=_yaml_default("auto"))
+    host_cpus: int | None = field(metadata=_yaml_default(None))
+    cpu_period_us: int = field(metadata=_yaml_default(100_000))
+    level: str | None = field(metadata=_yaml_default(None))
+    schedule: LevelSchedule | None = field(metadata=_yaml_default(None))
+    levels: Mapping[str, tuple[Allocation, ...]] = field(metadata=_yaml_default({}))
+    progress_dir: Path = field(metadata=_yaml_default("/tmp/lightning-hetero/progress"))
+    poll_interval_s: float = field(metadata=_yaml_default(1.0))
+    progress_timeout_s: float = field(metadata=_yaml_default(1800.0))
+    cluster: ClusterConfig = field(metadata={"schema": ClusterConfig})
 
     @property
     def known_levels(self) -> list[str]:
@@ -142,6 +128,17 @@ class EmulationConfig:
         if name in self.levels:
             return Level(name, self.levels[name])
         return preset_level(name, self.variant, host_cpus, self.allocation)
+
+
+def _defaults(schema: type) -> dict[str, Any]:
+    return {
+        f.name: _defaults(f.metadata["schema"]) if "schema" in f.metadata else copy.deepcopy(f.metadata["default"])
+        for f in fields(schema)
+    }
+
+
+#: Every key with its default as written in YAML, from the fields of :class:`EmulationConfig` and :class:`ClusterConfig`.
+DEFAULTS: dict[str, Any] = _defaults(EmulationConfig)
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> EmulationConfig:
