@@ -44,13 +44,14 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 
+from _common import TrainingTimes, classification_split, quiet_trainer
 from lightning_hetero import AsyncPSStrategy, SlowdownEmulator, SyncSwitchCallback
 from lightning_hetero.ps.compensation import AsynchronyCompensator
 from lightning_hetero.switching import FixedFractionPolicy, SchedulePolicy
 from lightning_hetero.switching.policies import share_in_epochs
-from lightning_hetero.synthetic import MLPClassifier, make_classification
+from lightning_hetero.synthetic import MLPClassifier
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -94,51 +95,29 @@ class SleepMLP(MLPClassifier):
         return nn.functional.cross_entropy(self(x), y)
 
 
-class EpochRecorder(Callback):
+class EpochRecorder(TrainingTimes):
     """Rank 0, per epoch: mode, training seconds (validation excluded), validation accuracy, hyper-parameters."""
 
     def __init__(self) -> None:
-        self.epochs: list[dict[str, Any]] = []
-        self._start = self._val_s = self._val_start = 0.0
-        self._mode = ""
+        super().__init__(start_together=True)
 
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        trainer.strategy.barrier()  # ASP has no collective before its first step; start together
-
-    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._start, self._val_s, self._mode = time.perf_counter(), 0.0, trainer.strategy.mode
-
-    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._val_start = time.perf_counter()
-
-    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._val_s += time.perf_counter() - self._val_start
-
-    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def extra(self, trainer: L.Trainer, mode: str) -> dict[str, Any]:
         metrics = trainer.callback_metrics
 
         def get(key: str) -> float | None:
             return float(metrics[key]) if key in metrics else None
 
-        self.epochs.append(
-            {
-                "epoch": trainer.current_epoch,
-                "mode": self._mode,
-                "train_s": time.perf_counter() - self._start - self._val_s,
-                "val_acc": get("val_acc"),
-                "momentum_effective": get("ps/momentum_effective"),
-                "lr_effective": get("ps/lr_effective"),
-                "staleness": get("ps/staleness") if self._mode == "asp" else None,
-            }
-        )
+        return {
+            "momentum_effective": get("ps/momentum_effective"),
+            "lr_effective": get("ps/lr_effective"),
+            "staleness": get("ps/staleness") if mode == "asp" else None,
+        }
 
 
 def run_one(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     L.seed_everything(args.seed, verbose=False)
-    data = make_classification(args.samples + args.val_samples, seed=args.seed, noise=args.noise).tensors
-    train = TensorDataset(data[0][: args.samples], data[1][: args.samples])
-    val = TensorDataset(data[0][args.samples :], data[1][args.samples :])
+    train, val = classification_split(args.samples, args.val_samples, args.seed, args.noise)
     factors = slowdown_factors(args.n, args.level)
     recorder = EpochRecorder()
     callbacks: list[Callback] = [recorder]
@@ -157,16 +136,11 @@ def run_one(args: argparse.Namespace) -> None:
     if switch is not None:
         callbacks.insert(0, switch)
     strategy = AsyncPSStrategy(mode=mode, asynchrony_compensation=compensation, fault_timeout_s=300)
-    trainer = L.Trainer(
-        accelerator="cpu",
+    trainer = quiet_trainer(
         devices=args.n,
         strategy=strategy,
         max_epochs=args.epochs,
         callbacks=callbacks,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         num_sanity_val_steps=0,
     )
     trainer.fit(

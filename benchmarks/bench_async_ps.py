@@ -37,12 +37,12 @@ from lightning.pytorch.strategies import DDPStrategy
 from torch import nn
 from torch.utils.data import DataLoader
 
+from _common import classification_split, quiet_trainer
 from lightning_hetero.emulation.slowdown import SlowdownEmulator
 from lightning_hetero.ps import AsyncPSStrategy
 from lightning_hetero.ps.layout import FlatLayout
 from lightning_hetero.ps.protocol import PushHeader, new_message, payload, push_and_pull, send_done, write_push_header
 from lightning_hetero.ps.server import ParameterServer, ServerLoop
-from lightning_hetero.synthetic import make_classification
 
 RESULTS = Path(__file__).parent / "results" / "async_ps.json"
 MLP_FEATURES, CONV_FEATURES, NUM_CLASSES, HIDDEN, CHANNELS, CONV_LAYERS, NOISE = 64, 32, 10, 512, 96, 10, 2.5
@@ -135,9 +135,8 @@ def train(args: argparse.Namespace) -> None:
     """One training job (re-run by Lightning's launcher for the other ranks); each rank writes a JSON report."""
     torch.set_num_threads(1)
     L.seed_everything(0, verbose=False)
-    data = make_classification(args.samples * 5 // 4, FEATURES[args.model], NUM_CLASSES, seed=0, noise=NOISE).tensors
-    train_set = torch.utils.data.TensorDataset(data[0][: args.samples], data[1][: args.samples])
-    val_set = torch.utils.data.TensorDataset(data[0][args.samples :], data[1][args.samples :])
+    val_samples = args.samples * 5 // 4 - args.samples
+    train_set, val_set = classification_split(args.samples, val_samples, 0, NOISE, FEATURES[args.model], NUM_CLASSES)
     windows = EpochWindows()
     callbacks: list[Callback] = [windows]
     if args.slow_rank >= 0:
@@ -151,16 +150,11 @@ def train(args: argparse.Namespace) -> None:
         strategy = DDPStrategy(process_group_backend="gloo", timeout=timedelta(seconds=120))
     else:
         strategy = "auto"
-    trainer = L.Trainer(
-        accelerator="cpu",
+    trainer = quiet_trainer(
         devices=args.devices,
         strategy=strategy,
         max_epochs=args.epochs,
         callbacks=callbacks,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         num_sanity_val_steps=0,
     )
     trainer.fit(

@@ -40,16 +40,15 @@ from pathlib import Path
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 
+from _common import ReluMLP, TrainingTimes, classification_split, quiet_trainer
 from lightning_hetero.emulation.slowdown import SlowdownEmulator
 from lightning_hetero.hetero_batch import HeteroBatchCallback
 from lightning_hetero.ps import AsyncPSStrategy
 from lightning_hetero.switching import FixedFractionPolicy
 from lightning_hetero.switching.callback import SyncSwitchCallback
 from lightning_hetero.switching.policies import share_in_epochs
-from lightning_hetero.synthetic import make_classification
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -92,63 +91,6 @@ def parse_configs(text: str) -> list[str]:
     return [name for name in ALL if name in names]
 
 
-class DeepMLP(L.LightningModule):
-    """A 4-hidden-layer perceptron: enough compute per step that the emulated slowdown, not Lightning's per-step
-    overhead, sets the pace."""
-
-    def __init__(self, num_features: int, num_classes: int, hidden: int, lr: float, momentum: float) -> None:
-        super().__init__()
-        self.save_hyperparameters()
-        layers: list[nn.Module] = []
-        width = num_features
-        for _ in range(4):
-            layers += [nn.Linear(width, hidden), nn.ReLU()]
-            width = hidden
-        self.net = nn.Sequential(*layers, nn.Linear(width, num_classes))
-
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        x, y = batch
-        return nn.functional.cross_entropy(self.net(x), y)
-
-    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
-        x, y = batch
-        self.log("val_acc", (self.net(x).argmax(-1) == y).float().mean(), sync_dist=True)
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=self.hparams.lr, momentum=self.hparams.momentum)
-
-
-class EpochRecorder(Callback):
-    """Per epoch: training seconds (validation excluded), the mode and the validation accuracy."""
-
-    def __init__(self) -> None:
-        self.epochs: list[dict[str, float | str]] = []
-        self._start = 0.0
-        self._val_s = 0.0
-        self._val_start = 0.0
-        self._mode = ""
-
-    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._start, self._val_s = time.perf_counter(), 0.0
-        self._mode = trainer.strategy.mode
-
-    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._val_start = time.perf_counter()
-
-    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._val_s += time.perf_counter() - self._val_start
-
-    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.epochs.append(
-            {
-                "epoch": trainer.current_epoch,
-                "mode": self._mode,
-                "train_s": time.perf_counter() - self._start - self._val_s,
-                "val_acc": float(trainer.callback_metrics["val_acc"]),
-            }
-        )
-
-
 def measure_switch_cost(args: argparse.Namespace) -> None:
     """ResNet-20 on generated CIFAR-shaped images, switching mode every epoch; rank 0 writes the switch costs."""
     sys.path.insert(0, str(ROOT))  # the ResNet-20 lives in the examples package at the repository root
@@ -158,16 +100,11 @@ def measure_switch_cost(args: argparse.Namespace) -> None:
     dataset, _ = make_cifar_like(256)
     model = ImageClassifier(arch="resnet20", lr=0.05)
     switch = SyncSwitchCallback(ALTERNATING, verbose=False)
-    trainer = L.Trainer(
-        accelerator="cpu",
+    trainer = quiet_trainer(
         devices=args.workers,
         strategy=AsyncPSStrategy(mode="bsp"),
         max_epochs=7,
         callbacks=[switch],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         limit_val_batches=0,
     )
     trainer.fit(model, train_dataloaders=DataLoader(dataset, batch_size=16, shuffle=True))
@@ -182,11 +119,11 @@ def run_config(args: argparse.Namespace) -> None:
     if args.config == "switch_cost":
         measure_switch_cost(args)
         return
-    data = make_classification(args.samples * 3 // 2, args.features, args.classes, seed=0, noise=args.noise).tensors
-    train = TensorDataset(data[0][: args.samples], data[1][: args.samples])
-    val = TensorDataset(data[0][args.samples :], data[1][args.samples :])
-    model = DeepMLP(args.features, args.classes, args.hidden, args.lr, args.momentum)
-    recorder = EpochRecorder()
+    val_samples = args.samples * 3 // 2 - args.samples
+    train, val = classification_split(args.samples, val_samples, 0, args.noise, args.features, args.classes)
+    # 4 hidden layers: enough compute per step that the emulated slowdown, not Lightning's overhead, sets the pace
+    model = ReluMLP(args.features, args.classes, [args.hidden] * 4, args.lr, args.momentum)
+    recorder = TrainingTimes()
     callbacks: list[Callback] = [recorder, SlowdownEmulator(factors={1: args.slowdown})]
     switch = None
     hetero = None
@@ -203,16 +140,11 @@ def run_config(args: argparse.Namespace) -> None:
         hetero = HeteroBatchCallback(verbose=False)
         callbacks.append(hetero)
     strategy = AsyncPSStrategy(mode=mode)
-    trainer = L.Trainer(
-        accelerator="cpu",
+    trainer = quiet_trainer(
         devices=args.workers,
         strategy=strategy,
         max_epochs=args.epochs,
         callbacks=callbacks,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
     )
     trainer.fit(
         model,
@@ -350,7 +282,7 @@ def main() -> None:
                 f"ResNet-20 ({resnet['parameters'] / 1e6:.2f}M parameters), into {direction.upper()}: "
                 f"{', '.join(f'{c:.1f}' for c in costs)} ms"
             )
-    parameters = sum(p.numel() for p in DeepMLP(args.features, args.classes, args.hidden, 0.1, 0.0).parameters())
+    parameters = sum(p.numel() for p in ReluMLP(args.features, args.classes, [args.hidden] * 4, 0.1, 0.0).parameters())
     report = {
         "conditions": {
             **{key: value for key, value in vars(args).items() if key not in ("config", "out")},

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -22,9 +21,9 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.strategies import DDPStrategy
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 
+from _common import EpochWindows, ReluMLP, classification_split, quiet_trainer
 from lightning_hetero import (
     AsyncPSStrategy,
     HeteroBatchCallback,
@@ -32,87 +31,35 @@ from lightning_hetero import (
     SlowdownEmulator,
     SyncSwitchCallback,
 )
-from lightning_hetero.synthetic import make_classification
 
 METHODS = ("ddp", "hetero", "asp", "hybrid")
 FEATURES, CLASSES, HIDDEN, NOISE = 32, 10, 128, 2.5
 
 
-class CostMLP(L.LightningModule):
-    """32-128-128-10 perceptron (22k parameters), SGD with momentum; training forward sleeps ``cost_s`` per sample."""
-
-    def __init__(self, cost_s: float, lr: float, momentum: float) -> None:
-        super().__init__()
-        self.cost_s, self.lr, self.momentum = cost_s, lr, momentum
-        self.net = nn.Sequential(
-            nn.Linear(FEATURES, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, CLASSES)
-        )
-        self.slept_s = 0.0
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
-
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        x, y = batch
-        started = time.perf_counter()
-        time.sleep(self.cost_s * x.shape[0])
-        self.slept_s += time.perf_counter() - started
-        return nn.functional.cross_entropy(self(x), y)
-
-    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
-        x, y = batch
-        self.log("val_acc", (self(x).argmax(-1) == y).float().mean(), sync_dist=True)
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=self.momentum)
-
-
-class Recorder(Callback):
+class Recorder(EpochWindows):
     """Per rank: epoch windows (first batch start to last batch end), per-step batch sizes, CPU and sleep totals."""
 
     def __init__(self, emulator: SlowdownEmulator | None) -> None:
+        super().__init__()
         self.emulator = emulator
-        self.epochs: list[dict[str, Any]] = []
         self.steps: list[tuple[float, int]] = []
         self.stretch_s = 0.0
         self.first_stretches_s: list[float] = []
-        self._cpu_start = 0.0
-
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # ASP has no collective before its first step: without this, one rank's first (stretched) step overlaps the
-        # others' setup on the shared cores, and SlowdownEmulator multiplies that noise by 2 x (factor - 1)
-        trainer.strategy.barrier()
-
-    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        now = time.time()
-        self._cpu_start = time.process_time()
-        mode = getattr(trainer.strategy, "mode", "bsp")
-        self.epochs.append({"epoch": trainer.current_epoch, "mode": mode, "start": now, "end": now, "samples": 0})
-        self.epochs[-1].update(steps=0, cpu_s=0.0)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
-        now, size = time.time(), int(batch[1].shape[0])
-        epoch = self.epochs[-1]
-        epoch.update(end=now, samples=epoch["samples"] + size, steps=epoch["steps"] + 1)
-        epoch["cpu_s"] = time.process_time() - self._cpu_start
-        self.steps.append((now, size))
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        self.steps.append((self.epochs[-1]["end"], int(batch[1].shape[0])))
         if self.emulator is not None:
             self.stretch_s += self.emulator.batch_stretch_s
             if len(self.first_stretches_s) < 3:
                 self.first_stretches_s.append(self.emulator.batch_stretch_s)
-
-    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        metric = trainer.callback_metrics.get("val_acc")
-        self.epochs[-1]["val_acc"] = None if metric is None else float(metric)
 
 
 def train(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     L.seed_everything(args.seed, verbose=False)
     factors = [float(f) for f in args.factors.split(",")]
-    data = make_classification(args.samples + args.val_samples, FEATURES, CLASSES, seed=args.seed, noise=NOISE).tensors
-    train_set = TensorDataset(data[0][: args.samples], data[1][: args.samples])
-    val_set = TensorDataset(data[0][args.samples :], data[1][args.samples :])
+    train_set, val_set = classification_split(args.samples, args.val_samples, args.seed, NOISE, FEATURES, CLASSES)
 
     slowed = {rank: factor for rank, factor in enumerate(factors) if factor > 1.0}
     emulator = SlowdownEmulator(factors=slowed) if slowed else None
@@ -136,17 +83,13 @@ def train(args: argparse.Namespace) -> None:
         switch = SyncSwitchCallback(args.hybrid_schedule, hyperparams=hyperparams, verbose=False)
         callbacks.insert(0, switch)
 
-    model = CostMLP(args.cost_s, args.lr, args.momentum)
-    trainer = L.Trainer(
-        accelerator="cpu",
+    # 32-128-128-10 (22k parameters); the training step sleeps cost_s per sample
+    model = ReluMLP(FEATURES, CLASSES, [HIDDEN, HIDDEN], args.lr, args.momentum, cost_s=args.cost_s)
+    trainer = quiet_trainer(
         devices=len(factors),
         strategy=strategy,
         max_epochs=args.epochs,
         callbacks=callbacks,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         num_sanity_val_steps=0,
     )
     trainer.fit(
