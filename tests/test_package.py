@@ -20,7 +20,11 @@ def test_import_does_not_pull_torchvision_or_docker():
 
 def test_public_names_resolve():
     for name in lightning_hetero.__all__:
-        assert getattr(lightning_hetero, name) is not None
+        value = getattr(lightning_hetero, name)
+        if name == "__version__":
+            continue
+        assert value.__name__ == name
+        assert value.__module__.startswith(lightning_hetero._MODULES[name]), (name, value.__module__)
     importlib.reload(lightning_hetero)
 
 

@@ -50,6 +50,7 @@ def _fit(callbacks, num_batches=4, batch_size=512):
     return trainer
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("factor", [2.0, 3.5])
 def test_measured_slowdown_matches_factor(factor):
     torch.set_num_threads(1)
@@ -109,6 +110,7 @@ def test_rank_beyond_world_size_fails_at_setup():
         _fit([SlowdownEmulator(factors={3: 2.0})], num_batches=1)
 
 
+@pytest.mark.timing
 @pytest.mark.multiprocess
 def test_ddp_slowdown_falls_inside_the_comm_hook_window(run_script, tmp_path):
     run_script("slowdown_ddp.py", str(tmp_path), "2.0")
@@ -173,6 +175,7 @@ def test_cfs_quota_validates(kwargs, message):
         CfsQuota(**kwargs)
 
 
+@pytest.mark.timing
 def test_cfs_throttle_limits_a_cpu_bound_rank_to_its_quota():
     torch.set_num_threads(1)
     emulator = SlowdownEmulator(factors={0: 4.0}, throttle="cfs", period_ms=50)

@@ -16,6 +16,7 @@ def results(path, mode, tag=""):
     return [read_json(path / f"{mode}{tag}_rank{rank}.json") for rank in range(2)]
 
 
+@pytest.mark.timing
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_slowed_rank_ends_with_the_smaller_batch(run_script, tmp_path, num_workers):
@@ -37,6 +38,7 @@ def test_slowed_rank_ends_with_the_smaller_batch(run_script, tmp_path, num_worke
     assert logged and logged[-1] == split[1]
 
 
+@pytest.mark.timing
 @pytest.mark.multiprocess
 def test_asynchronous_strategy_adjusts_at_epoch_ends(run_script, tmp_path):
     """Under AsyncPSStrategy in ASP the ranks are not in lock-step: mid-epoch exchanges are skipped, epoch-end
@@ -203,6 +205,7 @@ def test_single_device_run_uses_every_sample_once():
     assert torch.unique(rows, dim=0).shape[0] == torch.unique(dm.train_set.tensors[0], dim=0).shape[0]
 
 
+@pytest.mark.timing
 @pytest.mark.multiprocess
 def test_cfs_throttled_rank_gets_a_stable_small_batch(run_script, tmp_path):
     """Rank 1 under an emulated CFS quota of 1/4 CPU (period 100 ms), BatchNorm buffers broadcast by DDP and a

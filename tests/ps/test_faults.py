@@ -34,6 +34,7 @@ def test_the_first_recorded_fault_wins():
     assert str(board.read()) == "AsyncPSStrategy lost the worker on rank 2: Connection closed by peer"
 
 
+@pytest.mark.timing
 def test_a_meeting_drops_a_rank_lost_while_waiting_and_announces_the_rest():
     board = FaultBoard(dist.HashStore())
     lost = set()
@@ -45,6 +46,7 @@ def test_a_meeting_drops_a_rank_lost_while_waiting_and_announces_the_rest():
     assert members == results[1] == [0, 1]
 
 
+@pytest.mark.timing
 def test_a_rank_that_does_not_arrive_is_named_to_everybody():
     board = FaultBoard(dist.HashStore())
     threads, results = _attend_in_threads(board, 0, [1], timeout_s=0.3)
@@ -55,6 +57,7 @@ def test_a_rank_that_does_not_arrive_is_named_to_everybody():
     assert results[1].rank == 2
 
 
+@pytest.mark.timing
 def test_rank_0_abandoning_a_meeting_releases_the_others_with_the_first_fault():
     board = FaultBoard(dist.HashStore())
     threads, results = _attend_in_threads(board, 0, [1, 2], timeout_s=10)
@@ -70,6 +73,7 @@ def test_rank_0_abandoning_a_meeting_releases_the_others_with_the_first_fault():
     assert results[1].rank == results[2].rank == 3
 
 
+@pytest.mark.timing
 def test_a_rank_0_that_never_comes_is_blamed():
     board = FaultBoard(dist.HashStore())
     start = time.monotonic()
@@ -88,6 +92,25 @@ def _survivors(results, killed):
     return {rank: result for rank, result in enumerate(results) if rank != killed}
 
 
+def _three_nodes(run_ranks, tmp_path, *args, timeout_s=240):
+    """``ps_train.py`` as a job of three single-process nodes, with ``fault_timeout_s=FAULT_TIMEOUT_S``."""
+    return run_ranks(
+        "ps_train.py", 3, str(tmp_path), "--num-nodes", "3", "--devices", "1", *args,
+        "--fault-timeout-s", str(FAULT_TIMEOUT_S),
+        timeout_s=timeout_s,
+    )  # fmt: skip
+
+
+def _kill_and_check_every_survivor_fails_naming_it(run_ranks, tmp_path, killed, message, *args):
+    """Kill rank ``killed`` in its 5th batch of a long job; every other rank must fail cleanly with ``message``."""
+    results = _three_nodes(
+        run_ranks, tmp_path, "--epochs", "50", "--kill-rank", str(killed), "--kill-after", "5", *args
+    )
+    killed_at = read_json(tmp_path / f"rank{killed}.lost.json")["killed_at"]
+    for result in _survivors(results, killed).values():
+        _assert_clean_failure(result, message, killed_at)
+
+
 def _assert_clean_failure(result, message, killed_at):
     assert result.returncode == 1, result.stderr[-3000:]  # a Python error, not a signal (no SIGABRT at exit)
     assert message in result.stderr, result.stderr[-3000:]
@@ -96,34 +119,27 @@ def _assert_clean_failure(result, message, killed_at):
     assert result.ended_at - killed_at < FAULT_TIMEOUT_S + 30
 
 
+@pytest.mark.timing
 @pytest.mark.multiprocess
 def test_worker_killed_while_another_is_inside_a_long_step_every_survivor_names_it(run_ranks, tmp_path):
     # rank 2 is a straggler (~1.6 s per step): when rank 1 dies, rank 0 fails at once while rank 2 is still inside
     # its step; rank 2 must learn that rank 1 was lost, not that rank 0 shut down because of it
-    results = run_ranks(
-        "ps_train.py", 3, str(tmp_path), "--num-nodes", "3", "--devices", "1", "--epochs", "50",
-        "--kill-rank", "1", "--kill-after", "5", "--slow-rank", "2", "--sleep-per-sample-s", "0.05",
-        "--fault-timeout-s", str(FAULT_TIMEOUT_S),
-        timeout_s=240,
+    _kill_and_check_every_survivor_fails_naming_it(
+        run_ranks, tmp_path, 1, "AsyncPSStrategy lost the worker on rank 1",
+        "--slow-rank", "2", "--sleep-per-sample-s", "0.05",
     )  # fmt: skip
-    killed_at = read_json(tmp_path / "rank1.lost.json")["killed_at"]
-    for result in _survivors(results, killed=1).values():
-        _assert_clean_failure(result, "AsyncPSStrategy lost the worker on rank 1", killed_at)
 
 
+@pytest.mark.timing
 @pytest.mark.multiprocess
 def test_server_killed_every_worker_names_rank_0(run_ranks, tmp_path):
-    results = run_ranks(
-        "ps_train.py", 3, str(tmp_path), "--num-nodes", "3", "--devices", "1", "--epochs", "50",
-        "--kill-rank", "0", "--kill-after", "5", "--slow-rank", "2", "--sleep-per-sample-s", "0.02",
-        "--fault-timeout-s", str(FAULT_TIMEOUT_S),
-        timeout_s=240,
+    _kill_and_check_every_survivor_fails_naming_it(
+        run_ranks, tmp_path, 0, "AsyncPSStrategy lost the parameter server on rank 0",
+        "--slow-rank", "2", "--sleep-per-sample-s", "0.02",
     )  # fmt: skip
-    killed_at = read_json(tmp_path / "rank0.lost.json")["killed_at"]
-    for result in _survivors(results, killed=0).values():
-        _assert_clean_failure(result, "AsyncPSStrategy lost the parameter server on rank 0", killed_at)
 
 
+@pytest.mark.timing
 @pytest.mark.multiprocess
 def test_start_up_waits_startup_timeout_s_not_fault_timeout_s_and_names_it(run_ranks, tmp_path):
     # only rank 0 of 2 starts: with fault_timeout_s=1 start-up still waits startup_timeout_s, then names it
@@ -137,26 +153,20 @@ def test_start_up_waits_startup_timeout_s_not_fault_timeout_s_and_names_it(run_r
     assert result.elapsed_s > 8
 
 
+@pytest.mark.timing
 @pytest.mark.multiprocess
 def test_server_killed_ends_an_elastic_job_too_naming_rank_0(run_ranks, tmp_path):
-    results = run_ranks(
-        "ps_train.py", 3, str(tmp_path), "--num-nodes", "3", "--devices", "1", "--epochs", "50",
-        "--kill-rank", "0", "--kill-after", "5", "--on-worker-lost", "continue",
-        "--fault-timeout-s", str(FAULT_TIMEOUT_S),
-        timeout_s=240,
-    )  # fmt: skip
-    killed_at = read_json(tmp_path / "rank0.lost.json")["killed_at"]
-    for result in _survivors(results, killed=0).values():
-        _assert_clean_failure(result, "AsyncPSStrategy lost the parameter server on rank 0", killed_at)
+    _kill_and_check_every_survivor_fails_naming_it(
+        run_ranks, tmp_path, 0, "AsyncPSStrategy lost the parameter server on rank 0", "--on-worker-lost", "continue"
+    )
 
 
 @pytest.mark.multiprocess
 def test_elastic_asp_trains_on_without_a_lost_worker_and_each_epoch_covers_every_sample_once(run_ranks, tmp_path):
     ckpt = tmp_path / "ckpt"
-    results = run_ranks(
-        "ps_train.py", 3, str(tmp_path), "--num-nodes", "3", "--devices", "1", "--epochs", "3",
-        "--kill-rank", "2", "--kill-after", "4", "--on-worker-lost", "continue", "--ckpt-dir", str(ckpt),
-        "--fault-timeout-s", str(FAULT_TIMEOUT_S),
+    results = _three_nodes(
+        run_ranks, tmp_path, "--epochs", "3", "--kill-rank", "2", "--kill-after", "4", "--on-worker-lost", "continue",
+        "--ckpt-dir", str(ckpt),
         timeout_s=300,
     )  # fmt: skip
     for result in _survivors(results, killed=2).values():
@@ -184,10 +194,9 @@ def test_elastic_asp_trains_on_without_a_lost_worker_and_each_epoch_covers_every
 
 @pytest.mark.multiprocess
 def test_switching_to_bsp_after_a_lost_worker_fails_with_a_clear_error(run_ranks, tmp_path):
-    results = run_ranks(
-        "ps_train.py", 3, str(tmp_path), "--num-nodes", "3", "--devices", "1", "--epochs", "3",
-        "--kill-rank", "2", "--kill-after", "4", "--on-worker-lost", "continue", "--switch-at-epoch", "1",
-        "--switch-to", "bsp", "--fault-timeout-s", str(FAULT_TIMEOUT_S),
+    results = _three_nodes(
+        run_ranks, tmp_path, "--epochs", "3", "--kill-rank", "2", "--kill-after", "4", "--on-worker-lost", "continue",
+        "--switch-at-epoch", "1", "--switch-to", "bsp",
         timeout_s=300,
     )  # fmt: skip
     for result in _survivors(results, killed=2).values():
@@ -244,6 +253,7 @@ def test_elastic_asp_under_lightnings_launcher_outlives_its_process_observer(run
         assert sorted(seen) == list(range(SAMPLES))
 
 
+@pytest.mark.timing
 @pytest.mark.multiprocess
 def test_under_lightnings_launcher_a_rank_inside_a_long_step_names_the_worker_lost_first(run_script, tmp_path):
     proc = run_script(

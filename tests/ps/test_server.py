@@ -196,7 +196,9 @@ def test_state_round_trip_and_clone_errors():
     other, _, _ = _server(momentum=0.9)
     other.load(state["params"], state["optimizer"], state["version"])
     assert other.version == 1 and torch.equal(other.params, server.params)
-    assert other.optimizer.state_dict()["state"][0]["momentum_buffer"] is not None
+    restored = other.optimizer.state_dict()["state"][0]["momentum_buffer"]
+    assert torch.equal(restored, server.optimizer.state_dict()["state"][0]["momentum_buffer"])
+    assert restored.abs().sum() > 0, "the momentum of the one update made"
     stray = torch.nn.Parameter(torch.zeros(1))
     with pytest.raises(ValueError, match="not trainable parameters"):
         clone_optimizer(torch.optim.SGD([stray], lr=0.1), [], {})

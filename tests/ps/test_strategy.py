@@ -49,12 +49,12 @@ def test_set_mode_before_setup_just_records_it():
 
 def test_shares_default_to_equal_and_follow_attached_callable():
     strategy = AsyncPSStrategy()
-    timer = ComputeTimer()
+    timer = ComputeTimer(clock=iter([1.0, 1.25]).__next__)
     strategy.attach_hetero_batches(timer, lambda: 0.75)
     assert strategy._share() == 0.75
     timer.start()
     strategy._mark_compute_end()
-    assert timer.elapsed_s() is not None
+    assert timer.elapsed_s() == 0.25, "the strategy closed the attached timer's compute window"
 
 
 def test_elastic_mode_refuses_hetero_batches_whose_split_assumes_fixed_ranks():

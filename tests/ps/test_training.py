@@ -3,6 +3,8 @@
 Each run is ``tests/scripts/ps_train.py`` in a fresh interpreter; its ranks write JSON reports.
 """
 
+import time
+
 import pytest
 import torch
 
@@ -21,6 +23,7 @@ def _mean(values):
     return sum(values) / len(values)
 
 
+@pytest.mark.timing
 def test_asynchronous_training_converges_covers_each_epoch_once_and_follows_speed(run_script, tmp_path):
     run_script(
         "ps_train.py", str(tmp_path), "--epochs", "3", "--slow-rank", "1", "--sleep-per-sample-s", "0.0005",
@@ -80,6 +83,7 @@ def test_checkpoint_resume_continues_from_the_servers_state(run_script, tmp_path
         assert list(report["seen"]) == ["2"]
 
 
+@pytest.mark.timing
 def test_step_schedulers_count_server_updates_in_asp(run_script, tmp_path):
     run_script(
         "ps_train.py", str(tmp_path), "--epochs", "2", "--step-lr", "4", "--slow-rank", "1",
@@ -107,7 +111,7 @@ def test_switching_mode_between_epochs(run_script, tmp_path, start, switch_to):
     expected_steps = updates_per_epoch[start] + 2 * updates_per_epoch[switch_to]
     for report in reports:
         assert report["mode"] == switch_to
-        assert report["last_switch_s"] is not None
+        assert 0 < report["last_switch_s"] < 30  # measured, and a broadcast of a small model, not a hang
         assert report["global_step"] == report["version"] == expected_steps
         assert report["val_acc"] > 0.9
     assert reports[0]["checksum"] == reports[1]["checksum"]
@@ -188,6 +192,7 @@ def test_worker_killed_mid_run_ends_the_job_naming_it(run_script, tmp_path):
     assert "AsyncPSStrategy lost the worker on rank 1" in proc.stderr
 
 
+@pytest.mark.timing
 def test_worker_dying_while_the_server_waits_at_the_epoch_end_is_named(run_script, tmp_path):
     # rank 1 is slow, so rank 0 claims the rest of the epoch and waits in the epoch-end barrier when rank 1 dies;
     # the barrier breaks with gloo's "connection closed" (no rank named) and the server's thread names the worker
@@ -200,13 +205,19 @@ def test_worker_dying_while_the_server_waits_at_the_epoch_end_is_named(run_scrip
     assert "AsyncPSStrategy lost the worker on rank 1" in proc.stderr
 
 
+@pytest.mark.timing
 def test_hung_worker_ends_the_job_within_the_fault_timeout_naming_it(run_script, tmp_path):
     proc = run_script(
         "ps_train.py", str(tmp_path), "--epochs", "50", "--kill-rank", "1", "--kill-after", "3", "--hang",
         "--fault-timeout-s", "5",
         timeout_s=90, expect_ok=False,
     )  # fmt: skip
+    ended_at = time.time()
     assert proc.returncode != 0
+    # the job ends once fault_timeout_s=5 has passed at the epoch's end, not when the worker's hour-long hang ends;
+    # the margin (the rest of the epoch, teardown, a loaded machine) is wide, and far below the hang
+    hung_for_s = ended_at - read_json(tmp_path / "rank1.lost.json")["killed_at"]
+    assert 5 <= hung_for_s < 5 + 45, hung_for_s
     assert "AsyncPSStrategy lost the worker on rank 1: it did not reach the epoch's end within fault_timeout_s=5" in (
         proc.stderr
     )

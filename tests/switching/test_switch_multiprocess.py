@@ -36,7 +36,7 @@ def test_fixed_schedule_yields_the_planned_modes_and_lr_schedule(schedule_run):
             (3, "asp", "bsp"),
             (4, "bsp", "asp"),
         ]
-        assert all(s["cost_s"] >= 0 for s in result["switches"])
+        assert all(0 < s["cost_s"] < 30 for s in result["switches"]), "measured, and not a hang"
         assert [epochs[str(e)]["lr"] for e in range(6)] == pytest.approx([expected_lr(e) for e in range(6)])
 
 
@@ -60,6 +60,7 @@ def test_resume_mid_schedule_continues_in_the_right_mode(schedule_run, run_scrip
         assert result["history"] == PLANNED
 
 
+@pytest.mark.timing
 def test_greedy_switches_to_asp_on_an_injected_straggler_and_back(run_script, tmp_path):
     run_script("switch_train.py", str(tmp_path), "greedy", timeout_s=120)
     for result in load(tmp_path, "greedy"):
