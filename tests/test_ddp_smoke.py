@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.conftest import read_json
+from tests.helpers import read_json
 
 pytestmark = pytest.mark.multiprocess
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from lightning_hetero.emulation.slowdown import CfsQuota, SlowdownEmulator, SlowdownSchedule, stretch_s
 from lightning_hetero.measurement import ComputeTimer
 from lightning_hetero.synthetic import MLPClassifier, SyntheticClassificationDataModule
-from tests.conftest import read_json
+from tests.helpers import read_json
 
 
 class WindowRecorder(L.Callback):

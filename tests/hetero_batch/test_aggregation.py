@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from lightning_hetero.synthetic import MLPClassifier, make_classification
-from tests.conftest import read_json
+from tests.helpers import read_json
 
 
 def one_big_batch_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, lr: float) -> dict:

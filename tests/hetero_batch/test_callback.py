@@ -9,7 +9,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from lightning_hetero import HeteroBatchCallback
 from lightning_hetero.synthetic import MLPClassifier, SyntheticClassificationDataModule, make_classification
-from tests.conftest import read_json
+from tests.helpers import read_json
 
 
 def results(path, mode, tag=""):

@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from lightning_hetero.ps.faults import FaultBoard, attend_meeting, coordinate_meeting
 from lightning_hetero.ps.protocol import PeerLostError
-from tests.conftest import read_json
+from tests.helpers import read_json
 
 
 def _attend_in_threads(board, meeting, ranks, timeout_s):

@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from tests.conftest import read_json
+from tests.helpers import read_json
 
 pytestmark = pytest.mark.multiprocess
 

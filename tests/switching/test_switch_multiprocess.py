@@ -2,7 +2,8 @@
 
 import pytest
 
-from tests.conftest import _run_script, read_json
+from tests import helpers
+from tests.helpers import read_json
 
 pytestmark = pytest.mark.multiprocess
 
@@ -21,7 +22,7 @@ def load(out_dir, scenario):
 @pytest.fixture(scope="module")
 def schedule_run(tmp_path_factory):
     out_dir = tmp_path_factory.mktemp("switch_schedule")
-    _run_script("switch_train.py", str(out_dir), "schedule", timeout_s=120)
+    helpers.run_script("switch_train.py", str(out_dir), "schedule", timeout_s=120)
     return out_dir
 
 

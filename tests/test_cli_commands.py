@@ -1,3 +1,5 @@
+"""The `lightning-hetero` command (``lightning_hetero.cli``): `emulate` and `cluster` dry runs, errors, help."""
+
 import subprocess
 import sys
 import textwrap
