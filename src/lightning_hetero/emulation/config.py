@@ -119,10 +119,6 @@ class EmulationConfig:
     progress_timeout_s: float = field(metadata=_yaml_default(1800.0))
     cluster: ClusterConfig = field(metadata={"schema": ClusterConfig})
 
-    @property
-    def known_levels(self) -> list[str]:
-        return [*OMNILEARN_CORES[self.variant], *self.levels]
-
     def resolve_level(self, name: str, host_cpus: int) -> Level:
         """The named preset scaled to ``host_cpus``, or the user level of that name."""
         if name in self.levels:
