@@ -37,6 +37,7 @@ def worker(args: argparse.Namespace) -> None:
     from torch import nn
     from torch.utils.data import DataLoader, Dataset
 
+    from _common import quiet_trainer
     from lightning_hetero.ps import AsyncPSStrategy
     from lightning_hetero.synthetic import MLPClassifier, make_classification
 
@@ -85,16 +86,11 @@ def worker(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     L.seed_everything(args.seed, verbose=False)
     strategy = AsyncPSStrategy(fault_timeout_s=60, on_worker_lost="continue")
-    trainer = L.Trainer(
-        accelerator="cpu",
+    trainer = quiet_trainer(
         devices=1,
         num_nodes=WORLD_SIZE,
         strategy=strategy,
         max_epochs=args.epochs,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         num_sanity_val_steps=0,
     )
     model = Model()

@@ -19,6 +19,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.strategies import DDPStrategy
 
+from _common import quiet_trainer
 from lightning_hetero import HeteroBatchCallback
 from lightning_hetero.synthetic import MLPClassifier, SyntheticClassificationDataModule
 
@@ -71,16 +72,11 @@ def main() -> None:
         callbacks.append(hetero)
     devices = 1 if args.method == "single" else len(factors)
     strategy = "auto" if devices == 1 else DDPStrategy(process_group_backend="gloo", timeout=timedelta(seconds=120))
-    trainer = L.Trainer(
-        accelerator="cpu",
+    trainer = quiet_trainer(
         devices=devices,
         strategy=strategy,
         max_epochs=args.epochs,
         callbacks=callbacks,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         limit_val_batches=0,
     )
     model = CostModel(args.cost_s, factors, after, args.switch_step)
