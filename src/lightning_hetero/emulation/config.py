@@ -133,7 +133,8 @@ def _defaults(schema: type) -> dict[str, Any]:
     }
 
 
-#: Every key with its default as written in YAML, from the fields of :class:`EmulationConfig` and :class:`ClusterConfig`.
+#: Every key with its default as written in YAML, from the fields of :class:`EmulationConfig` and
+#: :class:`ClusterConfig`.
 DEFAULTS: dict[str, Any] = _defaults(EmulationConfig)
 
 

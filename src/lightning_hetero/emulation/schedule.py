@@ -1,4 +1,5 @@
-"""A schedule of heterogeneity levels (:class:`LevelSchedule`) over training epochs or wall-clock seconds (pure, no Docker).
+"""A schedule of heterogeneity levels over training epochs or wall-clock seconds: :class:`LevelSchedule` (pure, no
+Docker).
 
 Example::
 

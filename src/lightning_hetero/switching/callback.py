@@ -94,8 +94,8 @@ class SyncSwitchCallback(Callback):
             ``"asp"`` here turns that compensation off and uses these values instead.
         detector: the per-rank straggler detector used by policies with ``uses_stragglers`` (such as
             :class:`~lightning_hetero.switching.GreedyPolicy`); default ``StragglerDetector()``.
-        lr_schedule_steps_per_epoch: the steps per epoch that step-interval LR schedules were written for (the steps of
-            a BSP epoch); default: the BSP loader's length, or measured in the first epoch. See
+        lr_schedule_steps_per_epoch: the steps per epoch that step-interval LR schedules were written for (the steps
+            of a BSP epoch); default: the BSP loader's length, or measured in the first epoch. See
             :class:`~lightning_hetero.switching.hyperparams.LRScheduleClock`.
         smoothing: EWMA weight of the newest throughput measurement fed to the detector.
         warmup_steps: throughput measurements discarded at the start and after each switch.
