@@ -51,9 +51,9 @@ def run_ranks(
 ) -> list[subprocess.CompletedProcess]:
     """Start ``world_size`` processes of ``tests/scripts/<name>`` the way a multi-node job does (one process per
     node: ``MASTER_ADDR``, ``MASTER_PORT``, ``NODE_RANK``, ``WORLD_SIZE``; pass ``--num-nodes``), each in its own
-    session (only the first ``start`` ranks when given); wait for all. Each result carries ``elapsed_s`` (seconds from the start until that process exited) and ``ended_at`` (its
-    ``time.time()`` then).
-    Processes still running after ``timeout_s`` are killed and reported with returncode ``None``."""
+    session (only the first ``start`` ranks when given); wait for all. Each result carries ``elapsed_s`` (seconds
+    from the start until that process exited) and ``ended_at`` (its ``time.time()`` then). Processes still running
+    after ``timeout_s`` are killed and reported with returncode ``None``."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
