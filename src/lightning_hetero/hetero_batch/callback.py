@@ -17,6 +17,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.nn.parallel import DistributedDataParallel
 
 from lightning_hetero._validation import check_finite
+from lightning_hetero.batch_weighting import batch_share
 from lightning_hetero.emulation.slowdown import SlowdownEmulator
 from lightning_hetero.hetero_batch.aggregation import BatchWeightState, register_batch_weighted_hook
 from lightning_hetero.hetero_batch.controller import AdjustmentPolicy, BatchSizeController
@@ -355,7 +356,7 @@ class HeteroBatchCallback(Callback):
             self._to_skip = max(self._to_skip, 1)  # the first step at a new split pays for it (allocator, caches)
         self._step_split = sizes
         self._local_batch_size = sizes[self._rank]
-        self._share = sizes[self._rank] / sum(sizes)
+        self._share = batch_share(sizes, self._rank)
         self.timer.start()
 
     def on_after_backward(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
