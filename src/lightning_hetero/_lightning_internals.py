@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
+import lightning
 import torch
 import torch.distributed as dist
 from lightning.fabric.strategies import _StrategyRegistry
@@ -22,6 +23,7 @@ from lightning.pytorch.overrides.distributed import _sync_module_states
 from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
 from lightning.pytorch.trainer.states import RunningStage
 from lightning.pytorch.utilities.data import _update_dataloader
+from packaging.version import Version
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader, Sampler
 
@@ -97,30 +99,36 @@ def validates_on_time_interval(trainer: pl.Trainer) -> bool:
     """Whether the trainer validates every so many seconds (``val_check_interval`` given as a duration).
 
     Relies on ``trainer._val_check_time_interval`` (``None`` unless a duration was given; checked against Lightning
-    2.6.6). Raises if the attribute is gone, rather than silently answering ``False``.
+    2.6.6). Lightning before 2.6 has neither the attribute nor time-based validation (``False``); from 2.6 on, a
+    missing attribute raises rather than silently answering ``False``.
     """
     if not hasattr(trainer, "_val_check_time_interval"):
-        raise RuntimeError(
-            "lightning-hetero could not find trainer._val_check_time_interval on this Lightning version (checked "
-            "against 2.6.6); please report your Lightning version"
-        )
+        _require_before_2_6("trainer._val_check_time_interval")
+        return False
     return trainer._val_check_time_interval is not None
+
+
+def _require_before_2_6(what: str) -> None:
+    """Raise unless this Lightning predates 2.6 (whose private ``what`` lightning-hetero relies on)."""
+    if Version(lightning.__version__).release >= (2, 6):
+        raise RuntimeError(
+            f"lightning-hetero could not find {what} on Lightning {lightning.__version__} (checked against 2.6.6); "
+            "please report your Lightning version"
+        )
 
 
 def replace_sigterm_broadcast(trainer: pl.Trainer, check: Callable[[Callable[[], None]], None]) -> None:
     """Replace the SIGTERM flag broadcast Lightning's training epoch loop runs before every batch with ``check``,
     which receives Lightning's own broadcast (to call when the ranks are in lock-step).
 
-    Relies on ``fit_loop.epoch_loop._broadcast_sigterm_tensor`` (checked against Lightning 2.6.6); raises if it is
-    gone.
+    Relies on ``fit_loop.epoch_loop._broadcast_sigterm_tensor`` (checked against Lightning 2.6.6). Lightning before
+    2.6 may not broadcast (nothing to replace); from 2.6 on, a missing method raises.
     """
     epoch_loop = trainer.fit_loop.epoch_loop
     synchronous = getattr(epoch_loop, "_broadcast_sigterm_tensor", None)
     if synchronous is None:
-        raise RuntimeError(
-            "lightning-hetero could not find the training epoch loop's _broadcast_sigterm_tensor on this Lightning "
-            "version (checked against 2.6.6); please report your Lightning version"
-        )
+        _require_before_2_6("the training epoch loop's _broadcast_sigterm_tensor")
+        return
     epoch_loop._broadcast_sigterm_tensor = lambda: check(synchronous)
 
 
