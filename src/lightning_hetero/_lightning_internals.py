@@ -14,19 +14,14 @@ from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-import lightning
 import torch
 import torch.distributed as dist
-from lightning.fabric.strategies import _StrategyRegistry
-from lightning.fabric.utilities.optimizer import _optimizers_to_device
-from lightning.pytorch.overrides.distributed import _sync_module_states
-from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
-from lightning.pytorch.trainer.states import RunningStage
-from lightning.pytorch.utilities.data import _update_dataloader
-from packaging.version import Version
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader, Sampler
 
+# No module-level import of Lightning here: importing Lightning registers "async_ps" (see _registration), which
+# imports ps/, which imports this module; a Lightning import at the top would make that a cycle whenever this
+# module is imported first. The functions import what they touch.
 if TYPE_CHECKING:
     import lightning.pytorch as pl
 
@@ -38,15 +33,14 @@ if TYPE_CHECKING:
 # Each function below was checked against Lightning 2.6.6 (pyproject allows lightning>=2.2); its test in
 # tests/test_lightning_internals.py names the private thing it relies on.
 
-#: the type of Lightning's ``StrategyRegistry`` (``Strategy.register_strategies`` receives it)
-StrategyRegistryType = _StrategyRegistry
-
 
 def optimizers_to_device(optimizers: Iterable[Optimizer], device: torch.device) -> None:
     """Move the optimizers' state tensors to ``device``, as Lightning's strategies do after loading state.
 
     Relies on ``lightning.fabric.utilities.optimizer._optimizers_to_device`` (checked against Lightning 2.6.6).
     """
+    from lightning.fabric.utilities.optimizer import _optimizers_to_device
+
     _optimizers_to_device(optimizers, device)
 
 
@@ -55,6 +49,8 @@ def sync_module_states(module: torch.nn.Module) -> None:
 
     Relies on ``lightning.pytorch.overrides.distributed._sync_module_states`` (checked against Lightning 2.6.6).
     """
+    from lightning.pytorch.overrides.distributed import _sync_module_states
+
     _sync_module_states(module)
 
 
@@ -65,6 +61,8 @@ def launched_processes(launcher: object) -> list[subprocess.Popen] | None:
 
     Relies on ``_SubprocessScriptLauncher`` and its ``procs`` list (checked against Lightning 2.6.6).
     """
+    from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
+
     return launcher.procs if isinstance(launcher, _SubprocessScriptLauncher) else None
 
 
@@ -74,6 +72,8 @@ def kill_launched_processes(launcher: object) -> None:
 
     Relies on ``_SubprocessScriptLauncher.kill(signum)`` (checked against Lightning 2.6.6).
     """
+    from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
+
     if isinstance(launcher, _SubprocessScriptLauncher):
         launcher.kill(signal.SIGKILL)
 
@@ -84,6 +84,9 @@ def with_sampler(dataloader: DataLoader, sampler: Sampler) -> DataLoader:
 
     Relies on ``lightning.pytorch.utilities.data._update_dataloader`` (checked against Lightning 2.6.6).
     """
+    from lightning.pytorch.trainer.states import RunningStage
+    from lightning.pytorch.utilities.data import _update_dataloader
+
     return _update_dataloader(dataloader, sampler, mode=RunningStage.TRAINING)
 
 
@@ -110,6 +113,9 @@ def validates_on_time_interval(trainer: pl.Trainer) -> bool:
 
 def _require_before_2_6(what: str) -> None:
     """Raise unless this Lightning predates 2.6 (whose private ``what`` lightning-hetero relies on)."""
+    import lightning
+    from packaging.version import Version
+
     if Version(lightning.__version__).release >= (2, 6):
         raise RuntimeError(
             f"lightning-hetero could not find {what} on Lightning {lightning.__version__} (checked against 2.6.6); "

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
 import torch
@@ -28,7 +28,6 @@ from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
 from lightning_hetero._lightning_internals import (
-    StrategyRegistryType,
     batches_started,
     is_last_batch,
     set_global_step,
@@ -56,6 +55,9 @@ from lightning_hetero.ps.sampler import ClaimSampler
 from lightning_hetero.ps.server import ParameterServer, ServerLoop
 from lightning_hetero.ps.staleness import staleness_lr_factor
 from lightning_hetero.schedules import StepSchedules
+
+if TYPE_CHECKING:
+    from lightning_hetero._lightning_internals import StrategyRegistryType
 
 ON_WORKER_LOST = ("fail", "continue")
 
