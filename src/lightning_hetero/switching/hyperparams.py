@@ -19,8 +19,8 @@ from typing import Any
 
 from lightning_hetero._deprecation import warn_renamed
 from lightning_hetero._validation import check_finite
+from lightning_hetero.contracts import check_mode
 from lightning_hetero.param_groups import momentum_of, scale_learning_rates, set_momentum
-from lightning_hetero.switching.policies import check_mode
 
 
 @dataclass(frozen=True)
