@@ -97,7 +97,6 @@ class Cluster:
         self.backend = DockerBackend.connect()
         self.backend.create_cluster(load_config(overrides=self.base))
         shutil.copy(WORKER, run_dir / "docker_worker.py")
-        shutil.copy(WORKER.parent / "_common.py", run_dir / "_common.py")  # what the worker imports
 
     def overrides(self, extra: list[str]) -> list[str]:
         # user levels may not reuse the presets' names: q<name> holds the quotas of <name>

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -21,20 +22,71 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.strategies import DDPStrategy
-from torch.utils.data import DataLoader
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
-from _common import EpochWindows, ReluMLP, classification_split, quiet_trainer
 from lightning_hetero import AsyncPSStrategy, HeteroBatchCallback, ProgressReporter, SyncSwitchCallback
+from lightning_hetero.synthetic import make_classification
 
 METHODS = ("ddp", "hetero", "asp", "hybrid")
 FEATURES, CLASSES, HIDDEN, NOISE = 512, 10, 2048, 8.0
 
 
+class WideMLP(L.LightningModule):
+    def __init__(self, lr: float, momentum: float) -> None:
+        super().__init__()
+        self.lr, self.momentum = lr, momentum
+        self.net = nn.Sequential(nn.Linear(FEATURES, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, CLASSES))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return nn.functional.cross_entropy(self(x), y)
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        x, y = batch
+        self.log("val_acc", (self(x).argmax(-1) == y).float().mean(), sync_dist=True)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=self.momentum)
+
+
+class Recorder(Callback):
+    """Per rank: each epoch's window (epoch start to last batch end), samples, steps and CPU seconds."""
+
+    def __init__(self) -> None:
+        self.epochs: list[dict[str, Any]] = []
+        self._cpu_start = 0.0
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        trainer.strategy.barrier()  # ASP has no collective before its first step
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        now = time.time()
+        self._cpu_start = time.process_time()
+        mode = getattr(trainer.strategy, "mode", "bsp")
+        self.epochs.append({"epoch": trainer.current_epoch, "mode": mode, "start": now, "end": now, "samples": 0})
+        self.epochs[-1].update(steps=0, cpu_s=0.0)
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
+        epoch = self.epochs[-1]
+        epoch.update(end=time.time(), samples=epoch["samples"] + int(batch[1].shape[0]), steps=epoch["steps"] + 1)
+        epoch["cpu_s"] = time.process_time() - self._cpu_start
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        metric = trainer.callback_metrics.get("val_acc")
+        self.epochs[-1]["val_acc"] = None if metric is None else float(metric)
+
+
 def train(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     L.seed_everything(args.seed, verbose=False)
-    train_set, val_set = classification_split(args.samples, args.val_samples, args.seed, NOISE, FEATURES, CLASSES)
-    recorder = EpochWindows()
+    data = make_classification(args.samples + args.val_samples, FEATURES, CLASSES, seed=args.seed, noise=NOISE).tensors
+    train_set = TensorDataset(data[0][: args.samples], data[1][: args.samples])
+    val_set = TensorDataset(data[0][args.samples :], data[1][args.samples :])
+    recorder = Recorder()
     callbacks: list[Callback] = [recorder, ProgressReporter(args.out / "progress")]
     hetero = switch = None
     timeout = timedelta(seconds=args.comm_timeout_s)
@@ -52,16 +104,21 @@ def train(args: argparse.Namespace) -> None:
         strategy = AsyncPSStrategy(mode="bsp", fault_timeout_s=args.comm_timeout_s)
         switch = SyncSwitchCallback(args.hybrid_schedule, verbose=False)
         callbacks.insert(0, switch)
-    trainer = quiet_trainer(
+    trainer = L.Trainer(
+        accelerator="cpu",
         devices=1,
         num_nodes=1 if args.standalone else int(os.environ["NUM_NODES"]),
         strategy=strategy,
         max_epochs=args.epochs,
         callbacks=callbacks,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
         num_sanity_val_steps=0,
     )
     trainer.fit(
-        ReluMLP(FEATURES, CLASSES, [HIDDEN], args.lr, args.momentum),
+        WideMLP(args.lr, args.momentum),
         train_dataloaders=DataLoader(train_set, batch_size=args.batch_size, shuffle=True),
         val_dataloaders=DataLoader(val_set, batch_size=512),
     )

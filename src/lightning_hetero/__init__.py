@@ -7,10 +7,10 @@ imported, in either order (see ``_registration``).
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from lightning_hetero.__about__ import __version__
+from lightning_hetero._lazy import lazy_attributes
 from lightning_hetero._registration import register_now_or_after_lightning
 
 if TYPE_CHECKING:
@@ -65,11 +65,7 @@ __all__ = [
     "search_bsp_fraction",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _MODULES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(_MODULES[name]), name)
+__getattr__ = lazy_attributes(__name__, _MODULES)
 
 
 def __dir__() -> list[str]:

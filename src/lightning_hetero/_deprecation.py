@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 
@@ -34,3 +35,28 @@ def warn_renamed(old: str, new: str, stacklevel: int = 3) -> None:
     warnings.warn(
         f"{old} is deprecated and will be removed in the next release; use {new}", DeprecationWarning, stacklevel
     )
+
+
+def renamed_attributes(module: str, renamed: dict[str, tuple[str, Any]]) -> Callable[[str], Any]:
+    """A module ``__getattr__`` serving each old name in ``renamed`` (``old: (new name, value)``) with a warning.
+
+    Example::
+
+        >>> import warnings
+        >>> __getattr__ = renamed_attributes("pkg.mod", {"Old": ("New", int)})
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     __getattr__("Old")
+        <class 'int'>
+        >>> str(caught[0].message)
+        'pkg.mod.Old is deprecated and will be removed in the next release; use New'
+    """
+
+    def __getattr__(name: str) -> Any:
+        if name not in renamed:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        new, value = renamed[name]
+        warn_renamed(f"{module}.{name}", new)
+        return value
+
+    return __getattr__

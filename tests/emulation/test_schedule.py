@@ -43,3 +43,10 @@ def test_bad_schedules(unit, steps, message):
 def test_unknown_named_schedule_lists_the_known_ones():
     with pytest.raises(ValueError, match=", ".join(OMNILEARN_SCHEDULES)):
         LevelSchedule.named("resnet18")
+
+
+def test_the_old_name_of_level_schedule_still_works_with_a_deprecation_warning():
+    from lightning_hetero.emulation import schedule
+
+    with pytest.deprecated_call(match="emulation.schedule.Schedule is deprecated"):
+        assert schedule.Schedule is LevelSchedule

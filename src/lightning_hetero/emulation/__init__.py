@@ -7,8 +7,9 @@ neither Lightning nor torch; the two callbacks below load on first use. The Dock
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from lightning_hetero._lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from lightning_hetero.emulation.reporter import ProgressReporter
@@ -20,8 +21,4 @@ _MODULES = {
 }
 __all__ = ["ProgressReporter", "SlowdownEmulator"]
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _MODULES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(_MODULES[name]), name)
+__getattr__ = lazy_attributes(__name__, _MODULES)

@@ -16,6 +16,8 @@ import bisect
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from lightning_hetero._deprecation import renamed_attributes
+
 SCHEDULE_UNITS = ("epoch", "seconds")
 
 #: OmniLearn's dynamic-heterogeneity routines, by epoch (GPT-2 followed the ResNet18 one).
@@ -85,6 +87,5 @@ class LevelSchedule:
         return self.starts[-1]
 
 
-#: The old name of :class:`LevelSchedule` (renamed in issue 13 so that "schedule" alone names no class); kept until
-#: the other branches of that change are merged.
-Schedule = LevelSchedule
+# renamed in issue 13 (so that "schedule" alone names no class); the old name goes in the next release
+__getattr__ = renamed_attributes(__name__, {"Schedule": ("LevelSchedule", LevelSchedule)})

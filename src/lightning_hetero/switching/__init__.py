@@ -6,9 +6,7 @@ Modules: ``policies`` (which mode each epoch trains in), ``straggler`` (transien
 and ``callback`` (the Lightning glue).
 """
 
-from typing import Any
-
-from lightning_hetero._deprecation import warn_renamed
+from lightning_hetero._deprecation import renamed_attributes
 from lightning_hetero.switching.callback import SyncSwitchCallback
 from lightning_hetero.switching.hyperparams import LRScheduleClock, PhaseHyperparamController, PhaseHyperparams
 from lightning_hetero.switching.policies import (
@@ -41,8 +39,5 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name == "StepScheduleClock":  # renamed in issue 13; the old name goes in the next release
-        warn_renamed("lightning_hetero.switching.StepScheduleClock", "lightning_hetero.switching.LRScheduleClock")
-        return LRScheduleClock
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# renamed in issue 13; the old name goes in the next release
+__getattr__ = renamed_attributes(__name__, {"StepScheduleClock": ("LRScheduleClock", LRScheduleClock)})

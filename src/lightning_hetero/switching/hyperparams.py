@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from lightning_hetero._deprecation import warn_renamed
+from lightning_hetero._deprecation import renamed_attributes
 from lightning_hetero._validation import check_finite
 from lightning_hetero.contracts import check_mode
 from lightning_hetero.param_groups import momentum_of, scale_learning_rates, set_momentum
@@ -263,8 +263,5 @@ class LRScheduleClock:
         self.taken = state["taken"]
 
 
-def __getattr__(name: str) -> Any:
-    if name == "StepScheduleClock":  # renamed in issue 13; the old name goes in the next release
-        warn_renamed("lightning_hetero.switching.StepScheduleClock", "LRScheduleClock")
-        return LRScheduleClock
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# renamed in issue 13; the old name goes in the next release
+__getattr__ = renamed_attributes(__name__, {"StepScheduleClock": ("LRScheduleClock", LRScheduleClock)})
