@@ -74,10 +74,12 @@ def check_trainer(module: pl.LightningModule, trainer: pl.Trainer) -> None:
             "AsyncPSStrategy supports automatic optimization only; the parameter server applies the optimizer. "
             "Remove `self.automatic_optimization = False`."
         )
-    if isinstance(trainer.val_check_interval, int) or validates_on_time_interval(trainer):
+    # a duration leaves no `trainer.val_check_interval` at all: test it first
+    if validates_on_time_interval(trainer) or isinstance(trainer.val_check_interval, int):
+        got = "a duration" if validates_on_time_interval(trainer) else repr(trainer.val_check_interval)
         raise ValueError(
             "AsyncPSStrategy validates at epoch ends only (ranks run different numbers of batches in ASP); "
-            f"got val_check_interval={trainer.val_check_interval!r}."
+            f"got val_check_interval={got}."
         )
 
 

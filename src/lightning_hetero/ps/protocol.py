@@ -215,15 +215,3 @@ def all_reduce_weighted(flat: torch.Tensor, weight: float, group: dist.ProcessGr
     flat.mul_(weight)
     dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
     return flat
-
-
-def broadcast_flat(flat: torch.Tensor, src: int, group: dist.ProcessGroup | None = None) -> torch.Tensor:
-    """Overwrite ``flat`` on every rank with rank ``src``'s, in one broadcast.
-
-    Args:
-        flat: the flat parameters (or buffers).
-        src: the source global rank.
-        group: process group; the default group when ``None``.
-    """
-    dist.broadcast(flat, src=src, group=group)
-    return flat
