@@ -107,10 +107,13 @@ def run_controller(
     return {"splits": splits, "walls": walls, "decisions": decisions}
 
 
-def best_static(ranks_factory, global_batch: int, steps: int = 64) -> tuple[tuple[int, ...], float]:
-    """Brute force over 2-rank splits: the split with the shortest mean step (fresh ranks for each split)."""
+def best_static(
+    ranks_factory, global_batch: int, steps: int = 64, rank1_sizes: Sequence[int] | None = None
+) -> tuple[tuple[int, ...], float]:
+    """Brute force over 2-rank splits (rank 1's sizes: all, or ``rank1_sizes``): the split with the shortest mean
+    step (fresh ranks for each split)."""
     best = None
-    for b0 in range(1, global_batch):
+    for b0 in range(1, global_batch) if rank1_sizes is None else [global_batch - b for b in rank1_sizes]:
         split = (b0, global_batch - b0)
         mean = ranks_factory().mean_step_s(split, steps)
         if best is None or mean < best[1]:

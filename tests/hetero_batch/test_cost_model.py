@@ -102,3 +102,20 @@ def test_state_round_trip_and_validation():
     ]:
         with pytest.raises(ValueError, match=message):
             PeriodCostModel(**kwargs)
+
+
+def test_a_move_from_one_known_size_that_a_plausible_overhead_explains_is_not_a_speed_change():
+    """A container at 0.25 CPU with 40 ms of fixed cost per step and 0.27 ms per sample: measured at 256 samples
+    only, the overhead is unknown, so 64 ms at 90 samples (the proportional guess says 38 ms) is information about
+    the overhead, which two sizes then pin down; the same rank 4x slower at a known size is still a change."""
+    model = PeriodCostModel()
+
+    def cost(b):
+        return 0.040 + 0.00027 * b
+
+    model.update([(256, cost(256))] * 3)
+    report = model.update([(90, cost(90))] * 3)
+    assert not report.changed and report.prediction_error > 0.4  # a 68% miss, within the plausible band
+    assert model.identified
+    assert model.overhead_s == pytest.approx(0.040) and model.per_sample_s == pytest.approx(0.00027)
+    assert model.update([(90, 4 * cost(90))] * 3).changed

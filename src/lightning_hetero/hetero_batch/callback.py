@@ -399,6 +399,9 @@ class HeteroBatchCallback(Callback):
         measured = max(sum(b for b, _ in mine), sum(f for _, f in mine)) / len(mine) if mine else math.nan
         # the synchronous step at this split, without the period's longest step (a stall is not the split's doing)
         walls = sorted(wall for *_, wall in at_current)[: max(1, len(at_current) - 1)] if at_current else []
+        # the fit as it stands and as it would be if restarted from this period, so that one exchange suffices
+        # even when some rank saw its speed change (then every rank uses the newest period's fit, see below)
+        latest = self.cost.latest_fit()
         local = torch.tensor(
             [
                 self.cost.overhead_s,
@@ -408,17 +411,18 @@ class HeteroBatchCallback(Callback):
                 measured,
                 float(report.changed),
                 float(self.sampler.produced_position),
+                latest[0],
+                math.nan if latest[1] is None else latest[1],
+                float(latest[2]),
             ],
             dtype=torch.float64,
         )
-        gathered = trainer.strategy.all_gather(local).reshape(-1, 7)
+        gathered = self._all_gather(trainer.strategy, local)
         if bool(gathered[:, 5].any()):
-            # a rank saw its speed change: every other one restarts from the same period, and all exchange again
+            # a rank saw its speed change: every rank restarts from the same (newest) period
+            gathered[:, :3] = torch.where(gathered[:, 5:6].bool(), gathered[:, :3], gathered[:, 7:10])
             if not report.changed:
                 self.cost.restart_from_latest()
-                fit = [self.cost.overhead_s, math.nan if self.cost.per_sample_s is None else self.cost.per_sample_s]
-                local[:3] = torch.tensor([*fit, float(len(self.cost.sizes))], dtype=torch.float64)
-            gathered = trainer.strategy.all_gather(local).reshape(-1, 7)
         if torch.isnan(gathered[:, :2]).any():
             return
         self.costs = tuple((float(a), float(c)) for a, c in gathered[:, :2].tolist())
@@ -455,6 +459,16 @@ class HeteroBatchCallback(Callback):
         metrics |= {f"hetero/batch_size_rank{k}": float(b) for k, b in enumerate(self.plan.current)}
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=trainer.global_step)
+
+    def _all_gather(self, strategy: Any, local: torch.Tensor) -> torch.Tensor:
+        """Every rank's ``local`` row, in one collective under DDP (the strategy's all_gather adds a barrier and an
+        exchange of shapes: three collectives per adjustment)."""
+        if _is_ddp(strategy) and torch.distributed.is_available() and torch.distributed.is_initialized():
+            rows = [torch.empty_like(local) for _ in range(self._world_size)]
+            with self.busy.waiting():
+                torch.distributed.all_gather(rows, local)
+            return torch.stack(rows)
+        return strategy.all_gather(local).reshape(-1, local.numel())
 
     def predicted_step_s(self, split: Sequence[int] | None = None) -> tuple[float, ...]:
         """Each rank's predicted busy seconds per step at ``split`` (default: the current one), from the last fits."""

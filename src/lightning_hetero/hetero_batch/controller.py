@@ -69,6 +69,8 @@ def apportion(
     while sum(filled(high)) < total:
         high *= 2.0
     for _ in range(200):
+        if high - low <= 1e-12 * high:
+            break
         mid = (low + high) / 2.0
         if sum(filled(mid)) < total:
             low = mid

@@ -23,6 +23,7 @@ Pure arithmetic, no torch.
 
 from __future__ import annotations
 
+import copy
 import math
 import statistics
 from collections.abc import Iterable
@@ -95,6 +96,8 @@ class PeriodCostModel:
         self.sizes: dict[int, tuple[float, int]] = {}
         self.overhead_s = 0.0
         self.per_sample_s: float | None = None
+        #: the fit rests on sizes far enough apart to tell the overhead from the per-sample cost
+        self.identified = False
         #: the newest period's (size means, most-run size, overhead share before it), for restart_from_latest
         self._latest: tuple[dict[int, tuple[float, int]], int, float] | None = None
 
@@ -136,7 +139,9 @@ class PeriodCostModel:
             predicted = self.step_time_s(newest)
             typical = statistics.median(max(b, f) for b, f in zip(busy[newest], floors[newest], strict=True))
             error = typical / predicted - 1
-            changed = abs(math.log1p(error)) > math.log1p(self.change_tolerance)
+            low, high = self._plausible_s(newest)
+            tolerance = 1 + self.change_tolerance
+            changed = typical > high * tolerance or typical < low / tolerance
         share = self.overhead_s / self.step_time_s(newest) if self.ready else 0.0
         self._latest = (means, newest, share)
         if changed:
@@ -179,8 +184,48 @@ class PeriodCostModel:
         self.sizes = {size: means[size] for size in sorted(means, key=lambda size: size == newest)}
         self._refit(newest, share)
 
+    def latest_fit(self) -> tuple[float, float | None, int]:
+        """``(overhead_s, per_sample_s, sizes)`` as :meth:`restart_from_latest` would leave them, without restarting.
+
+        Lets every rank send both fits in one exchange, so that a change seen by any rank needs no second one.
+
+        Example::
+
+            >>> model = PeriodCostModel()
+            >>> _ = model.update([(32, 0.010)] * 8)
+            >>> _ = model.update([(32, 0.013)] * 8)
+            >>> fit = model.latest_fit()
+            >>> round(fit[1] * 32, 4), round(model.step_time_s(32), 4)  # the newest period alone; the model unchanged
+            (0.013, 0.0115)
+        """
+        if self._latest is None:
+            return self.overhead_s, self.per_sample_s, len(self.sizes)
+        trial = copy.copy(self)
+        trial.restart_from_latest()
+        return trial.overhead_s, trial.per_sample_s, len(trial.sizes)
+
+    def _plausible_s(self, batch: int) -> tuple[float, float]:
+        """The busy times at ``batch`` that need no change of speed to explain.
+
+        With an identified fit, its prediction. Otherwise the overhead is unknown (one size measured, or sizes too
+        close): every line through the measured level with an overhead from 0 to ``max_overhead_share`` of it is
+        as plausible, so a move to a distant size that lands between them is information about the overhead, not
+        a change of speed (treating it as one discarded the sizes the fit needs: a throttled container at a quota
+        of 0.25 CPU whose overhead is 90% of its step took 5 periods to reach its balanced batch, 2 now).
+        """
+        predicted = self.step_time_s(batch)
+        if self.identified or not self.sizes:
+            return predicted, predicted
+        weight = sum(count for _, count in self.sizes.values())
+        anchor = sum(size * count for size, (_, count) in self.sizes.items()) / weight
+        level = self.overhead_s + self.per_sample_s * anchor if self.per_sample_s is not None else predicted
+        proportional = level * batch / anchor
+        fixed = level * (self.max_overhead_share + (1 - self.max_overhead_share) * batch / anchor)
+        return min(proportional, fixed, predicted), max(proportional, fixed, predicted)
+
     def _refit(self, newest: int, share: float) -> None:
-        if not self._fit():
+        self.identified = self._fit()
+        if not self.identified:
             # One size (or sizes too close to tell an intercept): keep the overhead's share, rescale to the newest.
             mean_s = self.sizes[newest][0]
             self.overhead_s = share * mean_s
@@ -218,3 +263,6 @@ class PeriodCostModel:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.overhead_s, self.per_sample_s = state["overhead_s"], state["per_sample_s"]
         self.sizes = {int(size): (float(mean_s), int(count)) for size, mean_s, count in state.get("sizes", [])}
+        fitted = self.overhead_s, self.per_sample_s
+        self.identified = bool(self.sizes) and self._fit()
+        self.overhead_s, self.per_sample_s = fitted
