@@ -70,12 +70,14 @@ def run_controller(
 ) -> dict:
     """Closed loop as in HeteroBatchCallback: per-rank PeriodCostModels fed each period's steps (the first step at a
     new split discarded; all restart from the newest period when one sees a change), one AdjustmentPolicy decision
-    per period, applied from the next step."""
+    per period, applied from the next step; the synchronous step is measured over the steps at the split in force
+    since it came into force, or this period's when a rank saw a change)."""
     world = len(ranks.overhead_s)
     policy = AdjustmentPolicy(BatchSizeController(global_batch, world))
     models = [PeriodCostModel() for _ in range(world)]
     split = policy.controller.equal_split()
     splits, walls, decisions = [], [], []
+    sync_walls: list[float] = []
     step = 0
     for _ in range(periods):
         period: list[list[tuple[int, float, float]]] = [[] for _ in range(world)]
@@ -99,11 +101,14 @@ def run_controller(
                 if not changed[k]:
                     models[k].restart_from_latest()
         costs = [(m.overhead_s, m.per_sample_s) for m in models]
-        walls_kept = sorted(period_walls)[:-1]  # without the longest step, as the callback does
-        decision = policy.decide(split, costs, sum(walls_kept) / len(walls_kept), [len(m.sizes) for m in models])
+        sync_walls = period_walls if any(changed) else (sync_walls + period_walls)[-32:]
+        kept = sorted(sync_walls)[: max(1, len(sync_walls) - 1)]  # without the longest step, as the callback does
+        sizes_known = [len(m.sizes) for m in models]
+        decision = policy.decide(split, costs, sum(kept) / len(kept), sizes_known, sync_steps=len(kept))
         decisions.append(decision)
         if decision.apply:
             split = decision.sizes
+            sync_walls = []
     return {"splits": splits, "walls": walls, "decisions": decisions}
 
 

@@ -163,6 +163,24 @@ def test_rollback_returns_to_the_split_before_a_change_that_made_the_step_slower
     assert not policy.decide([32, 32], costs, sync_step_s=0.128).apply
 
 
+def test_a_trial_is_judged_on_enough_steps_only():
+    """Issue 17's Docker runs adjusted every 4 steps: the first measurement at a new split rested on one step, and
+    one throttled step rolled a right change back (511/1 back to 412/100). A change is now held until its
+    synchronous step rests on min_sync_steps steps, and a baseline on fewer judges nothing."""
+    costs = [(0.0, 0.001), (0.0, 0.004)]
+    policy = AdjustmentPolicy(BatchSizeController(global_batch_size=64, world_size=2))
+    assert policy.decide([32, 32], costs, sync_step_s=0.128, sync_steps=6).sizes == (52, 12)
+    held = policy.decide([52, 12], costs, sync_step_s=0.160, sync_steps=1)  # one slow step: not judged yet
+    assert (held.reason, held.apply) == ("hold", False)
+    rolled = policy.decide([52, 12], costs, sync_step_s=0.160, sync_steps=3)  # still slower on 3 steps: back
+    assert (rolled.reason, rolled.apply, rolled.sizes) == ("rollback", True, (32, 32))
+
+    policy = AdjustmentPolicy(BatchSizeController(global_batch_size=64, world_size=2))
+    policy.decide([32, 32], costs, sync_step_s=0.100, sync_steps=1)  # a baseline on one step
+    kept = policy.decide([52, 12], costs, sync_step_s=0.160, sync_steps=6)
+    assert kept.reason != "rollback" and not kept.apply
+
+
 def test_no_rollback_to_a_split_that_the_new_speeds_make_inverted():
     """After the ranks swap speeds, the step after a change is slower than before it because the world changed; the
     split before the change is now inverted, so it is not restored."""
