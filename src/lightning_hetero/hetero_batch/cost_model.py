@@ -98,6 +98,8 @@ class PeriodCostModel:
         self.per_sample_s: float | None = None
         #: the fit rests on sizes far enough apart to tell the overhead from the per-sample cost
         self.identified = False
+        #: the last period reported (or followed another rank's) change of speed
+        self._restarted = False
         #: the newest period's (size means, most-run size, overhead share before it), for restart_from_latest
         self._latest: tuple[dict[int, tuple[float, int]], int, float] | None = None
 
@@ -113,6 +115,10 @@ class PeriodCostModel:
 
     def update(self, steps: Iterable[tuple[int, float] | tuple[int, float, float]]) -> PeriodReport:
         """Fold one period's ``(batch size, busy seconds[, floor seconds])`` steps into the model.
+
+        Until the overhead is identified, a period at a new size is checked against the band of plausible
+        overheads (:meth:`_plausible_s`), except right after a change of speed (the period that saw it may mix
+        both speeds), where the point prediction decides.
 
         The optional floor is a lower bound on the step's sustained cost (its CPU time at a CPU quota's rate): a
         size's level is ``max(mean busy, mean floor)``. Means over the period, not per-step maxima: a rank that
@@ -139,11 +145,14 @@ class PeriodCostModel:
             predicted = self.step_time_s(newest)
             typical = statistics.median(max(b, f) for b, f in zip(busy[newest], floors[newest], strict=True))
             error = typical / predicted - 1
-            low, high = self._plausible_s(newest)
+            # right after a change the model rests on the period that saw it, which can mix both speeds: there a
+            # miss is a miss (the band would let the mixed level and the next size make a line of nonsense)
+            low, high = (predicted, predicted) if self._restarted else self._plausible_s(newest)
             tolerance = 1 + self.change_tolerance
             changed = typical > high * tolerance or typical < low / tolerance
         share = self.overhead_s / self.step_time_s(newest) if self.ready else 0.0
         self._latest = (means, newest, share)
+        self._restarted = changed
         if changed:
             self.sizes = {}
         for size in sorted(means, key=lambda size: size == newest):
@@ -183,6 +192,7 @@ class PeriodCostModel:
         means, newest, share = self._latest
         self.sizes = {size: means[size] for size in sorted(means, key=lambda size: size == newest)}
         self._refit(newest, share)
+        self._restarted = True
 
     def latest_fit(self) -> tuple[float, float | None, int]:
         """``(overhead_s, per_sample_s, sizes)`` as :meth:`restart_from_latest` would leave them, without restarting.
