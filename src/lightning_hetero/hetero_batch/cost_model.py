@@ -13,7 +13,8 @@ gave the throttled rank most of the batch). This model instead
 - **checks each period against its prediction**: if the model's prediction for the size just run misses the
   period's median step by more than a factor ``1 + change_tolerance`` either way, the rank's speed changed (or the model
   was wrong), so older sizes are forgotten and the model is rescaled to the new measurement, keeping its overhead
-  share;
+  share (while the overhead is not identified the prediction is the band of every plausible overhead, except right
+  after a change, whose period can mix both speeds);
 - fits the line through the remembered size means (``max_sizes`` newest distinct sizes, weighted by step counts)
   only when they spread by at least ``min_spread`` of their mean, and keeps the overhead **physically plausible**:
   ``0 <= overhead_s <= max_overhead_share x`` the measured time of the smallest size, with a positive slope.
