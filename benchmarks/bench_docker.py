@@ -9,6 +9,15 @@ assumed: each distinct quota trains alone in one container (``--standalone``), a
 throughput is the sum of its containers' standalone throughputs (per epoch, for the schedule). CFS statistics
 (periods throttled, time throttled) are read from each container's own cgroup before and after each run.
 
+Workloads (``--model``): ``mlp`` (the default: a 1 M-parameter perceptron, cheap per sample, 4 MB of gradients per
+step) and ``resnet20`` (issue 17's: CIFAR ResNet-20 on generated images, global batch 128, compute-bound). With
+``--sweep`` HeteroBatch's batch-weighted DDP also runs at fixed splits (``static``): splits proportional to the
+standalone throughputs raised to 0.75, 1, 1.5 and 3, and the slowest container at one sample, so the controller is
+compared with the best static split under the same real quotas. With ``--concurrent-ideal`` the standalone runs of
+a level are also measured all at once, one per container under the level's quotas: the ideal as the host delivers
+it while every container computes (on a 2-core host shared with other jobs a container alone runs faster than
+beside the others).
+
 Epoch 0 is an untimed warm-up. Throughput = training samples / training time over the timed epochs, where an
 epoch's time runs from the earliest rank's start to the latest rank's last batch (the containers share the host's
 clock; validation excluded).
@@ -16,6 +25,7 @@ clock; validation excluded).
 Usage:
     python benchmarks/bench_docker.py            # 2 containers, HL2, HL4 and the schedule, 4 methods
     python benchmarks/bench_docker.py --quick    # 2 containers, HL4 only, DDP and HeteroBatch, 3 epochs
+    python benchmarks/bench_docker.py --quick --model resnet20 --sweep --concurrent-ideal --repeats 3
     python benchmarks/bench_docker.py --workers 2 4
     python benchmarks/bench_docker.py --plot-only benchmarks/results/docker.json benchmarks/results/docker_4w.json
 
@@ -49,12 +59,23 @@ from lightning_hetero.emulation.config import load_config
 from lightning_hetero.emulation.docker_backend import DockerBackend
 from lightning_hetero.emulation.plan import ContainerUpdate
 from lightning_hetero.emulation.runner import run_dynamic, run_static
+from lightning_hetero.hetero_batch.controller import apportion
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 WORKER = HERE / "docker_worker.py"
 METHODS = ("ddp", "hetero", "asp", "hybrid")
-METHOD_NAMES = {"ddp": "plain DDP", "hetero": "HeteroBatch", "asp": "ASP", "hybrid": "hybrid"}
+METHOD_NAMES = {"ddp": "plain DDP", "hetero": "HeteroBatch", "asp": "ASP", "hybrid": "hybrid", "static": "static"}
+# docker_worker.py's arguments per workload (training runs, standalone runs) and its batch per rank
+MODELS = {
+    "mlp": ([], [], 256),
+    "resnet20": (
+        ["--model", "resnet20", "--samples", "2048", "--batch-size", "64", "--val-samples", "256"],
+        ["--model", "resnet20", "--samples", "1024", "--batch-size", "64", "--val-samples", "256"],
+        64,
+    ),
+}
+SWEEP_GAMMAS = (0.75, 1.0, 1.5, 3.0)
 IMAGE = "lightning-hetero-worker:latest"
 # CPU quotas per container, fastest first: 2 containers keep OmniLearn's max/min ratio with the fastest at 1 CPU;
 # 4 keep the shape of its BSP table (cores 12, 12, 8, 16 for HL2 and 9, 9, 6, 24 for HL4 on 48) with the fastest
@@ -79,10 +100,34 @@ def timed_throughput(reports: list[dict[str, Any]], warmup: int = 1) -> dict[str
     return {"throughput": total_samples / total_s, "per_epoch": per_epoch, "train_s": total_s, "epochs": epochs}
 
 
+def static_splits(standalone: list[float], global_batch: int) -> list[list[int]]:
+    """Candidate fixed splits: proportional to ``standalone**gamma`` for each of ``SWEEP_GAMMAS``, then the slowest
+    container at one sample (where a slow container's fixed cost per step outweighs its samples).
+
+    Example::
+
+        >>> static_splits([100.0, 25.0], 128)
+        [[95, 33], [103, 25], [114, 14], [127, 1]]
+    """
+    n = len(standalone)
+    candidates = []
+    for gamma in SWEEP_GAMMAS:
+        split = apportion([x**gamma for x in standalone], global_batch, [1] * n, [global_batch] * n)
+        if split not in candidates:
+            candidates.append(split)
+    slowest = min(range(n), key=lambda k: standalone[k])
+    floor = apportion(
+        [0.0 if k == slowest else x for k, x in enumerate(standalone)], global_batch, [1] * n, [global_batch] * n
+    )
+    if floor not in candidates:
+        candidates.append(floor)
+    return candidates
+
+
 class Cluster:
     """Worker containers with unique names on their own network, a shared run directory, and the emulator."""
 
-    def __init__(self, workers: int, run_dir: Path) -> None:
+    def __init__(self, workers: int, run_dir: Path, model: str = "mlp") -> None:
         tag = uuid.uuid4().hex[:6]
         self.names = [f"lh-bench-{tag}-w{i}" for i in range(workers)]
         self.run_dir = run_dir
@@ -94,6 +139,7 @@ class Cluster:
             "allocation=quota",
         ]
         self.levels = LEVELS[workers]
+        self.train_args, self.standalone_args, self.batch_per_rank = MODELS[model]
         self.backend = DockerBackend.connect()
         self.backend.create_cluster(load_config(overrides=self.base))
         shutil.copy(WORKER, run_dir / "docker_worker.py")
@@ -109,7 +155,9 @@ class Cluster:
     def cgroups(self) -> list[dict[str, Any]]:
         return [vars(self.backend.cpu_cgroup(name)) for name in self.names]
 
-    def train(self, run: str, method: str, epochs: int, schedule: bool = False) -> dict[str, Any]:
+    def train(
+        self, run: str, method: str, epochs: int, schedule: bool = False, split: list[int] | None = None
+    ) -> dict[str, Any]:
         out = f"/progress/{run}"
         (self.run_dir / run / "progress").mkdir(parents=True)
         follower = None
@@ -129,7 +177,9 @@ class Cluster:
             follower.start()
         before = self.cgroups()
         command = ["timeout", "1200", "python", "/progress/docker_worker.py", out, "--method", method]
-        command += ["--epochs", str(epochs)]
+        command += ["--epochs", str(epochs), *self.train_args]
+        if split is not None:
+            command += ["--split", ",".join(map(str, split))]
         containers = [self.backend.client.containers.get(name) for name in self.names]
         started = time.time()
         with ThreadPoolExecutor(len(containers)) as pool:
@@ -159,13 +209,23 @@ class Cluster:
         all_cores = f"0-{self.backend.host_cpus() - 1}"
         update = ContainerUpdate(name, all_cores, int(quota_cpus * 100_000), 100_000)
         self.backend.apply([update], reason=f"standalone at {quota_cpus:g} CPU")
-        run = f"standalone-{quota_cpus:g}"
+        return self._standalone_run(name, f"standalone-{quota_cpus:g}", epochs)
+
+    def concurrent_standalone(self, level: str, epochs: int, tag: str) -> list[float]:
+        """Every container trains alone at once under ``level``'s quotas (no communication): each one's samples/s
+        while the others compute too, as the host delivers it during a distributed run."""
+        self.apply(level)
+        runs = [f"concurrent-{level}-{tag}-w{k}" for k in range(len(self.names))]
+        with ThreadPoolExecutor(len(self.names)) as pool:
+            return list(pool.map(lambda pair: self._standalone_run(*pair, epochs), zip(self.names, runs, strict=True)))
+
+    def _standalone_run(self, name: str, run: str, epochs: int) -> float:
         (self.run_dir / run).mkdir()
         command = ["timeout", "1200", "python", "/progress/docker_worker.py", f"/progress/{run}", "--standalone"]
-        command += ["--epochs", str(epochs)]
+        command += ["--epochs", str(epochs), *self.standalone_args]
         result = self.backend.client.containers.get(name).exec_run(command)
         if result.exit_code != 0:
-            raise RuntimeError(f"standalone at {quota_cpus}: {result.output.decode()[-3000:]}")
+            raise RuntimeError(f"{run}: {result.output.decode()[-3000:]}")
         report = json.loads((self.run_dir / run / "report-rank0.json").read_text())
         return timed_throughput([report])["throughput"]
 
@@ -174,7 +234,7 @@ class Cluster:
 
 
 def run_workers(workers: int, args: argparse.Namespace, run_dir: Path) -> tuple[list[dict[str, Any]], dict]:
-    cluster = Cluster(workers, run_dir)
+    cluster = Cluster(workers, run_dir, args.model)
     rows = []
     try:
         used = [*args.levels, *(name for _, name in SCHEDULE if args.schedule)]
@@ -187,13 +247,23 @@ def run_workers(workers: int, args: argparse.Namespace, run_dir: Path) -> tuple[
                 flush=True,
             )
         configs = [(level, False) for level in args.levels] + ([("HL1->HL4", True)] if args.schedule else [])
+        global_batch = workers * cluster.batch_per_rank
         for repeat in range(args.repeats):
             for level, dynamic in configs:
-                for method in args.methods:
+                concurrent = None
+                if args.concurrent_ideal and not dynamic:
+                    concurrent = cluster.concurrent_standalone(level, args.epochs, str(repeat))
+                    print(f"{level} concurrent standalone: {' + '.join(f'{x:.0f}' for x in concurrent)} samples/s")
+                runs: list[tuple[str, list[int] | None]] = [(method, None) for method in args.methods]
+                if args.sweep and not dynamic:
+                    speeds = [ideal_at[q] for q in cluster.levels[level]]
+                    runs += [("static", split) for split in static_splits(speeds, global_batch)]
+                for method, split in runs:
                     if not dynamic:
                         cluster.apply(level)
-                    run = f"{workers}w-{level.replace('->', '-')}-{method}-{repeat}"
-                    result = cluster.train(run, method, args.epochs, schedule=dynamic)
+                    label = method if split is None else f"static-{'-'.join(map(str, split))}"
+                    run = f"{workers}w-{level.replace('->', '-')}-{label}-{repeat}"
+                    result = cluster.train(run, "hetero" if split else method, args.epochs, dynamic, split)
                     measured = timed_throughput(result["reports"])
                     if dynamic:
                         levels = [dict(SCHEDULE)[max(s for s, _ in SCHEDULE if s <= e)] for e in measured["epochs"]]
@@ -203,13 +273,18 @@ def run_workers(workers: int, args: argparse.Namespace, run_dir: Path) -> tuple[
                         ideal = sum(ideal_at[q] for q in cluster.levels[level])
                     row = {
                         "workers": workers,
+                        "model": args.model,
                         "level": level,
                         "method": method,
+                        "split": split,
                         "repeat": repeat,
                         "throughput": measured["throughput"],
                         "per_epoch": measured["per_epoch"],
                         "ideal": ideal,
                         "of_ideal": measured["throughput"] / ideal,
+                        "concurrent_ideal": None if concurrent is None else sum(concurrent),
+                        "of_concurrent_ideal": None if concurrent is None else measured["throughput"] / sum(concurrent),
+                        "hetero": result["reports"][0].get("hetero"),
                         "final_split": result["reports"][0]["final_split"],
                         "val_acc": result["reports"][0]["epochs"][-1].get("val_acc"),
                         "throttling": result["throttling"],
@@ -239,14 +314,26 @@ def summarise(rows: list[dict[str, Any]]) -> list[str]:
     ]
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for row in rows:
-        groups.setdefault((row["workers"], row["level"], row["method"]), []).append(row)
-    for (workers, level, method), group in groups.items():
-        median = statistics.median(r["throughput"] for r in group)
-        ddp = groups.get((workers, level, "ddp"))
-        vs_ddp = median / statistics.median(r["throughput"] for r in ddp) if ddp else float("nan")
+        split = row.get("split")
+        key = (row["workers"], row["level"], row["method"], None if split is None else tuple(split))
+        groups.setdefault(key, []).append(row)
+    medians = {key: statistics.median(r["throughput"] for r in group) for key, group in groups.items()}
+    for (workers, level, method, split), group in groups.items():
+        median = medians[(workers, level, method, split)]
+        ddp = medians.get((workers, level, "ddp", None))
+        vs_ddp = median / ddp if ddp else float("nan")
+        ideal = statistics.median(r["ideal"] for r in group)
+        extra = ""
+        concurrent = [r["concurrent_ideal"] for r in group if r.get("concurrent_ideal")]
+        if concurrent:
+            extra += f", {median / statistics.median(concurrent):.2f} of the concurrent ideal"
+        statics = [m for (w, lv, me, _), m in medians.items() if (w, lv, me) == (workers, level, "static")]
+        if method == "hetero" and statics:
+            extra += f", {median / max(statics):.2f} of the best static split"
+        name = METHOD_NAMES[method] + ("" if split is None else " " + "/".join(map(str, split)))
         lines.append(
-            f"{workers:>2} {level:<9} {METHOD_NAMES[method]:<12} median {median:>6.0f} samples/s "
-            f"({median / group[0]['ideal']:.2f} of ideal, {vs_ddp:.2f}x DDP, {len(group)} run(s))"
+            f"{workers:>2} {level:<9} {name:<18} median {median:>6.0f} samples/s "
+            f"({median / ideal:.2f} of ideal, {vs_ddp:.2f}x DDP{extra}, {len(group)} run(s))"
         )
     return lines
 
@@ -311,6 +398,11 @@ def main() -> None:
     parser.add_argument("--no-schedule", dest="schedule", action="store_false", help="skip the dynamic schedule")
     parser.add_argument("--epochs", type=int, default=4, help="epochs per run; the first is an untimed warm-up")
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--model", choices=sorted(MODELS), default="mlp", help="the workload (see above)")
+    parser.add_argument("--sweep", action="store_true", help="also run fixed splits (static levels only)")
+    parser.add_argument(
+        "--concurrent-ideal", action="store_true", help="also measure the standalone runs all at once, per level"
+    )
     parser.add_argument("--quick", action="store_true", help="HL4, DDP and HeteroBatch, 3 epochs, no schedule")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "docker.json")
     parser.add_argument(
@@ -343,6 +435,7 @@ def main() -> None:
         "host": platform.node(),
         "cpus": DockerBackend.connect().host_cpus(),
         "note": "2-core machine shared with other jobs; quotas via container.update; one thread per container",
+        "model": args.model,
         "epochs": args.epochs,
         "levels": {str(n): LEVELS[n] for n in args.workers},
         "schedule": SCHEDULE,

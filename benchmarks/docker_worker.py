@@ -4,7 +4,10 @@ Unlike ``matrix_worker.py`` nothing is emulated in the process: the model comput
 perceptron, about 1 M parameters, one thread) and the container's CPU quota makes it slow. The rank layout comes
 from the environment ``lightning-hetero cluster up`` sets (MASTER_ADDR, MASTER_PORT, NODE_RANK, NUM_NODES); with
 ``--standalone`` the process trains alone, for the ideal throughput at its container's quota. Each rank writes
-``OUT/report-rank{k}.json``: per-epoch training windows (validation excluded) and what the method's callback recorded.
+``OUT/report-rank{k}.json``: per-epoch training windows (validation excluded) and what the method's callback recorded
+(for HeteroBatch: the history of split changes, every rank's fitted cost and measured busy time, the synchronous
+step and the CPU quota the rank read from its cgroup). ``--split a,b`` runs HeteroBatch's batch-weighted DDP at a
+fixed split (no adjustment), for a sweep of static splits.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -26,6 +30,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_hetero import AsyncPSStrategy, HeteroBatchCallback, ProgressReporter, SyncSwitchCallback
+from lightning_hetero.measurement import cgroup_cpu_quota
 from lightning_hetero.synthetic import make_classification
 
 METHODS = ("ddp", "hetero", "asp", "hybrid")
@@ -51,6 +56,29 @@ class WideMLP(L.LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=self.momentum)
+
+
+class ResNetClassifier(WideMLP):
+    """The same training loop around the CIFAR ResNet-20 of ``examples/image_classification`` (BatchNorm included)."""
+
+    def __init__(self, lr: float, momentum: float) -> None:
+        super().__init__(lr, momentum)
+        try:
+            from examples.image_classification.model import build_backbone
+        except ImportError:  # in the worker image the examples sit in the working directory, not on sys.path
+            sys.path.append(os.getcwd())
+            from examples.image_classification.model import build_backbone
+        self.net = build_backbone("resnet20")
+
+
+def make_data(model: str, samples: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    if model == "mlp":
+        return make_classification(samples, FEATURES, CLASSES, seed=seed, noise=NOISE).tensors
+    # CIFAR-shaped images: one smooth random template per class plus noise (as examples' make_cifar_like)
+    generator = torch.Generator().manual_seed(seed)
+    templates = nn.functional.interpolate(torch.randn(CLASSES, 3, 4, 4, generator=generator), size=32, mode="bilinear")
+    labels = torch.randint(CLASSES, (samples,), generator=generator)
+    return templates[labels] + 2.0 * torch.randn(samples, 3, 32, 32, generator=generator), labels
 
 
 class Recorder(Callback):
@@ -83,7 +111,7 @@ class Recorder(Callback):
 def train(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     L.seed_everything(args.seed, verbose=False)
-    data = make_classification(args.samples + args.val_samples, FEATURES, CLASSES, seed=args.seed, noise=NOISE).tensors
+    data = make_data(args.model, args.samples + args.val_samples, args.seed)
     train_set = TensorDataset(data[0][: args.samples], data[1][: args.samples])
     val_set = TensorDataset(data[0][args.samples :], data[1][args.samples :])
     recorder = Recorder()
@@ -96,7 +124,12 @@ def train(args: argparse.Namespace) -> None:
         strategy = DDPStrategy(process_group_backend="gloo", timeout=timeout)
     elif args.method == "hetero":
         strategy = DDPStrategy(process_group_backend="gloo", timeout=timeout)
-        hetero = HeteroBatchCallback(adjust_every_n_steps=args.adjust_every, warmup_steps=2, verbose=False)
+        split = None if args.split is None else [int(b) for b in args.split.split(",")]
+        hetero = HeteroBatchCallback(
+            adjust_every_n_steps=args.adjust_every, warmup_steps=2, verbose=False, initial_batch_sizes=split
+        )
+        if split is not None:
+            hetero._adjust = lambda *_, **__: None  # a fixed split: the callback only splits and weights
         callbacks.append(hetero)
     elif args.method == "asp":
         strategy = AsyncPSStrategy(mode="asp", fault_timeout_s=args.comm_timeout_s)
@@ -117,8 +150,9 @@ def train(args: argparse.Namespace) -> None:
         enable_model_summary=False,
         num_sanity_val_steps=0,
     )
+    model = (WideMLP if args.model == "mlp" else ResNetClassifier)(args.lr, args.momentum)
     trainer.fit(
-        WideMLP(args.lr, args.momentum),
+        model,
         train_dataloaders=DataLoader(train_set, batch_size=args.batch_size, shuffle=True),
         val_dataloaders=DataLoader(val_set, batch_size=512),
     )
@@ -128,7 +162,16 @@ def train(args: argparse.Namespace) -> None:
         "global_step": trainer.global_step,
         "final_split": None if hetero is None or hetero.batch_sizes is None else list(hetero.batch_sizes),
         "switches": None if switch is None else switch.switches,
+        "cpu_quota": cgroup_cpu_quota(),
     }
+    if hetero is not None:
+        report["hetero"] = {
+            "history": hetero.history,
+            "costs": hetero.costs,
+            "busy_s": hetero.busy_s,
+            "sync_step_s": hetero.sync_step_s,
+            "predicted_step_s": hetero.predicted_step_s(),
+        }
     Path(args.out, f"report-rank{trainer.global_rank}.json").write_text(json.dumps(report))
     if dist.is_initialized():
         dist.destroy_process_group()  # an undestroyed gloo group can abort the interpreter at exit
@@ -138,6 +181,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path, help="directory for report-rank{k}.json (progress records in OUT/progress)")
     parser.add_argument("--method", choices=METHODS, default="ddp")
+    parser.add_argument("--model", choices=("mlp", "resnet20"), default="mlp")
+    parser.add_argument("--split", help="HeteroBatch at this fixed split (a,b,...), no adjustment")
     parser.add_argument("--standalone", action="store_true", help="train alone (the ideal at this quota)")
     parser.add_argument("--samples", type=int, default=8192, help="training samples (one epoch)")
     parser.add_argument("--val-samples", type=int, default=1024)

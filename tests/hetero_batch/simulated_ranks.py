@@ -70,12 +70,14 @@ def run_controller(
 ) -> dict:
     """Closed loop as in HeteroBatchCallback: per-rank PeriodCostModels fed each period's steps (the first step at a
     new split discarded; all restart from the newest period when one sees a change), one AdjustmentPolicy decision
-    per period, applied from the next step."""
+    per period, applied from the next step; the synchronous step is measured over the steps at the split in force
+    since it came into force, or this period's when a rank saw a change)."""
     world = len(ranks.overhead_s)
     policy = AdjustmentPolicy(BatchSizeController(global_batch, world))
     models = [PeriodCostModel() for _ in range(world)]
     split = policy.controller.equal_split()
     splits, walls, decisions = [], [], []
+    sync_walls: list[float] = []
     step = 0
     for _ in range(periods):
         period: list[list[tuple[int, float, float]]] = [[] for _ in range(world)]
@@ -99,18 +101,24 @@ def run_controller(
                 if not changed[k]:
                     models[k].restart_from_latest()
         costs = [(m.overhead_s, m.per_sample_s) for m in models]
-        walls_kept = sorted(period_walls)[:-1]  # without the longest step, as the callback does
-        decision = policy.decide(split, costs, sum(walls_kept) / len(walls_kept), [len(m.sizes) for m in models])
+        sync_walls = period_walls if any(changed) else (sync_walls + period_walls)[-32:]
+        kept = sorted(sync_walls)[: max(1, len(sync_walls) - 1)]  # without the longest step, as the callback does
+        sizes_known = [len(m.sizes) for m in models]
+        decision = policy.decide(split, costs, sum(kept) / len(kept), sizes_known, sync_steps=len(kept))
         decisions.append(decision)
         if decision.apply:
             split = decision.sizes
+            sync_walls = []
     return {"splits": splits, "walls": walls, "decisions": decisions}
 
 
-def best_static(ranks_factory, global_batch: int, steps: int = 64) -> tuple[tuple[int, ...], float]:
-    """Brute force over 2-rank splits: the split with the shortest mean step (fresh ranks for each split)."""
+def best_static(
+    ranks_factory, global_batch: int, steps: int = 64, rank1_sizes: Sequence[int] | None = None
+) -> tuple[tuple[int, ...], float]:
+    """Brute force over 2-rank splits (rank 1's sizes: all, or ``rank1_sizes``): the split with the shortest mean
+    step (fresh ranks for each split)."""
     best = None
-    for b0 in range(1, global_batch):
+    for b0 in range(1, global_batch) if rank1_sizes is None else [global_batch - b for b in rank1_sizes]:
         split = (b0, global_batch - b0)
         mean = ranks_factory().mean_step_s(split, steps)
         if best is None or mean < best[1]:

@@ -102,3 +102,35 @@ def test_state_round_trip_and_validation():
     ]:
         with pytest.raises(ValueError, match=message):
             PeriodCostModel(**kwargs)
+
+
+def test_a_move_from_one_known_size_that_a_plausible_overhead_explains_is_not_a_speed_change():
+    """A container at 0.25 CPU with 40 ms of fixed cost per step and 0.27 ms per sample: measured at 256 samples
+    only, the overhead is unknown, so 64 ms at 90 samples (the proportional guess says 38 ms) is information about
+    the overhead, which two sizes then pin down; the same rank 4x slower at a known size is still a change."""
+    model = PeriodCostModel()
+
+    def cost(b):
+        return 0.040 + 0.00027 * b
+
+    model.update([(256, cost(256))] * 3)
+    report = model.update([(90, cost(90))] * 3)
+    assert not report.changed and report.prediction_error > 0.4  # a 68% miss, within the plausible band
+    assert model.identified
+    assert model.overhead_s == pytest.approx(0.040) and model.per_sample_s == pytest.approx(0.00027)
+    assert model.update([(90, 4 * cost(90))] * 3).changed
+
+
+def test_right_after_a_change_a_miss_at_a_new_size_is_a_change_again():
+    """bench_controller's flip (sleep HL4, 2 ranks): the period that saw the change mixed 2 slow steps with 5 fast
+    ones. Had the next size been checked against the band of plausible overheads, the mixed level and the new
+    size would have made a line with an 11 ms overhead (truth 1 ms) and sent the split to [1, 63] before it came
+    back to [11, 53]; a miss there restarts the model from the newest period instead."""
+    model = PeriodCostModel()
+    model.update([(8, 0.036)] * 7)
+    model.update([(16, 0.068)] * 7)  # 4 ms + 4 ms/sample, identified
+    assert model.update([(8, 0.036)] * 2 + [(8, 0.009)] * 5).changed  # 4x faster from the third step on
+    report = model.update([(37, 0.038)] * 6)  # 1 ms + 1 ms/sample
+    assert report.changed and len(model.sizes) == 1
+    assert model.update([(30, 0.031)] * 6).changed is False  # then the band applies again: a second size ...
+    assert model.identified and model.overhead_s == pytest.approx(0.001, abs=1e-4)  # ... pins the overhead

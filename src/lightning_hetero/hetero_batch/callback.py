@@ -194,6 +194,8 @@ class HeteroBatchCallback(Callback):
         self._step_split: tuple[int, ...] | None = None
         #: this period's measured steps: (split in force, this rank's batch, busy s, floor s, wall s)
         self._period: list[tuple[tuple[int, ...], int, float, float, float]] = []
+        #: the split in force and the wall seconds of its measured steps so far (the synchronous step)
+        self._sync_walls: tuple[tuple[int, ...] | None, list[float]] = (None, [])
         self._handles: list[Any] = []
         self._wrapped: list[str] = []
         self._forward_started: float | None = None
@@ -417,8 +419,17 @@ class HeteroBatchCallback(Callback):
         mine = [(busy, floor) for size, busy, floor, _ in at_current if size == own_size]
         # as the cost model sees it: mean busy time, raised to the mean CPU-at-quota floor
         measured = max(sum(b for b, _ in mine), sum(f for _, f in mine)) / len(mine) if mine else math.nan
-        # the synchronous step at this split, without the period's longest step (a stall is not the split's doing)
-        walls = sorted(wall for *_, wall in at_current)[: max(1, len(at_current) - 1)] if at_current else []
+        # the synchronous step at this split since it came into force (up to 32 steps; only this period's when a
+        # rank saw its speed change), without the longest step (a stall is not the split's doing): a change lands a
+        # step or two into a period, so one period can be too few steps to judge it
+        period_walls = [wall for *_, wall in at_current]
+        if self._sync_walls[0] != current:
+            self._sync_walls = (current, [])
+        self._sync_walls[1][:] = (self._sync_walls[1] + period_walls)[-32:]
+        walls, newest_walls = _trimmed(self._sync_walls[1]), _trimmed(period_walls)
+        # the fit as it stands and as it would be if restarted from this period, so that one exchange suffices
+        # even when some rank saw its speed change (then every rank uses the newest period's fit, see below)
+        latest = self.cost.latest_fit()
         local = torch.tensor(
             [
                 self.cost.overhead_s,
@@ -428,28 +439,39 @@ class HeteroBatchCallback(Callback):
                 measured,
                 float(report.changed),
                 float(self.sampler.produced_position),
+                latest[0],
+                math.nan if latest[1] is None else latest[1],
+                float(latest[2]),
+                float(len(walls)),
+                sum(newest_walls) / len(newest_walls) if newest_walls else math.nan,
+                float(len(newest_walls)),
             ],
             dtype=torch.float64,
         )
-        gathered = trainer.strategy.all_gather(local).reshape(-1, 7)
+        gathered = self._all_gather(trainer.strategy, local)
         if bool(gathered[:, 5].any()):
-            # a rank saw its speed change: every other one restarts from the same period, and all exchange again
+            # a rank saw its speed change: every rank restarts from the same (newest) period
+            gathered[:, :3] = torch.where(gathered[:, 5:6].bool(), gathered[:, :3], gathered[:, 7:10])
+            gathered[:, [3, 10]] = gathered[:, [11, 12]]
+            self._sync_walls = (current, period_walls)
             if not report.changed:
                 self.cost.restart_from_latest()
-                fit = [self.cost.overhead_s, math.nan if self.cost.per_sample_s is None else self.cost.per_sample_s]
-                local[:3] = torch.tensor([*fit, float(len(self.cost.sizes))], dtype=torch.float64)
-            gathered = trainer.strategy.all_gather(local).reshape(-1, 7)
         if torch.isnan(gathered[:, :2]).any():
             return
         self.costs = tuple((float(a), float(c)) for a, c in gathered[:, :2].tolist())
         walls_s = [w for w in gathered[:, 3].tolist() if math.isfinite(w)]
         self.sync_step_s = max(walls_s) if len(walls_s) == self._world_size else None
+        sync_steps = int(gathered[:, 10].min().item())
         busy = tuple(float(b) for b in gathered[:, 4])
         if all(math.isfinite(b) for b in busy):
             self.busy_s = busy
         self.throughputs = tuple(b / (a + c * b) for b, (a, c) in zip(current, self.costs, strict=True))
         decision = self.policy.decide(
-            current, self.costs, self.sync_step_s, known_sizes=[int(n) for n in gathered[:, 2].tolist()]
+            current,
+            self.costs,
+            self.sync_step_s,
+            known_sizes=[int(n) for n in gathered[:, 2].tolist()],
+            sync_steps=sync_steps,
         )
         metrics = {f"hetero/predicted_step_ms_rank{k}": 1e3 * t for k, t in enumerate(self.predicted_step_s())}
         if self.sync_step_s is not None:
@@ -475,6 +497,16 @@ class HeteroBatchCallback(Callback):
         metrics |= {f"hetero/batch_size_rank{k}": float(b) for k, b in enumerate(self.plan.current)}
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=trainer.global_step)
+
+    def _all_gather(self, strategy: Any, local: torch.Tensor) -> torch.Tensor:
+        """Every rank's ``local`` row, in one collective under DDP (the strategy's all_gather adds a barrier and an
+        exchange of shapes: three collectives per adjustment)."""
+        if isinstance(strategy, DDPStrategy) and torch.distributed.is_available() and torch.distributed.is_initialized():
+            rows = [torch.empty_like(local) for _ in range(self._world_size)]
+            with self.busy.waiting():
+                torch.distributed.all_gather(rows, local)
+            return torch.stack(rows)
+        return strategy.all_gather(local).reshape(-1, local.numel())
 
     def predicted_step_s(self, split: Sequence[int] | None = None) -> tuple[float, ...]:
         """Each rank's predicted busy seconds per step at ``split`` (default: the current one), from the last fits."""
@@ -544,6 +576,11 @@ class _ComputeEndMarks:
     def mark_compute_end(self) -> None:
         self.timer.mark_compute_end()
         self.busy.mark_ready()
+
+
+def _trimmed(walls: list[float]) -> list[float]:
+    """Without the longest step."""
+    return sorted(walls)[: max(1, len(walls) - 1)]
 
 
 def _in_lock_step(strategy: object) -> bool:

@@ -69,6 +69,8 @@ def apportion(
     while sum(filled(high)) < total:
         high *= 2.0
     for _ in range(200):
+        if high - low <= 1e-12 * high:
+            break
         mid = (low + high) / 2.0
         if sum(filled(mid)) < total:
             low = mid
@@ -151,8 +153,9 @@ class Decision:
 
     ``predicted_gain`` is the fraction by which the synchronous step is predicted to shorten (``0.25``: a quarter).
     ``reason`` says why: ``"balance"`` (equalise the predicted step times), ``"rollback"`` (the last change made the
-    measured synchronous step slower: return to the split before it) or ``"explore"`` (try a rank that sat at its
-    minimum one notch higher, to learn its cost at another size).
+    measured synchronous step slower: return to the split before it), ``"explore"`` (try a rank that sat at its
+    minimum one notch higher, to learn its cost at another size) or ``"hold"`` (keep the split until the last
+    change has been measured on enough steps).
     """
 
     sizes: tuple[int, ...]
@@ -261,10 +264,13 @@ class AdjustmentPolicy:
 
     - **Balance**: the min-max split of the fitted costs, never inverted (:func:`order_by_speed`), applied when its
       predicted gain clears the deadband.
-    - **Rollback**: each applied change is a trial. At the next adjustment the synchronous step measured at the new
-      split is compared with the one measured just before the change; if it is slower by more than
-      ``rollback_tolerance``, the previous split comes back (unless that split is now inverted, i.e. the ranks'
+    - **Rollback**: each applied change is a trial. Once the synchronous step at the new split rests on at least
+      ``min_sync_steps`` steps, it is compared with the one measured before the change; if it is slower by more
+      than ``rollback_tolerance``, the previous split comes back (unless that split is now inverted, i.e. the ranks'
       speeds changed under it) and the rejected split is not proposed again for ``reject_periods`` adjustments.
+      Until then the split is held (a change takes effect a step or two after it is decided, so with short
+      periods the first measurement at it can rest on one step, and one throttled step must not undo it); a
+      baseline on fewer steps judges nothing.
     - **Explore**: a rank that sat at its lower bound for ``explore_after`` adjustments while its cost was known at a
       single batch size is offered one notch more, so its cost can be measured at a second size and it can leave
       the minimum when the minimum was a misfit (a trial like any other: rolled back if slower).
@@ -274,6 +280,7 @@ class AdjustmentPolicy:
         rollback_tolerance: fractional slow-down of the measured synchronous step that rolls a change back.
         reject_periods: adjustments during which a rolled-back split is not proposed again.
         explore_after: adjustments at the lower bound (with one known size) before exploring; ``None``: never.
+        min_sync_steps: steps a synchronous-step measurement needs to judge a trial (when the caller gives counts).
 
     Example::
 
@@ -293,6 +300,7 @@ class AdjustmentPolicy:
         rollback_tolerance: float = 0.15,
         reject_periods: int = 3,
         explore_after: int | None = 3,
+        min_sync_steps: int = 3,
     ) -> None:
         if not math.isfinite(rollback_tolerance) or rollback_tolerance < 0:
             raise ValueError(f"rollback_tolerance must be a finite number >= 0, got {rollback_tolerance!r}")
@@ -300,12 +308,15 @@ class AdjustmentPolicy:
             raise ValueError(f"reject_periods must be >= 0, got {reject_periods}")
         if explore_after is not None and explore_after < 1:
             raise ValueError(f"explore_after must be >= 1 or None, got {explore_after}")
+        if min_sync_steps < 1:
+            raise ValueError(f"min_sync_steps must be >= 1, got {min_sync_steps}")
         self.controller = controller
+        self.min_sync_steps = min_sync_steps
         self.rollback_tolerance = rollback_tolerance
         self.reject_periods = reject_periods
         self.explore_after = explore_after
-        #: (split before the last change, synchronous step measured at it); None when no trial is pending
-        self._trial: tuple[tuple[int, ...], float | None] | None = None
+        #: (split before the last change, synchronous step measured at it, its steps); None when no trial is pending
+        self._trial: tuple[tuple[int, ...], float | None, int | None] | None = None
         self._rejected: dict[tuple[int, ...], int] = {}
         self._at_floor = [0] * controller.world_size
 
@@ -315,10 +326,23 @@ class AdjustmentPolicy:
         costs: Sequence[tuple[float, float]],
         sync_step_s: float | None = None,
         known_sizes: Sequence[int] | None = None,
+        sync_steps: int | None = None,
     ) -> Decision:
         """Decide from every rank's ``(overhead_s, per_sample_s)`` and the synchronous step measured at ``current``.
 
         ``known_sizes``: how many distinct batch sizes each rank's cost model rests on (for exploration).
+        ``sync_steps``: how many steps ``sync_step_s`` rests on (``None``: enough).
+
+        Example::
+
+            >>> policy = AdjustmentPolicy(BatchSizeController(global_batch_size=64, world_size=2))
+            >>> costs = [(0.0, 0.001), (0.0, 0.004)]
+            >>> policy.decide([32, 32], costs, sync_step_s=0.128, sync_steps=6).sizes
+            (52, 12)
+            >>> policy.decide([52, 12], costs, sync_step_s=0.160, sync_steps=1).reason  # one step: held, not judged
+            'hold'
+            >>> policy.decide([52, 12], costs, sync_step_s=0.066, sync_steps=5).apply  # judged: faster, kept
+            False
         """
         controller = self.controller
         current = tuple(current)
@@ -328,8 +352,12 @@ class AdjustmentPolicy:
         speed_times = [a + equal_share * c for a, c in costs]
         self._rejected = {split: left - 1 for split, left in self._rejected.items() if left > 1}
         trial, self._trial = self._trial, None
-        if trial is not None:
-            before, before_s = trial
+        enough = sync_steps is None or sync_steps >= self.min_sync_steps
+        if trial is not None and not enough and trial[2] is not None and trial[2] >= self.min_sync_steps:
+            self._trial = trial  # judge it once the new split has been measured on enough steps
+            return Decision(current, 0.0, apply=False, reason="hold")
+        if trial is not None and (trial[2] is None or trial[2] >= self.min_sync_steps):
+            before, before_s, _ = trial
             inverted = order_by_speed(before, speed_times, controller.lower, controller.upper) != before
             slower = (
                 sync_step_s is not None
@@ -369,7 +397,7 @@ class AdjustmentPolicy:
                 self._at_floor[k] = 0
         apply = proposed != current and proposed not in self._rejected and (decision.apply or reason == "explore")
         if apply:
-            self._trial = (current, sync_step_s)
+            self._trial = (current, sync_step_s, sync_steps)
         now = step_time_s(current, rates, overheads)
         gain = (now - step_time_s(proposed, rates, overheads)) / now
         return Decision(proposed, gain, apply=apply, reason=reason)

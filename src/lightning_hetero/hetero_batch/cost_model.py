@@ -13,7 +13,8 @@ gave the throttled rank most of the batch). This model instead
 - **checks each period against its prediction**: if the model's prediction for the size just run misses the
   period's median step by more than a factor ``1 + change_tolerance`` either way, the rank's speed changed (or the model
   was wrong), so older sizes are forgotten and the model is rescaled to the new measurement, keeping its overhead
-  share;
+  share (while the overhead is not identified the prediction is the band of every plausible overhead, except right
+  after a change, whose period can mix both speeds);
 - fits the line through the remembered size means (``max_sizes`` newest distinct sizes, weighted by step counts)
   only when they spread by at least ``min_spread`` of their mean, and keeps the overhead **physically plausible**:
   ``0 <= overhead_s <= max_overhead_share x`` the measured time of the smallest size, with a positive slope.
@@ -23,6 +24,7 @@ Pure arithmetic, no torch.
 
 from __future__ import annotations
 
+import copy
 import math
 import statistics
 from collections.abc import Iterable
@@ -95,6 +97,10 @@ class PeriodCostModel:
         self.sizes: dict[int, tuple[float, int]] = {}
         self.overhead_s = 0.0
         self.per_sample_s: float | None = None
+        #: the fit rests on sizes far enough apart to tell the overhead from the per-sample cost
+        self.identified = False
+        #: the last period reported (or followed another rank's) change of speed
+        self._restarted = False
         #: the newest period's (size means, most-run size, overhead share before it), for restart_from_latest
         self._latest: tuple[dict[int, tuple[float, int]], int, float] | None = None
 
@@ -110,6 +116,10 @@ class PeriodCostModel:
 
     def update(self, steps: Iterable[tuple[int, float] | tuple[int, float, float]]) -> PeriodReport:
         """Fold one period's ``(batch size, busy seconds[, floor seconds])`` steps into the model.
+
+        Until the overhead is identified, a period at a new size is checked against the band of plausible
+        overheads (:meth:`_plausible_s`), except right after a change of speed (the period that saw it may mix
+        both speeds), where the point prediction decides.
 
         The optional floor is a lower bound on the step's sustained cost (its CPU time at a CPU quota's rate): a
         size's level is ``max(mean busy, mean floor)``. Means over the period, not per-step maxima: a rank that
@@ -136,9 +146,14 @@ class PeriodCostModel:
             predicted = self.step_time_s(newest)
             typical = statistics.median(max(b, f) for b, f in zip(busy[newest], floors[newest], strict=True))
             error = typical / predicted - 1
-            changed = abs(math.log1p(error)) > math.log1p(self.change_tolerance)
+            # right after a change the model rests on the period that saw it, which can mix both speeds: there a
+            # miss is a miss (the band would let the mixed level and the next size make a line of nonsense)
+            low, high = (predicted, predicted) if self._restarted else self._plausible_s(newest)
+            tolerance = 1 + self.change_tolerance
+            changed = typical > high * tolerance or typical < low / tolerance
         share = self.overhead_s / self.step_time_s(newest) if self.ready else 0.0
         self._latest = (means, newest, share)
+        self._restarted = changed
         if changed:
             self.sizes = {}
         for size in sorted(means, key=lambda size: size == newest):
@@ -178,9 +193,50 @@ class PeriodCostModel:
         means, newest, share = self._latest
         self.sizes = {size: means[size] for size in sorted(means, key=lambda size: size == newest)}
         self._refit(newest, share)
+        self._restarted = True
+
+    def latest_fit(self) -> tuple[float, float | None, int]:
+        """``(overhead_s, per_sample_s, sizes)`` as :meth:`restart_from_latest` would leave them, without restarting.
+
+        Lets every rank send both fits in one exchange, so that a change seen by any rank needs no second one.
+
+        Example::
+
+            >>> model = PeriodCostModel()
+            >>> _ = model.update([(32, 0.010)] * 8)
+            >>> _ = model.update([(32, 0.013)] * 8)
+            >>> fit = model.latest_fit()
+            >>> round(fit[1] * 32, 4), round(model.step_time_s(32), 4)  # the newest period alone; the model unchanged
+            (0.013, 0.0115)
+        """
+        if self._latest is None:
+            return self.overhead_s, self.per_sample_s, len(self.sizes)
+        trial = copy.copy(self)
+        trial.restart_from_latest()
+        return trial.overhead_s, trial.per_sample_s, len(trial.sizes)
+
+    def _plausible_s(self, batch: int) -> tuple[float, float]:
+        """The busy times at ``batch`` that need no change of speed to explain.
+
+        With an identified fit, its prediction. Otherwise the overhead is unknown (one size measured, or sizes too
+        close): every line through the measured level with an overhead from 0 to ``max_overhead_share`` of it is
+        as plausible, so a move to a distant size that lands between them is information about the overhead, not
+        a change of speed (treating it as one discarded the sizes the fit needs: a throttled container at a quota
+        of 0.25 CPU whose overhead is 90% of its step took 5 periods to reach its balanced batch, 2 now).
+        """
+        predicted = self.step_time_s(batch)
+        if self.identified or not self.sizes:
+            return predicted, predicted
+        weight = sum(count for _, count in self.sizes.values())
+        anchor = sum(size * count for size, (_, count) in self.sizes.items()) / weight
+        level = self.overhead_s + self.per_sample_s * anchor if self.per_sample_s is not None else predicted
+        proportional = level * batch / anchor
+        fixed = level * (self.max_overhead_share + (1 - self.max_overhead_share) * batch / anchor)
+        return min(proportional, fixed, predicted), max(proportional, fixed, predicted)
 
     def _refit(self, newest: int, share: float) -> None:
-        if not self._fit():
+        self.identified = self._fit()
+        if not self.identified:
             # One size (or sizes too close to tell an intercept): keep the overhead's share, rescale to the newest.
             mean_s = self.sizes[newest][0]
             self.overhead_s = share * mean_s
@@ -218,3 +274,6 @@ class PeriodCostModel:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.overhead_s, self.per_sample_s = state["overhead_s"], state["per_sample_s"]
         self.sizes = {int(size): (float(mean_s), int(count)) for size, mean_s, count in state.get("sizes", [])}
+        fitted = self.overhead_s, self.per_sample_s
+        self.identified = bool(self.sizes) and self._fit()
+        self.overhead_s, self.per_sample_s = fitted
