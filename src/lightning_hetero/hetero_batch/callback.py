@@ -501,7 +501,11 @@ class HeteroBatchCallback(Callback):
     def _all_gather(self, strategy: Any, local: torch.Tensor) -> torch.Tensor:
         """Every rank's ``local`` row, in one collective under DDP (the strategy's all_gather adds a barrier and an
         exchange of shapes: three collectives per adjustment)."""
-        if isinstance(strategy, DDPStrategy) and torch.distributed.is_available() and torch.distributed.is_initialized():
+        if (
+            isinstance(strategy, DDPStrategy)
+            and torch.distributed.is_available()
+            and torch.distributed.is_initialized()
+        ):
             rows = [torch.empty_like(local) for _ in range(self._world_size)]
             with self.busy.waiting():
                 torch.distributed.all_gather(rows, local)
