@@ -20,44 +20,41 @@ from typing_extensions import override
 
 from lightning_hetero._deprecation import renamed_argument
 from lightning_hetero._lightning_internals import rebuild_train_dataloader
-from lightning_hetero._validation import check_finite
 from lightning_hetero.batch_weighting import batch_share
 from lightning_hetero.contracts import HeteroBatchStrategy
-from lightning_hetero.emulation.slowdown import SlowdownEmulator
 from lightning_hetero.hetero_batch.aggregation import BatchWeightState, register_batch_weighted_hook
 from lightning_hetero.hetero_batch.controller import AdjustmentPolicy, BatchSizeController
 from lightning_hetero.hetero_batch.cost_model import PeriodCostModel
+from lightning_hetero.hetero_batch.exchange import gather_rows, own_row, read_rows, trimmed
 from lightning_hetero.hetero_batch.loader import build_hetero_loader, starting_batch_size
-from lightning_hetero.hetero_batch.lr_scaling import LR_SCALING_RULES, lr_scale_factor, scale_learning_rates
+from lightning_hetero.hetero_batch.lr_scaling import lr_scale_factor, scale_learning_rates
+from lightning_hetero.hetero_batch.period import MeasuredPeriod
 from lightning_hetero.hetero_batch.sampler import HeteroBatchSampler, SplitPlan
+from lightning_hetero.hetero_batch.settings import check_settings
+from lightning_hetero.hetero_batch.summary import adjustment_metrics, format_summary
+from lightning_hetero.hetero_batch.window import ComputeEndMarks, WaitExclusion, quota_source
 from lightning_hetero.measurement import (
     BusyTimer,
     ComputeTimer,
     ThroughputMeter,
-    cgroup_cpu_quota,
     close_compute_window,
     sustained_step_s,
 )
-
-#: strategy methods that run collectives; time spent in them is waiting for other ranks, not this rank's cost
-_COLLECTIVES = ("reduce", "all_gather", "broadcast", "barrier")
 
 
 class HeteroBatchCallback(Callback):
     """Resize each rank's share of every global batch in proportion to its measured compute throughput.
 
-    Each rank measures its *busy* time per step (wall time between step starts minus every wait for other ranks:
-    the gradient all-reduce, DDP's buffer broadcast, ``sync_dist`` logging and other strategy collectives), so a
-    CPU quota's throttling counts wherever it lands; under a CPU quota (read from the cgroup, or from a CFS
-    :class:`~lightning_hetero.SlowdownEmulator`) a step costs at least its CPU time at the quota's rate. It fits it per adjustment period as a fixed overhead plus a
-    per-sample cost (:class:`~lightning_hetero.hetero_batch.cost_model.PeriodCostModel`). At each adjustment all
-    ranks exchange their fits and the measured synchronous step, and apply the same decision
-    (:class:`~lightning_hetero.hetero_batch.controller.AdjustmentPolicy`): the split that makes their predicted
-    step times equal, never giving a slower rank more samples than a faster one, rolled back if the synchronous
-    step measured after it is slower than before.
-    The global batch stays exactly constant, every sample is used once per epoch, every rank does the same number
-    of steps, and gradients are combined as the batch-weighted mean ``Σ b_k g_k / Σ b_k``, so the optimisation is
-    that of one big batch. The train loader's ``batch_size`` is the starting per-rank size.
+    Each rank measures its *busy* time per step (wall time minus every wait for other ranks, see
+    :mod:`~lightning_hetero.hetero_batch.window`; under a CPU quota at least its CPU time at the quota's rate) and fits
+    it per adjustment period as a fixed overhead plus a per-sample cost
+    (:class:`~lightning_hetero.hetero_batch.cost_model.PeriodCostModel`). At each adjustment all ranks exchange their
+    fits and the measured synchronous step (:mod:`~lightning_hetero.hetero_batch.exchange`) and apply the same
+    decision (:class:`~lightning_hetero.hetero_batch.controller.AdjustmentPolicy`): the split that equalises their
+    predicted step times, never giving a slower rank more samples than a faster one, rolled back if the synchronous
+    step measured after it is slower. The global batch stays constant, every sample is used once per epoch, every
+    rank does the same number of steps, and gradients are combined as the batch-weighted mean ``Σ b_k g_k / Σ b_k``:
+    the optimisation is that of one big batch. The train loader's ``batch_size`` is the starting per-rank size.
 
     Example::
 
@@ -102,9 +99,8 @@ class HeteroBatchCallback(Callback):
           :class:`~lightning_hetero.AsyncPSStrategy`.
         - The model's loss must be a mean over the local batch (the usual reduction), so that weighting by
           ``b_k / Σ b`` yields the big-batch mean. Batch norm sees per-rank batches of different sizes.
-        - Waiting in collectives that go through the strategy (``self.log(..., sync_dist=True)``, barriers), in
-          DDP's buffer broadcast and in the gradient all-reduce is excluded from a rank's busy time. Collectives
-          called directly through ``torch.distributed`` are not seen and count as the rank's own time.
+        - Collectives called directly through ``torch.distributed`` (not through the strategy) are not seen and
+          count as the rank's own busy time.
         - Gradient accumulation is not supported (``accumulate_grad_batches`` must be 1).
         - While a strategy trains asynchronously (``AsyncPSStrategy`` in ASP) ranks are not in lock-step, so
           ``adjust_every_n_steps`` is ignored there and the split changes at epoch ends only.
@@ -132,28 +128,18 @@ class HeteroBatchCallback(Callback):
         batch_lr_scaling = renamed_argument(
             "HeteroBatchCallback", "lr_scaling", "batch_lr_scaling", lr_scaling, batch_lr_scaling
         )
-        for name, value in (("min_batch_size", min_batch_size), ("max_batch_size", max_batch_size)):
-            values = [value] if isinstance(value, int) else list(value or [])
-            if any(v < 1 for v in values):
-                raise ValueError(f"{name} must be positive, got {value}")
-        if isinstance(min_batch_size, int) and isinstance(max_batch_size, int) and min_batch_size > max_batch_size:
-            raise ValueError(f"min_batch_size ({min_batch_size}) must not exceed max_batch_size ({max_batch_size})")
-        if global_batch_size is not None and global_batch_size < 1:
-            raise ValueError(f"global_batch_size must be positive, got {global_batch_size}")
-        if initial_batch_sizes is not None and any(b < 1 for b in initial_batch_sizes):
-            raise ValueError(f"initial_batch_sizes must all be positive, got {list(initial_batch_sizes)}")
-        if adjust_every_n_steps is not None and adjust_every_n_steps < 1:
-            raise ValueError(f"adjust_every_n_steps must be a positive int or None, got {adjust_every_n_steps}")
-        check_finite(deadband=deadband, smoothing=smoothing)
-        if deadband < 0:
-            raise ValueError(f"deadband must be >= 0, got {deadband}")
-        if batch_lr_scaling is not None and batch_lr_scaling not in LR_SCALING_RULES:
-            raise ValueError(f"batch_lr_scaling must be one of {LR_SCALING_RULES} or None, got {batch_lr_scaling!r}")
-        for name, value in (("rollback_tolerance", rollback_tolerance), ("change_tolerance", change_tolerance)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
-                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-        if change_tolerance == 0:
-            raise ValueError("change_tolerance must be > 0 (0 would forget every measurement each period)")
+        check_settings(
+            global_batch_size=global_batch_size,
+            initial_batch_sizes=initial_batch_sizes,
+            min_batch_size=min_batch_size,
+            max_batch_size=max_batch_size,
+            deadband=deadband,
+            smoothing=smoothing,
+            adjust_every_n_steps=adjust_every_n_steps,
+            batch_lr_scaling=batch_lr_scaling,
+            rollback_tolerance=rollback_tolerance,
+            change_tolerance=change_tolerance,
+        )
         self.global_batch_size = global_batch_size
         self.initial_batch_sizes = None if initial_batch_sizes is None else tuple(initial_batch_sizes)
         self.min_batch_size = min_batch_size
@@ -190,15 +176,9 @@ class HeteroBatchCallback(Callback):
         self._lr_scale_applied = False
         self._restored: dict[str, Any] | None = None
         self._trainer: L.Trainer | None = None
-        self._to_skip = warmup_steps
         self._step_split: tuple[int, ...] | None = None
-        #: this period's measured steps: (split in force, this rank's batch, busy s, floor s, wall s)
-        self._period: list[tuple[tuple[int, ...], int, float, float, float]] = []
-        #: the split in force and the wall seconds of its measured steps so far (the synchronous step)
-        self._sync_walls: tuple[tuple[int, ...] | None, list[float]] = (None, [])
-        self._handles: list[Any] = []
-        self._wrapped: list[str] = []
-        self._forward_started: float | None = None
+        self.period = MeasuredPeriod(skip=warmup_steps)
+        self.exclusion = WaitExclusion(self.busy)
         self._quota_source: Callable[[], float | None] | None = None
 
     @property
@@ -236,7 +216,7 @@ class HeteroBatchCallback(Callback):
     @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         strategy = trainer.strategy
-        marks = _ComputeEndMarks(self.timer, self.busy)
+        marks = ComputeEndMarks(self.timer, self.busy)
         if isinstance(strategy, HeteroBatchStrategy):
             strategy.attach_hetero_batches(marks, lambda: self._share)
             self._gradients_hooked = True
@@ -244,57 +224,18 @@ class HeteroBatchCallback(Callback):
             state = BatchWeightState(share=lambda: self._share, timer=marks)
             register_batch_weighted_hook(strategy.model, state)
             self._gradients_hooked = True
-            self._exclude_buffer_broadcast(strategy.model)
-        self._exclude_strategy_collectives(strategy)
+            self.exclusion.exclude_buffer_broadcast(strategy.model)
+        self.exclusion.exclude_strategy_collectives(strategy)
         # A CPU quota (CFS) lets a rank that waits look fast: cost its steps at the quota's rate (see
-        # `sustained_step_s`). The quota comes from an in-process CFS emulator when there is one, else the cgroup.
-        emulators = [cb for cb in trainer.callbacks if isinstance(cb, SlowdownEmulator) and cb.throttle == "cfs"]
-        if emulators:
-            self._quota_source = lambda: emulators[0].cpu_quota
-            self.busy.cpu_clock = emulators[0].cpu_clock
-        else:
-            quota = cgroup_cpu_quota()
-            self._quota_source = lambda: quota
+        # `sustained_step_s`).
+        self._quota_source = quota_source(trainer.callbacks, self.busy)
 
     def _cpu_quota(self) -> float | None:
         return None if self._quota_source is None else self._quota_source()
 
-    def _exclude_buffer_broadcast(self, ddp: DistributedDataParallel) -> None:
-        # DDP broadcasts buffers (BatchNorm statistics) from rank 0 inside its forward, before it calls the wrapped
-        # module: the time between the two forward pre-hooks is waiting for rank 0, not this rank's compute.
-        def outer(*_: Any) -> None:
-            self._forward_started = self.busy.clock()
-
-        def inner(*_: Any) -> None:
-            if self._forward_started is not None:
-                self.busy.add_wait(self.busy.clock() - self._forward_started)
-                self._forward_started = None
-
-        self._handles += [ddp.register_forward_pre_hook(outer), ddp.module.register_forward_pre_hook(inner)]
-
-    def _exclude_strategy_collectives(self, strategy: Any) -> None:
-        # `self.log(..., sync_dist=True)`, barriers and this callback's own exchange go through these methods; an
-        # instance attribute shadows the method for this fit and is removed again in teardown.
-        for name in _COLLECTIVES:
-            method = getattr(strategy, name, None)
-            if method is None or name in vars(strategy):
-                continue
-
-            def timed(*args: Any, _method: Callable[..., Any] = method, **kwargs: Any) -> Any:
-                with self.busy.waiting():
-                    return _method(*args, **kwargs)
-
-            setattr(strategy, name, timed)
-            self._wrapped.append(name)
-
     @override
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
-        for name in self._wrapped:
-            vars(trainer.strategy).pop(name, None)
-        self._wrapped = []
+        self.exclusion.remove(trainer.strategy)
 
     def _rebuild_loader(self, dataloader: Any) -> torch.utils.data.DataLoader:
         start = starting_batch_size(dataloader)
@@ -363,15 +304,12 @@ class HeteroBatchCallback(Callback):
         busy_s = self.busy.step_start()
         wall_s = self.busy.last_wall_s
         if busy_s is not None and wall_s is not None and self._step_split is not None:
-            if self._to_skip > 0:
-                self._to_skip -= 1
-            else:
-                # a step's sustained cost is at least its CPU time at the quota's rate (see `sustained_step_s`)
-                floor = sustained_step_s(0.0, self.busy.last_cpu_s, quota)
-                self._period.append((self._step_split, self._local_batch_size, busy_s, floor, wall_s))
+            # a step's sustained cost is at least its CPU time at the quota's rate (see `sustained_step_s`)
+            floor = sustained_step_s(0.0, self.busy.last_cpu_s, quota)
+            self.period.record(self._step_split, self._rank, busy_s, floor, wall_s)
         sizes = tuple(self.sampler.next_sizes())
         if self._step_split is not None and sizes != self._step_split:
-            self._to_skip = max(self._to_skip, 1)  # the first step at a new split pays for it (allocator, caches)
+            self.period.skip_next()  # the first step at a new split pays for it (allocator, caches)
         self._step_split = sizes
         self._local_batch_size = sizes[self._rank]
         self._share = batch_share(sizes, self._rank)
@@ -411,73 +349,41 @@ class HeteroBatchCallback(Callback):
         assert self.sampler is not None and self.plan is not None and self.controller is not None
         assert self.policy is not None
         current = self.plan.current
-        at_current = [(size, busy, floor, wall) for split, size, busy, floor, wall in self._period if split == current]
-        report = self.cost.update((size, busy, floor) for _, size, busy, floor, _ in self._period)
-        self._period = []
-        per_sample = math.nan if self.cost.per_sample_s is None else self.cost.per_sample_s
-        own_size = current[self._rank]
-        mine = [(busy, floor) for size, busy, floor, _ in at_current if size == own_size]
-        # as the cost model sees it: mean busy time, raised to the mean CPU-at-quota floor
-        measured = max(sum(b for b, _ in mine), sum(f for _, f in mine)) / len(mine) if mine else math.nan
-        # the synchronous step at this split since it came into force (up to 32 steps; only this period's when a
-        # rank saw its speed change), without the longest step (a stall is not the split's doing): a change lands a
-        # step or two into a period, so one period can be too few steps to judge it
-        period_walls = [wall for *_, wall in at_current]
-        if self._sync_walls[0] != current:
-            self._sync_walls = (current, [])
-        self._sync_walls[1][:] = (self._sync_walls[1] + period_walls)[-32:]
-        walls, newest_walls = _trimmed(self._sync_walls[1]), _trimmed(period_walls)
-        # the fit as it stands and as it would be if restarted from this period, so that one exchange suffices
-        # even when some rank saw its speed change (then every rank uses the newest period's fit, see below)
-        latest = self.cost.latest_fit()
-        local = torch.tensor(
-            [
-                self.cost.overhead_s,
-                per_sample,
-                float(len(self.cost.sizes)),
-                sum(walls) / len(walls) if walls else math.nan,
-                measured,
-                float(report.changed),
-                float(self.sampler.produced_position),
-                latest[0],
-                math.nan if latest[1] is None else latest[1],
-                float(latest[2]),
-                float(len(walls)),
-                sum(newest_walls) / len(newest_walls) if newest_walls else math.nan,
-                float(len(newest_walls)),
-            ],
-            dtype=torch.float64,
+        steps, measured, period_walls = self.period.close(current, self._rank)
+        report = self.cost.update(steps)
+        fit = (self.cost.overhead_s, self.cost.per_sample_s, len(self.cost.sizes))
+        local = own_row(
+            fit,
+            self.cost.latest_fit(),
+            report.changed,
+            self.sampler.produced_position,
+            measured,
+            trimmed(self.period.sync_walls),
+            trimmed(period_walls),
         )
-        gathered = self._all_gather(trainer.strategy, local)
-        if bool(gathered[:, 5].any()):
+        seen = read_rows(gather_rows(trainer.strategy, local, self.busy))
+        if any(seen.changed):
             # a rank saw its speed change: every rank restarts from the same (newest) period
-            gathered[:, :3] = torch.where(gathered[:, 5:6].bool(), gathered[:, :3], gathered[:, 7:10])
-            gathered[:, [3, 10]] = gathered[:, [11, 12]]
-            self._sync_walls = (current, period_walls)
+            self.period.restart_sync(current, period_walls)
             if not report.changed:
                 self.cost.restart_from_latest()
-        if torch.isnan(gathered[:, :2]).any():
+        if seen.costs is None:
             return
-        self.costs = tuple((float(a), float(c)) for a, c in gathered[:, :2].tolist())
-        walls_s = [w for w in gathered[:, 3].tolist() if math.isfinite(w)]
-        self.sync_step_s = max(walls_s) if len(walls_s) == self._world_size else None
-        sync_steps = int(gathered[:, 10].min().item())
-        busy = tuple(float(b) for b in gathered[:, 4])
-        if all(math.isfinite(b) for b in busy):
-            self.busy_s = busy
+        self.costs = seen.costs
+        self.sync_step_s = seen.sync_step_s
+        if all(math.isfinite(b) for b in seen.busy_s):
+            self.busy_s = seen.busy_s
         self.throughputs = tuple(b / (a + c * b) for b, (a, c) in zip(current, self.costs, strict=True))
         decision = self.policy.decide(
             current,
             self.costs,
             self.sync_step_s,
-            known_sizes=[int(n) for n in gathered[:, 2].tolist()],
-            sync_steps=sync_steps,
+            known_sizes=seen.known_sizes,
+            sync_steps=seen.sync_steps,
         )
-        metrics = {f"hetero/predicted_step_ms_rank{k}": 1e3 * t for k, t in enumerate(self.predicted_step_s())}
-        if self.sync_step_s is not None:
-            metrics["hetero/sync_step_ms"] = 1e3 * self.sync_step_s
+        predicted = self.predicted_step_s()  # at the split measured, before the decision
         if decision.apply:
-            position = int(gathered[:, 6].max().item()) + 1
+            position = seen.position + 1
             if epoch_end:
                 position = max(position, self.sampler.position(trainer.current_epoch + 1, 0))
             self.plan.change_at(position, decision.sizes)
@@ -491,26 +397,12 @@ class HeteroBatchCallback(Callback):
                     "reason": decision.reason,
                     "costs": self.costs,
                     "sync_step_s": self.sync_step_s,
-                    "changed": [bool(c) for c in gathered[:, 5].tolist()],
+                    "changed": list(seen.changed),
                 }
             )
-        metrics |= {f"hetero/batch_size_rank{k}": float(b) for k, b in enumerate(self.plan.current)}
+        metrics = adjustment_metrics(predicted, self.sync_step_s, self.plan.current)
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=trainer.global_step)
-
-    def _all_gather(self, strategy: Any, local: torch.Tensor) -> torch.Tensor:
-        """Every rank's ``local`` row, in one collective under DDP (the strategy's all_gather adds a barrier and an
-        exchange of shapes: three collectives per adjustment)."""
-        if (
-            isinstance(strategy, DDPStrategy)
-            and torch.distributed.is_available()
-            and torch.distributed.is_initialized()
-        ):
-            rows = [torch.empty_like(local) for _ in range(self._world_size)]
-            with self.busy.waiting():
-                torch.distributed.all_gather(rows, local)
-            return torch.stack(rows)
-        return strategy.all_gather(local).reshape(-1, local.numel())
 
     def predicted_step_s(self, split: Sequence[int] | None = None) -> tuple[float, ...]:
         """Each rank's predicted busy seconds per step at ``split`` (default: the current one), from the last fits."""
@@ -527,30 +419,11 @@ class HeteroBatchCallback(Callback):
             rank_zero_info(self.summary())
 
     def summary(self) -> str:
-        """A one-screen table: per-rank sizes, predicted and measured busy time per step, and the synchronous step.
-
-        Times rather than samples/s: at a small batch a rank's samples/s mostly reflects its fixed cost per step
-        and says little about how fast it is. The predicted step-time ratio of equal batches to the current split
-        is labelled as a model prediction; the measured synchronous step is the ground truth.
-        """
+        """A one-screen table (see :func:`~lightning_hetero.hetero_batch.summary.format_summary`)."""
         assert self.plan is not None and self.controller is not None
-        sizes = self.plan.current
         predicted = self.predicted_step_s()
-        header = f"{'rank':>4} {'batch size':>10} {'predicted busy ms/step':>23} {'measured busy ms/step':>22}"
-        lines = ["HeteroBatchCallback summary", header]
-        for rank, size in enumerate(sizes):
-            guess = f"{1e3 * predicted[rank]:23.1f}" if predicted else f"{'n/a':>23}"
-            seen = self.busy_s[rank] if self.busy_s else math.nan
-            measured = f"{1e3 * seen:22.1f}" if math.isfinite(seen) else f"{'n/a':>22}"
-            lines.append(f"{rank:>4} {size:>10} {guess} {measured}")
-        rollbacks = sum(1 for change in self.history if change.get("reason") == "rollback")
-        lines.append(f"global batch {sum(sizes)}, split changes {len(self.history)} ({rollbacks} rolled back)")
-        if self.sync_step_s is not None:
-            lines.append(f"measured synchronous step at the split in force: {1e3 * self.sync_step_s:.1f} ms")
-        if predicted:
-            equal = max(self.predicted_step_s(self.controller.equal_split()))
-            lines.append(f"predicted step-time ratio, equal batches / this split (model): {equal / max(predicted):.2f}")
-        return "\n".join(lines)
+        equal = self.predicted_step_s(self.controller.equal_split()) if predicted else None
+        return format_summary(self.plan.current, predicted, self.busy_s, self.history, self.sync_step_s, equal)
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -569,22 +442,6 @@ class HeteroBatchCallback(Callback):
         self._lr_scale_applied = state_dict.get("lr_scale_applied", False)
         self.history = list(state_dict.get("history", []))
         self.plan = None
-
-
-class _ComputeEndMarks:
-    """Passed where a :class:`ComputeTimer` is expected: the end of a rank's compute also starts its wait."""
-
-    def __init__(self, timer: ComputeTimer, busy: BusyTimer) -> None:
-        self.timer, self.busy = timer, busy
-
-    def mark_compute_end(self) -> None:
-        self.timer.mark_compute_end()
-        self.busy.mark_ready()
-
-
-def _trimmed(walls: list[float]) -> list[float]:
-    """Without the longest step."""
-    return sorted(walls)[: max(1, len(walls) - 1)]
 
 
 def _in_lock_step(strategy: object) -> bool:

@@ -1,0 +1,156 @@
+"""HeteroBatch's one exchange per adjustment: what each rank sends, and what every rank reads from all the rows.
+
+Each rank sends one float64 row (:func:`own_row`); after one ``all_gather`` every rank reads the same
+:class:`Exchanged` from the stacked rows (:func:`read_rows`) and so takes the same decision. A row carries both the
+rank's fit as it stands and its fit restarted from the newest period, so that when any rank saw its speed change
+all ranks restart together without a second exchange.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from lightning.pytorch.strategies import DDPStrategy
+
+from lightning_hetero.measurement import BusyTimer
+
+#: the columns of a row, in order
+FIELDS = (
+    "overhead_s",
+    "per_sample_s",
+    "known_sizes",
+    "sync_step_s",
+    "busy_s",
+    "changed",
+    "position",
+    "latest_overhead_s",
+    "latest_per_sample_s",
+    "latest_known_sizes",
+    "sync_steps",
+    "newest_sync_step_s",
+    "newest_sync_steps",
+)
+
+
+def trimmed(walls: list[float]) -> list[float]:
+    """Without the longest step (a stall is not the split's doing).
+
+    Example::
+
+        >>> trimmed([0.03, 0.2, 0.031]), trimmed([0.2])
+        ([0.03, 0.031], [0.2])
+    """
+    return sorted(walls)[: max(1, len(walls) - 1)]
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
+
+
+def own_row(
+    fit: tuple[float, float | None, int],
+    latest_fit: tuple[float, float | None, int],
+    changed: bool,
+    position: int,
+    busy_s: float,
+    walls: list[float],
+    newest_walls: list[float],
+) -> torch.Tensor:
+    """This rank's row: its fit ``(overhead_s, per_sample_s or None, known sizes)`` as it stands and restarted from
+    the newest period, whether it saw a change, its loader position, its mean busy seconds at its current size, and
+    the synchronous step's (trimmed) wall times since the split came into force and in the newest period only.
+
+    Example::
+
+        >>> row = own_row((0.002, 0.001, 2), (0.003, None, 1), False, 640, 0.034, [0.035, 0.036], [0.036])
+        >>> fields = dict(zip(FIELDS, row.tolist()))
+        >>> round(fields["sync_step_s"], 6), fields["sync_steps"], math.isnan(fields["latest_per_sample_s"])
+        (0.0355, 2.0, True)
+    """
+    values = (
+        fit[0],
+        math.nan if fit[1] is None else fit[1],
+        fit[2],
+        _mean(walls),
+        busy_s,
+        changed,
+        position,
+        latest_fit[0],
+        math.nan if latest_fit[1] is None else latest_fit[1],
+        latest_fit[2],
+        len(walls),
+        _mean(newest_walls),
+        len(newest_walls),
+    )
+    return torch.tensor([float(v) for v in values], dtype=torch.float64)
+
+
+@dataclass(frozen=True)
+class Exchanged:
+    """What every rank reads from the gathered rows."""
+
+    #: every rank's (overhead_s, per_sample_s); ``None`` while some rank has no fit yet
+    costs: tuple[tuple[float, float], ...] | None
+    #: how many distinct batch sizes each rank's fit rests on
+    known_sizes: list[int]
+    #: the synchronous step (the slowest rank's mean wall time per step); ``None`` unless every rank measured it
+    sync_step_s: float | None
+    #: the fewest steps any rank's synchronous-step figure rests on
+    sync_steps: int
+    #: every rank's mean busy seconds per step at its current size (NaN where unmeasured)
+    busy_s: tuple[float, ...]
+    #: which ranks saw their speed change; if any did, every rank restarts from its newest period
+    changed: tuple[bool, ...]
+    #: the furthest any rank's loader got (a new split starts after it)
+    position: int
+
+
+def read_rows(rows: torch.Tensor) -> Exchanged:
+    """Read the stacked rows of all ranks (one per rank, in rank order).
+
+    Example::
+
+        >>> a = own_row((0.002, 0.001, 2), (0.002, 0.001, 2), False, 10, 0.034, [0.035], [0.035])
+        >>> b = own_row((0.004, 0.002, 2), (0.009, 0.003, 1), True, 12, 0.070, [0.071, 0.5], [0.071])
+        >>> seen = read_rows(torch.stack([a, b]))
+        >>> seen.costs, seen.changed, seen.position, seen.sync_step_s
+        (((0.002, 0.001), (0.004, 0.002)), (False, True), 12, 0.071)
+    """
+    rows = rows.clone()
+    changed = rows[:, 5].bool()
+    if bool(changed.any()):
+        # a rank that saw a change already restarted; the others read their fit restarted from the newest period
+        rows[:, :3] = torch.where(changed[:, None], rows[:, :3], rows[:, 7:10])
+        rows[:, [3, 10]] = rows[:, [11, 12]]
+    costs = None if torch.isnan(rows[:, :2]).any() else tuple((float(a), float(c)) for a, c in rows[:, :2].tolist())
+    walls = [w for w in rows[:, 3].tolist() if math.isfinite(w)]
+    return Exchanged(
+        costs=costs,
+        known_sizes=[int(n) for n in rows[:, 2].tolist()],
+        sync_step_s=max(walls) if len(walls) == len(rows) else None,
+        sync_steps=int(rows[:, 10].min().item()),
+        busy_s=tuple(float(b) for b in rows[:, 4]),
+        changed=tuple(bool(c) for c in changed.tolist()),
+        position=int(rows[:, 6].max().item()),
+    )
+
+
+def gather_rows(strategy: Any, row: torch.Tensor, busy: BusyTimer) -> torch.Tensor:
+    """Every rank's ``row`` stacked in rank order, the time spent counted as a wait of ``busy``: one collective
+    under DDP (the strategy's ``all_gather`` adds a barrier and an exchange of shapes: three collectives).
+
+    Example::
+
+        >>> from lightning.pytorch.strategies import SingleDeviceStrategy
+        >>> gather_rows(SingleDeviceStrategy("cpu"), torch.ones(3), BusyTimer()).shape
+        torch.Size([1, 3])
+    """
+    if isinstance(strategy, DDPStrategy) and torch.distributed.is_available() and torch.distributed.is_initialized():
+        rows = [torch.empty_like(row) for _ in range(torch.distributed.get_world_size())]
+        with busy.waiting():
+            torch.distributed.all_gather(rows, row)
+        return torch.stack(rows)
+    return strategy.all_gather(row).reshape(-1, row.numel())

@@ -1,0 +1,122 @@
+"""What a rank's measured busy window leaves out: every wait for another rank, and the CPU quota it runs under.
+
+A fast rank that waits for a slow one inside its timed window would look slow. HeteroBatch therefore marks the end
+of a rank's own compute (:class:`ComputeEndMarks`, called by the gradient hook before the all-reduce waits), times
+DDP's buffer broadcast and the strategy's collectives as waits (:class:`WaitExclusion`), and costs a step under a
+CPU quota at least at the quota's rate (:func:`quota_source`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from torch.nn.parallel import DistributedDataParallel
+
+from lightning_hetero.emulation.slowdown import SlowdownEmulator
+from lightning_hetero.measurement import BusyTimer, ComputeTimer, cgroup_cpu_quota
+
+#: strategy methods that run collectives; time spent in them is waiting for other ranks, not this rank's cost
+COLLECTIVES = ("reduce", "all_gather", "broadcast", "barrier")
+
+
+class ComputeEndMarks:
+    """Passed where a :class:`ComputeTimer` is expected: the end of a rank's compute also starts its wait.
+
+    Example::
+
+        >>> busy, timer = BusyTimer(), ComputeTimer()
+        >>> timer.start()
+        >>> ComputeEndMarks(timer, busy).mark_compute_end()
+        >>> timer.running, timer.elapsed_s() is not None
+        (False, True)
+    """
+
+    def __init__(self, timer: ComputeTimer, busy: BusyTimer) -> None:
+        self.timer, self.busy = timer, busy
+
+    def mark_compute_end(self) -> None:
+        self.timer.mark_compute_end()
+        self.busy.mark_ready()
+
+
+class WaitExclusion:
+    """Counts DDP's buffer broadcast and the strategy's collectives as waits of ``busy``, until :meth:`remove`.
+
+    Example::
+
+        >>> class Strategy:
+        ...     def barrier(self, name=None):
+        ...         return "done"
+        >>> strategy, busy = Strategy(), BusyTimer()
+        >>> exclusion = WaitExclusion(busy)
+        >>> exclusion.exclude_strategy_collectives(strategy)
+        >>> strategy.barrier(), "barrier" in vars(strategy)
+        ('done', True)
+        >>> exclusion.remove(strategy)
+        >>> "barrier" in vars(strategy)
+        False
+    """
+
+    def __init__(self, busy: BusyTimer) -> None:
+        self.busy = busy
+        self._handles: list[Any] = []
+        self._wrapped: list[str] = []
+        self._forward_started: float | None = None
+
+    def exclude_buffer_broadcast(self, ddp: DistributedDataParallel) -> None:
+        """DDP broadcasts buffers (BatchNorm statistics) from rank 0 inside its forward, before it calls the wrapped
+        module: the time between the two forward pre-hooks is waiting for rank 0, not this rank's compute."""
+
+        def outer(*_: Any) -> None:
+            self._forward_started = self.busy.clock()
+
+        def inner(*_: Any) -> None:
+            if self._forward_started is not None:
+                self.busy.add_wait(self.busy.clock() - self._forward_started)
+                self._forward_started = None
+
+        self._handles += [ddp.register_forward_pre_hook(outer), ddp.module.register_forward_pre_hook(inner)]
+
+    def exclude_strategy_collectives(self, strategy: Any) -> None:
+        """``self.log(..., sync_dist=True)``, barriers and HeteroBatch's own exchange go through these methods; an
+        instance attribute shadows each method for this fit and is removed again by :meth:`remove`."""
+        for name in COLLECTIVES:
+            method = getattr(strategy, name, None)
+            if method is None or name in vars(strategy):
+                continue
+
+            def timed(*args: Any, _method: Callable[..., Any] = method, **kwargs: Any) -> Any:
+                with self.busy.waiting():
+                    return _method(*args, **kwargs)
+
+            setattr(strategy, name, timed)
+            self._wrapped.append(name)
+
+    def remove(self, strategy: Any) -> None:
+        """Take the hooks and the shadowing methods away again."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        for name in self._wrapped:
+            vars(strategy).pop(name, None)
+        self._wrapped = []
+
+
+def quota_source(callbacks: Iterable[Any], busy: BusyTimer) -> Callable[[], float | None]:
+    """Where the rank's CPU quota comes from: an in-process CFS :class:`SlowdownEmulator` when there is one (whose CPU
+    clock ``busy`` then reads), else the cgroup, read once.
+
+    Example::
+
+        >>> emulator, busy = SlowdownEmulator({1: 4.0}, throttle="cfs"), BusyTimer()
+        >>> source = quota_source([emulator], busy)
+        >>> source() == emulator.cpu_quota, busy.cpu_clock == emulator.cpu_clock
+        (True, True)
+    """
+    emulators = [cb for cb in callbacks if isinstance(cb, SlowdownEmulator) and cb.throttle == "cfs"]
+    if emulators:
+        busy.cpu_clock = emulators[0].cpu_clock
+        return lambda: emulators[0].cpu_quota
+    quota = cgroup_cpu_quota()
+    return lambda: quota

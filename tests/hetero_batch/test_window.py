@@ -1,0 +1,83 @@
+import torch
+
+from lightning_hetero.emulation.slowdown import SlowdownEmulator
+from lightning_hetero.hetero_batch.window import COLLECTIVES, ComputeEndMarks, WaitExclusion, quota_source
+from lightning_hetero.measurement import BusyTimer, ComputeTimer
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_strategy_collectives_count_as_waits_and_are_restored():
+    clock = FakeClock()
+    busy = BusyTimer(clock=clock, cpu_clock=clock)
+
+    class Strategy:
+        def barrier(self, name=None):
+            clock.now += 0.5
+
+        def reduce(self, tensor):
+            clock.now += 0.25
+            return tensor
+
+    strategy = Strategy()
+    exclusion = WaitExclusion(busy)
+    exclusion.exclude_strategy_collectives(strategy)
+    assert set(vars(strategy)) == {"barrier", "reduce"} and set(vars(strategy)) <= set(COLLECTIVES)
+    busy.step_start()
+    clock.now += 0.1  # own compute
+    strategy.barrier()
+    strategy.reduce(1)
+    assert abs(busy.step_start() - 0.1) < 1e-9  # the 0.75 s in collectives is not this rank's busy time
+    exclusion.remove(strategy)
+    assert vars(strategy) == {}
+
+
+def test_buffer_broadcast_between_the_two_forward_pre_hooks_is_a_wait():
+    clock = FakeClock()
+    busy = BusyTimer(clock=clock, cpu_clock=clock)
+
+    class Outer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.module = torch.nn.Linear(2, 2)
+
+        def forward(self, x):
+            clock.now += 0.3  # DDP's buffer broadcast, waiting for rank 0
+            return self.module(x)
+
+    outer = Outer()
+    exclusion = WaitExclusion(busy)
+    exclusion.exclude_buffer_broadcast(outer)
+    busy.step_start()
+    outer(torch.zeros(1, 2))
+    clock.now += 0.2
+    assert abs(busy.step_start() - 0.2) < 1e-9
+    exclusion.remove(object())
+    busy.step_start()
+    outer(torch.zeros(1, 2))
+    assert abs(busy.step_start() - 0.3) < 1e-9  # hooks removed: the broadcast counts again
+
+
+def test_compute_end_marks_close_the_compute_window_and_start_the_wait():
+    clock = FakeClock()
+    timer, busy = ComputeTimer(clock=clock), BusyTimer(clock=clock, cpu_clock=clock)
+    busy.step_start()
+    timer.start()
+    clock.now += 0.1
+    ComputeEndMarks(timer, busy).mark_compute_end()
+    clock.now += 0.4  # the all-reduce
+    busy.close_ready()
+    assert timer.elapsed_s() == 0.1 and abs(busy.step_start() - 0.1) < 1e-9
+
+
+def test_the_quota_comes_from_a_cfs_emulator_else_the_cgroup(monkeypatch):
+    monkeypatch.setattr("lightning_hetero.hetero_batch.window.cgroup_cpu_quota", lambda: 0.5)
+    assert quota_source([SlowdownEmulator({1: 4.0})], BusyTimer())() == 0.5  # a sleep emulator has no quota
+    emulator = SlowdownEmulator({0: 4.0}, throttle="cfs")
+    assert quota_source([emulator], BusyTimer())() is emulator.cpu_quota
