@@ -42,7 +42,9 @@ class OuterOptimizer:
 
     Example::
 
-        >>> outer = OuterOptimizer()  # Nesterov SGD, lr 0.7, momentum 0.9
+        >>> outer = OuterOptimizer()
+        >>> outer.description
+        'SGD(lr=0.7, momentum=0.9, nesterov=True)'
         >>> anchor = torch.tensor([1.0, 2.0])
         >>> outer.bind(anchor)
         >>> outer.step(torch.tensor([0.1, -0.1]))  # first step: lr * (1 + momentum) * pseudo-gradient
@@ -84,6 +86,11 @@ class OuterOptimizer:
         if not isinstance(optimizer, Optimizer):
             raise ValueError(f"{where}: it returned a {type(optimizer).__name__}, not a torch.optim.Optimizer")
         return optimizer
+
+    @property
+    def description(self) -> str:
+        """``Class(kwargs)``, for messages."""
+        return f"{_name(self.optimizer_class)}({', '.join(f'{k}={v!r}' for k, v in self.kwargs.items())})"
 
     @property
     def anchor(self) -> Tensor | None:
