@@ -10,7 +10,7 @@ as the inner optimizer by local SGD) side by side, cell by cell:
 - ``local_prop``: ``AsyncPSStrategy(mode="local")`` (local steps proportional to measured speed).
 
 Local SGD rounds are ``--round-steps`` local steps per rank on average (``round_samples = round_steps x N x 32``)
-with DiLoCo's outer Nesterov SGD (lr 0.7, momentum 0.9).
+with DiLoCo's outer Nesterov SGD (lr 0.7, momentum 0.9; ``--outer-lr 1 --outer-momentum 0``: plain averaging).
 
 Workers: N processes on this host; heterogeneity level HL slows rank k by ``HL ** (k / (N - 1))`` with
 ``SlowdownEmulator`` (sleeps). Models: ``light`` is a 32-512-512-4 MLP (0.28M parameters) with no extra compute (a
@@ -198,6 +198,10 @@ def run_one(args: argparse.Namespace) -> None:
     slowed = {rank: factor for rank, factor in enumerate(factors) if factor > 1.0}
     cost_s = args.heavy_cost_s if args.model == "heavy" else 0.0
     if args.config == "standalone":
+        # start together: a process still importing torch would slow the others' measurement
+        Path(f"{args.out}.ready").touch()
+        while len(list(Path(args.out).parent.glob(f"{Path(args.barrier).name}*.ready"))) < args.barrier_n:
+            time.sleep(0.05)
         meter = StandaloneMeter()
         callbacks = [meter] + ([SlowdownEmulator(factors={0: args.level})] if args.level > 1.0 else [])
         trainer = L.Trainer(
@@ -224,6 +228,12 @@ def run_one(args: argparse.Namespace) -> None:
             mode="local",
             round_samples=args.round_steps * args.n * BATCH,
             local_steps="equal" if args.config == "local_equal" else "proportional",
+            outer_optimizer=torch.optim.SGD,
+            outer_optimizer_kwargs={
+                "lr": args.outer_lr,
+                "momentum": args.outer_momentum,
+                "nesterov": args.outer_momentum > 0,
+            },
             fault_timeout_s=300,
         )
     trainer = L.Trainer(
@@ -260,6 +270,8 @@ def child_command(args: argparse.Namespace, config: str, model: str, n: int, lev
         "--val-samples", str(args.val_samples), "--noise", str(args.noise), "--lr", str(args.lr),
         "--momentum", str(args.momentum), "--heavy-cost-s", str(args.heavy_cost_s),
         "--round-steps", str(args.round_steps), "--standalone-s", str(args.standalone_s),
+        "--outer-lr", str(args.outer_lr), "--outer-momentum", str(args.outer_momentum),
+        "--barrier", str(args.barrier), "--barrier-n", str(args.barrier_n),
     ]  # fmt: skip
 
 
@@ -269,7 +281,9 @@ def child_env() -> dict[str, str]:
 
 def standalone_bound(args: argparse.Namespace, model: str, n: int, level: float) -> list[float]:
     """Each rank's standalone samples/s, measured by N single processes side by side."""
-    outs = [RESULTS / f".local_sgd_standalone_{os.getpid()}_{rank}.json" for rank in range(n)]
+    prefix = f".local_sgd_standalone_{os.getpid()}_{time.time_ns()}_"
+    outs = [RESULTS / f"{prefix}{rank}.json" for rank in range(n)]
+    args.barrier, args.barrier_n = RESULTS / prefix, n
     procs = [
         subprocess.Popen(
             child_command(args, "standalone", model, 1, factor, 0, out),
@@ -284,6 +298,7 @@ def standalone_bound(args: argparse.Namespace, model: str, n: int, level: float)
     rates = [json.loads(out.read_text())["samples_per_s"] for out in outs]
     for out in outs:
         out.unlink()
+        Path(f"{out}.ready").unlink()
     return rates
 
 
@@ -399,6 +414,10 @@ def main() -> None:
     parser.add_argument("--heavy-cost-s", type=float, default=0.001, help="emulated compute s/sample (heavy)")
     parser.add_argument("--round-steps", type=int, default=16, help="local steps per rank and round, on average")
     parser.add_argument("--standalone-s", type=float, default=8.0)
+    parser.add_argument("--outer-lr", type=float, default=0.7, help="local SGD's outer SGD learning rate (DiLoCo's)")
+    parser.add_argument("--outer-momentum", type=float, default=0.9, help="its Nesterov momentum; 0: plain SGD")
+    parser.add_argument("--barrier", type=Path, default=RESULTS / ".none", help=argparse.SUPPRESS)
+    parser.add_argument("--barrier-n", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--run", choices=(*CONFIGS, "standalone"), help=argparse.SUPPRESS)
     parser.add_argument("--model", choices=MODELS, default="light", help=argparse.SUPPRESS)
     parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
@@ -453,14 +472,18 @@ def main() -> None:
     print_table(rows)
     report = {
         "conditions": {
-            **{k: v for k, v in vars(args).items() if k not in ("run", "n", "level", "seed", "config", "out", "model")},
+            **{
+                k: v
+                for k, v in vars(args).items()
+                if k not in ("run", "n", "level", "seed", "config", "out", "model", "barrier", "barrier_n")
+            },
             "out": str(args.out),
             "models": {
                 "light": f"MLP {FEATURES}-{HIDDEN}-{HIDDEN}-{CLASSES} (tanh), no emulated compute",
                 "heavy": f"the same MLP, training step sleeps {args.heavy_cost_s} s per sample",
             },
             "recipe": f"SGD lr {args.lr} momentum {args.momentum}, batch {BATCH} per rank; local SGD: outer "
-            "SGD(lr=0.7, momentum=0.9, nesterov=True)",
+            f"SGD(lr={args.outer_lr}, momentum={args.outer_momentum}, nesterov={args.outer_momentum > 0})",
             "emulation": "N processes on one host; SlowdownEmulator (sleep) slows rank k by HL**(k/(N-1))",
             "host": f"{os.cpu_count()} CPUs shared with other jobs, 1 torch thread per process",
             "torch": torch.__version__,
