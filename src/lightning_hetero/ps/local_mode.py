@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
-from lightning.fabric.utilities.optimizer import _optimizers_to_device
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
+from lightning_hetero._lightning_internals import is_last_batch, optimizers_to_device
 from lightning_hetero.measurement import BusyTimer
 from lightning_hetero.ps.local_sgd import LOCAL_STEPS, LocalRounds, RoundBudget
 from lightning_hetero.ps.outer_optimizer import OuterOptimizer
@@ -26,6 +26,7 @@ from lightning_hetero.ps.outer_optimizer import OuterOptimizer
 if TYPE_CHECKING:
     import lightning.pytorch as pl
 
+    from lightning_hetero.ps.bootstrap import FlatModel
     from lightning_hetero.ps.sampler import ClaimSampler
 
 #: Local steps per rank and round when neither ``round_samples`` nor ``round_s`` is given (the round is then this
@@ -41,7 +42,8 @@ class LocalSGDMode:
     global_rank: int
     version: int
     _mode: str
-    _flat: Tensor
+    _flat_model: FlatModel | None
+    _attached_trainer: pl.Trainer | None
     _claim_sampler: ClaimSampler | None
     _batch_share: Callable[[], float] | None
     optimizers: list[Any]
@@ -93,24 +95,26 @@ class LocalSGDMode:
 
     def _local_batch_start(self) -> None:
         """Before a local batch: open the round (the ranks' parameters agree here) and start timing the step."""
+        assert self._flat_model is not None
         if self.local_rounds is None:
             self._setup_local(self._loader_batch_size())
         assert self.local_rounds is not None
         if not self._round_open:
-            self.local_rounds.begin(self._flat, self._loader_batch_size() or 1)
+            self.local_rounds.begin(self._flat_model.flat, self._loader_batch_size() or 1)
             self.local_rounds.steps_total = self.version  # global_step goes on from the previous mode's count
             self._round_open = True
             self._busy_timer.skip()
         self._local_step_s = self._busy_timer.step_start()
         self._local_batch_samples = self._batch_samples()
 
-    def _local_optimizer_step(self, step: Callable[[], Any], trainer: pl.Trainer) -> Any:
+    def _local_optimizer_step(self, step: Callable[[], Any]) -> Any:
         """A local step with the rank's own optimizer; at the end of its share of the round, or of the epoch, the
         round-end all-reduce."""
         output = step()  # runs training_step, hence _local_batch_start
         rounds = self.local_rounds
         assert rounds is not None
-        last = bool(trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
+        assert self._attached_trainer is not None
+        last = is_last_batch(self._attached_trainer)
         share_done = rounds.record_step(self._local_batch_samples, self._local_step_s)
         if share_done or last:
             with self._busy_timer.waiting():
@@ -125,13 +129,14 @@ class LocalSGDMode:
 
     def _end_round(self, done: bool) -> Any:
         rounds = self.local_rounds
-        assert rounds is not None
+        assert rounds is not None and self._flat_model is not None
+        flat = self._flat_model.flat
         buffers = self._float_buffers()
         flat_buffers = torch.cat([b.detach().reshape(-1) for b in buffers]) if buffers else None
-        message = rounds.message(self._flat, flat_buffers, done)
+        message = rounds.message(flat, flat_buffers, done)
         group = self._collective_group()
         self._collective(lambda: dist.all_reduce(message, op=dist.ReduceOp.SUM, group=group))
-        outcome = rounds.apply(message, self._flat, flat_buffers)
+        outcome = rounds.apply(message, flat, flat_buffers)
         if flat_buffers is not None:
             offset = 0
             for buffer in buffers:
@@ -171,14 +176,14 @@ class LocalSGDMode:
             f"outer optimizer {self._outer.description}"
         )
 
-    def _leave_local(self, mode: str) -> None:
+    def _leave_local(self) -> None:
         """At an epoch's end (the ranks' parameters agree after the epoch's last round): the inner optimizers' states
         differ per rank, so rank 0's is given to all (BSP steps identical copies; ASP's server takes rank 0's)."""
         self._round_open = False
         optimizer = self.optimizers[0]
-        state = self.broadcast(copy.deepcopy(optimizer.state_dict()) if self.global_rank == 0 else None, src=0)
+        state = self._broadcast_unguarded(copy.deepcopy(optimizer.state_dict()) if self.global_rank == 0 else None, 0)
         optimizer.load_state_dict(state)
-        _optimizers_to_device(self.optimizers, self.root_device)
+        optimizers_to_device(self.optimizers, self.root_device)
 
     def _round_description(self) -> str:
         budget = self._round_budget
@@ -193,9 +198,10 @@ class LocalSGDMode:
         the model's at an epoch's end), not this rank's unfinished round."""
         rounds = self.local_rounds
         anchor = rounds.outer.anchor if rounds is not None else None
-        if anchor is None or not self._round_open:
+        if anchor is None or not self._round_open or self._flat_model is None:
             return state
-        for name, value in zip(self._layout.names, self._layout.views(anchor), strict=True):
+        layout = self._flat_model.layout
+        for name, value in zip(layout.names, layout.views(anchor), strict=True):
             state[name] = value.to(dtype=state[name].dtype).clone()
         return state
 
