@@ -18,7 +18,8 @@ step is a few ms, as long as moving its parameters); ``heavy`` is the same MLP w
 ``--heavy-cost-s`` per sample (emulated compute). The summed standalone bound is measured before each seed's runs by
 N single-process runs started side by side (each with its rank's slowdown) for ``--standalone-s`` seconds.
 
-Measured per run: throughput (training samples per second, epochs after the first, validation excluded) and its ratio
+Measured per run: throughput (training samples per second, epochs after the first, from the first rank's start of
+an epoch to the last rank's end of its training, validation excluded) and its ratio
 to the summed standalone bound; payload bytes each rank hands to the collective or the server per training sample
 (measured for local SGD, from the parameter count for the others: 4P per step for an all-reduce, 8P for an ASP push +
 pull); accuracy after the same epochs (differences to ddp paired by seed); time to reach ddp's final accuracy minus
@@ -134,8 +135,9 @@ class BenchMLP(L.LightningModule):
 
 
 class EpochRecorder(Callback):
-    """Rank 0, per epoch: training seconds (from the epoch's start to its first validation batch, so that the ranks'
-    epoch-end meeting counts as training), validation accuracy and samples trained over all ranks."""
+    """Per epoch: training seconds from the first rank's start to the last rank's end of training (the first
+    validation batch, so that an epoch-end meeting counts as training: ranks that are not in lock-step start and end
+    at different times), validation accuracy and samples trained over all ranks; rank 0 keeps the records."""
 
     def __init__(self, samples_per_epoch: int) -> None:
         self.samples_per_epoch = samples_per_epoch
@@ -147,19 +149,20 @@ class EpochRecorder(Callback):
         trainer.strategy.barrier()
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._start, self._train_end = time.perf_counter(), None
+        self._start, self._train_end = time.time(), None
 
     def on_validation_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
         if self._train_end is None and trainer.state.fn == "fit":
-            self._train_end = time.perf_counter()
+            self._train_end = time.time()
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        end = self._train_end if self._train_end is not None else time.perf_counter()
+        end = self._train_end if self._train_end is not None else time.time()
+        times = trainer.strategy.all_gather(torch.tensor([self._start, end], dtype=torch.float64)).reshape(-1, 2)
         acc = trainer.callback_metrics.get("val_acc")
         self.epochs.append(
             {
                 "epoch": trainer.current_epoch,
-                "train_s": end - self._start,
+                "train_s": float(times[:, 1].max() - times[:, 0].min()),
                 "val_acc": None if acc is None else float(acc),
                 "samples": self.samples_per_epoch,
             }
