@@ -82,3 +82,12 @@ def test_switching_bsp_local_asp_local_in_process(run_script, tmp_path):
     steps = SAMPLES // (2 * BATCH) + 3 * SAMPLES // BATCH
     assert first["global_step"] == second["global_step"] == steps
     assert first["val_acc"] > 0.9
+
+
+def test_max_steps_stops_every_rank_after_the_same_round(run_script, tmp_path):
+    run_script("local_train.py", str(tmp_path), "--epochs", "3", "--max-steps", "40", timeout_s=180)
+    first, second = _reports(tmp_path)
+    # rounds of 256 samples are 16 local steps over both ranks; global_step moves at round ends only: 16, 32, 48
+    assert first["global_step"] == second["global_step"] == first["steps_total"] == 48
+    assert first["checksum"] == second["checksum"]
+    assert sum(first["batches"].values()) + sum(second["batches"].values()) == 48

@@ -43,6 +43,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
     parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--max-steps", type=int, default=-1)
     parser.add_argument("--samples", type=int, default=1024)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--round-samples", type=int, default=256)
@@ -76,6 +77,7 @@ def main() -> None:
         devices=2,
         strategy=strategy,
         max_epochs=args.epochs,
+        max_steps=args.max_steps,
         callbacks=callbacks,
         logger=False,
         enable_checkpointing=bool(args.ckpt_dir),
