@@ -91,3 +91,13 @@ def test_max_steps_stops_every_rank_after_the_same_round(run_script, tmp_path):
     assert first["global_step"] == second["global_step"] == first["steps_total"] == 48
     assert first["checksum"] == second["checksum"]
     assert sum(first["batches"].values()) + sum(second["batches"].values()) == 48
+
+
+def test_a_rank_lost_in_local_sgd_ends_the_job_naming_it(run_script, tmp_path):
+    result = run_script(
+        "local_train.py", str(tmp_path), "--epochs", "2", "--kill-rank", "1", "--kill-after", "5",
+        "--fault-timeout-s", "10",
+        timeout_s=180, expect_ok=False,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "AsyncPSStrategy lost the worker on rank 1" in result.stdout + result.stderr

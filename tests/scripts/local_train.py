@@ -55,6 +55,11 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--momentum", type=float, default=0.0)
     parser.add_argument("--batchnorm", action="store_true")
+    parser.add_argument(
+        "--kill-rank", type=int, default=-1, help="this rank SIGKILLs itself after --kill-after batches"
+    )
+    parser.add_argument("--kill-after", type=int, default=5)
+    parser.add_argument("--fault-timeout-s", type=float, default=60.0)
     args = parser.parse_args()
     torch.set_num_threads(1)
     L.seed_everything(0, verbose=False)
@@ -62,7 +67,7 @@ def main() -> None:
         mode="bsp" if args.schedule else "local",
         round_samples=args.round_samples,
         local_steps=args.local_steps,
-        fault_timeout_s=60,
+        fault_timeout_s=args.fault_timeout_s,
     )
     recorder = Recorder()
     callbacks = [recorder]
@@ -86,7 +91,7 @@ def main() -> None:
         num_sanity_val_steps=0,
     )
     config = {
-        **vars(args), "slow_rank": -1, "sleep_per_sample_s": 0.0, "kill_rank": -1, "kill_after": 0, "hang": False,
+        **vars(args), "slow_rank": -1, "sleep_per_sample_s": 0.0, "hang": False,
         "optimizer": "sgd", "two_optimizers": False, "step_lr": 0,
     }  # fmt: skip
     model = PSTestModel(config)
