@@ -260,6 +260,7 @@ def run_one(args: argparse.Namespace) -> None:
             "local_bytes_sent_rank0": rounds.bytes_sent if rounds is not None else None,
             "local_rounds": rounds.rounds if rounds is not None else None,
             "local_plans_last": rounds.plans[-3:] if rounds is not None else None,
+            "local_rates_last": rounds.rates if rounds is not None else None,
         }
         Path(args.out).write_text(json.dumps(result, default=str))
     if torch.distributed.is_initialized():
@@ -318,6 +319,8 @@ def launch(args: argparse.Namespace, config: str, model: str, n: int, level: flo
     measured = epochs[1:] if len(epochs) > 1 else epochs
     throughput = sum(e["samples"] for e in measured) / sum(e["train_s"] for e in measured)
     params = result["params"]
+    rates = result.get("local_rates_last") or [None]
+    busy_bound = sum(rates) if all(r is not None for r in rates) else None
     total_samples = sum(e["samples"] for e in epochs)
     if result["local_bytes_sent_rank0"] is not None:
         bytes_per_sample = result["local_bytes_sent_rank0"] * n / total_samples  # every rank sends one per round
@@ -338,6 +341,10 @@ def launch(args: argparse.Namespace, config: str, model: str, n: int, level: flo
         "params": params,
         "local_rounds": result["local_rounds"],
         "local_plans_last": result["local_plans_last"],
+        # each rank's busy rate in the run (samples/s of its local steps, waits excluded): a bound measured side by
+        # side with the run itself, under the same host load
+        "local_busy_bound": busy_bound,
+        "of_local_busy_bound": throughput / busy_bound if busy_bound else None,
         "wall_s": time.perf_counter() - started,
         "load_1min_after": os.getloadavg()[0],
     }
@@ -369,6 +376,7 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "seeds": [r["seed"] for r in group],
                 "throughput": throughput,
                 "of_standalone_bound": statistics.median(r["of_standalone_bound"] for r in group),
+                "of_local_busy_bound": median_or_none([r.get("of_local_busy_bound") for r in group]),
                 "bytes_per_sample": statistics.median(r["bytes_per_sample"] for r in group),
                 "acc": statistics.median(r["final_acc"] for r in group),
                 "acc_vs_ddp_points": median_or_none(diffs),
@@ -384,16 +392,17 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def print_table(rows: list[dict[str, Any]]) -> None:
     print(
         f"{'model':>5} {'N':>2} {'HL':>3} {'config':>11} {'seeds':>5} {'samples/s':>9} {'of bound':>8} "
-        f"{'B/sample':>9} {'acc':>6} {'vs ddp pt':>9} {'t to ddp-0.5 (s)':>16}"
+        f"{'of busy':>7} {'B/sample':>9} {'acc':>6} {'vs ddp pt':>9} {'t to ddp-0.5 (s)':>16}"
     )
     for row in rows:
         bound = "-" if row["of_standalone_bound"] is None else f"{row['of_standalone_bound']:.2f}"
+        busy = "-" if row["of_local_busy_bound"] is None else f"{row['of_local_busy_bound']:.2f}"
         vs = "-" if row["acc_vs_ddp_points"] is None else f"{row['acc_vs_ddp_points']:+.2f}"
         reached = f"{row['reached_ddp_acc']}/{len(row['seeds'])}"
         tta = "-" if row["time_to_ddp_acc_s"] is None else f"{row['time_to_ddp_acc_s']:.1f}"
         print(
             f"{row['model']:>5} {row['workers']:>2} {row['hl']:>3g} {row['config']:>11} {len(row['seeds']):>5} "
-            f"{row['throughput']:>9.0f} {bound:>8} {row['bytes_per_sample']:>9.0f} {row['acc']:>6.4f} {vs:>9} "
+            f"{row['throughput']:>9.0f} {bound:>8} {busy:>7} {row['bytes_per_sample']:>9.0f} {row['acc']:>6.4f} {vs:>9} "
             f"{tta:>10} ({reached})"
         )
 
