@@ -357,14 +357,8 @@ class AsyncPSStrategy(
         if self._mode == "bsp":
             return self._synchronous_step(optimizer, closure, model, **kwargs)
         if self._mode == "local":
-
-            def local_closure() -> Any:
-                result = closure()
-                self._mark_compute_end()
-                return result
-
             return self._local_optimizer_step(
-                lambda: self.precision_plugin.optimizer_step(optimizer, model=model, closure=local_closure, **kwargs)
+                lambda: self.precision_plugin.optimizer_step(optimizer, model=model, closure=closure, **kwargs)
             )
         remote = RemoteStepOptimizer(optimizer, self._asynchronous_update)
         return self.precision_plugin.optimizer_step(remote, model=model, closure=closure, **kwargs)
