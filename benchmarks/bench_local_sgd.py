@@ -10,7 +10,8 @@ as the inner optimizer by local SGD) side by side, cell by cell:
 - ``local_prop``: ``AsyncPSStrategy(mode="local")`` (local steps proportional to measured speed).
 
 Local SGD rounds are ``--round-steps`` local steps per rank on average (``round_samples = round_steps x N x 32``)
-with DiLoCo's outer Nesterov SGD (lr 0.7, momentum 0.9; ``--outer-lr 1 --outer-momentum 0``: plain averaging).
+with plain averaging as the outer step by default (``SGD(lr=1.0)``; DiLoCo's Nesterov SGD: ``--outer-lr 0.7
+--outer-momentum 0.9``, which overshoots in runs this short, see docs/results.md).
 
 Workers: N processes on this host; heterogeneity level HL slows rank k by ``HL ** (k / (N - 1))`` with
 ``SlowdownEmulator`` (sleeps). Models: ``light`` is a 32-512-512-4 MLP (0.28M parameters) with no extra compute (a
@@ -426,8 +427,12 @@ def main() -> None:
     parser.add_argument("--heavy-cost-s", type=float, default=0.001, help="emulated compute s/sample (heavy)")
     parser.add_argument("--round-steps", type=int, default=16, help="local steps per rank and round, on average")
     parser.add_argument("--standalone-s", type=float, default=8.0)
-    parser.add_argument("--outer-lr", type=float, default=0.7, help="local SGD's outer SGD learning rate (DiLoCo's)")
-    parser.add_argument("--outer-momentum", type=float, default=0.9, help="its Nesterov momentum; 0: plain SGD")
+    parser.add_argument(
+        "--outer-lr", type=float, default=1.0, help="local SGD's outer SGD learning rate (1 and momentum 0: averaging)"
+    )
+    parser.add_argument(
+        "--outer-momentum", type=float, default=0.0, help="its Nesterov momentum (DiLoCo's: --outer-lr 0.7, 0.9)"
+    )
     parser.add_argument("--barrier", type=Path, default=RESULTS / ".none", help=argparse.SUPPRESS)
     parser.add_argument("--barrier-n", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--run", choices=(*CONFIGS, "standalone"), help=argparse.SUPPRESS)
