@@ -22,9 +22,9 @@ from collections.abc import Callable
 from typing import Literal, Protocol, cast, runtime_checkable
 
 #: how the ranks combine their gradients: ``"bsp"`` synchronously (all-reduce), ``"asp"`` asynchronously (through a
-#: parameter server)
-Mode = Literal["bsp", "asp"]
-MODES: tuple[Mode, ...] = ("bsp", "asp")
+#: parameter server), ``"local"`` by local SGD (an all-reduce of pseudo-gradients per round, see docs/local_sgd.md)
+Mode = Literal["bsp", "asp", "local"]
+MODES: tuple[Mode, ...] = ("bsp", "asp", "local")
 
 
 def check_mode(mode: str, what: str = "mode") -> Mode:
@@ -35,7 +35,7 @@ def check_mode(mode: str, what: str = "mode") -> Mode:
         >>> check_mode("sync", what="first")
         Traceback (most recent call last):
         ...
-        ValueError: first must be one of ('bsp', 'asp'), got 'sync'
+        ValueError: first must be one of ('bsp', 'asp', 'local'), got 'sync'
     """
     if mode not in MODES:
         raise ValueError(f"{what} must be one of {MODES}, got {mode!r}")

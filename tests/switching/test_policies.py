@@ -122,3 +122,12 @@ def test_user_policy_only_needs_mode_for_epoch():
             return "bsp" if context.epoch % 3 == 0 else "asp"
 
     assert plan(EveryThird(), 4) == ["bsp", "asp", "asp", "bsp"]
+
+
+def test_fixed_fraction_policy_alternates_bsp_and_asp_only():
+    with pytest.raises(ValueError, match="first must be 'bsp' or 'asp', got 'local'"):
+        FixedFractionPolicy(first="local")
+
+
+def test_schedules_accept_the_local_sgd_mode():
+    assert plan(SchedulePolicy("bsp:0-1,local:2-"), max_epochs=4) == ["bsp", "bsp", "local", "local"]

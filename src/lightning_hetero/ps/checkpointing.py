@@ -41,6 +41,8 @@ class Checkpointing:
     @override
     def lightning_module_state_dict(self) -> dict[str, Any]:
         state = super().lightning_module_state_dict()
+        if self._mode == "local" and self._active:
+            return self._local_state_into(state)
         if self._server is None or self._mode != "asp" or not self._active:
             return state
         assert self._flat_model is not None
@@ -65,6 +67,9 @@ class Checkpointing:
         version = self._snapshot["version"] if self._snapshot is not None else self.version
         self._snapshot = None
         checkpoint[CHECKPOINT_KEY] = {"version": version, "mode": self._mode}
+        local_state = self._local_checkpoint_state()
+        if local_state is not None:
+            checkpoint[CHECKPOINT_KEY]["local_sgd"] = local_state
         super().save_checkpoint(checkpoint, filepath, storage_options)
 
     @property
@@ -79,6 +84,7 @@ class Checkpointing:
         if self._restored is not None:
             self.version = int(self._restored["version"])
             self._mode = self._restored["mode"]
+            self._restore_local(self._restored.get("local_sgd"))
         return checkpoint
 
     @override

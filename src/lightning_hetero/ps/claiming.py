@@ -139,7 +139,7 @@ class DataClaiming:
             dataloader,
             StoreClaims(self._store, self._lost_cause),
             epoch=lambda: trainer.current_epoch,
-            asynchronous=lambda: self._mode == "asp",
+            asynchronous=lambda: self._mode in ("asp", "local"),
             rank=self.global_rank,
             world_size=self.world_size,
             tail=self._lost_workers_chunks if self._server is not None and self.on_worker_lost == "continue" else None,

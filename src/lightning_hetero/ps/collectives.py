@@ -40,8 +40,9 @@ class CollectiveGating:
     lightning_module: Any
 
     def _inside_asynchronous_batch(self) -> bool:
-        """True inside a training batch in ASP, where ranks are not in lock-step and collectives must stay local."""
-        if self._mode != "asp" or not self._active:
+        """True inside a training batch in ASP or local SGD, where ranks are not in lock-step and collectives must
+        stay local."""
+        if self._mode not in ("asp", "local") or not self._active:
             return False
         trainer = self._attached_trainer
         if trainer is None or trainer.state.stage != RunningStage.TRAINING:

@@ -58,13 +58,14 @@ class ModeSwitching:
     _step_schedules: CountedLRSchedulers
 
     def set_mode(self, mode: Mode) -> None:
-        """Switch between ``"asp"`` and ``"bsp"``; call on every rank with the same value at an epoch's end (e.g. from
+        """Switch between ``"asp"``, ``"bsp"`` and ``"local"``; call on every rank with the same value at an epoch's end (e.g. from
         ``on_train_epoch_end``). Takes effect for the next epoch without restarting processes. Entering BSP gives
-        every rank the server's parameters, optimizer state and version; entering ASP loads rank 0's into the server.
-        The time taken is kept in :attr:`last_switch_s`.
+        every rank the server's parameters, optimizer state and version; entering ASP loads rank 0's into the server;
+        entering local SGD from ASP is as entering BSP, and leaving it gives every rank rank 0's inner optimizer
+        state (see :mod:`~lightning_hetero.ps.local_mode`). The time taken is kept in :attr:`last_switch_s`.
 
         Args:
-            mode: ``"asp"`` or ``"bsp"``.
+            mode: ``"asp"``, ``"bsp"`` or ``"local"``.
         """
         check_mode(mode)
         if mode == self._mode:
@@ -73,12 +74,18 @@ class ModeSwitching:
             self._mode = mode
             return
         start = time.perf_counter()
-        if mode == "bsp":
+        previous = self._mode
+        if previous == "local":
+            self._leave_local()
+        if mode in ("bsp", "local"):
             self._meet()  # brings every rank's view of the lost ranks up to date
-            self._check_no_rank_lost("switch to BSP")
-            self._enter_bsp()
+            self._check_no_rank_lost("switch to BSP" if mode == "bsp" else "switch to local SGD")
+            if previous == "asp":  # the ranks take the server's state (after BSP or local SGD they agree already)
+                self._enter_bsp()
         else:
             self._enter_asp()
+        if mode == "local":
+            self._enter_local()
         self._mode = mode
         if self._server is not None:
             self._server.tolerate_lost_workers = self._tolerates_lost_workers()

@@ -45,6 +45,7 @@ from lightning_hetero.ps.collectives import CollectiveGating
 from lightning_hetero.ps.compensation import AsynchronyCompensator, check_compensation_mode
 from lightning_hetero.ps.fault_tolerance import FaultTolerance
 from lightning_hetero.ps.faults import Membership
+from lightning_hetero.ps.local_mode import LocalSGDMode
 from lightning_hetero.ps.mode_switching import ModeSwitching
 from lightning_hetero.ps.protocol import FLAG_JOIN, FLAG_LAST, SERVER_RANK, STATUS_OK
 from lightning_hetero.ps.reporting import (
@@ -64,17 +65,27 @@ ON_WORKER_LOST = ("fail", "continue")
 
 
 class AsyncPSStrategy(
-    ServerBootstrap, FaultTolerance, ModeSwitching, DataClaiming, CollectiveGating, Checkpointing, DDPStrategy
+    ServerBootstrap,
+    FaultTolerance,
+    ModeSwitching,
+    LocalSGDMode,
+    DataClaiming,
+    CollectiveGating,
+    Checkpointing,
+    DDPStrategy,
 ):
-    """Asynchronous parameter-server training (``mode="asp"``) or synchronous all-reduce (``mode="bsp"``).
+    """Asynchronous parameter-server training (``mode="asp"``), synchronous all-reduce (``mode="bsp"``) or local SGD
+    with an outer optimizer (``mode="local"``).
 
     In ASP each worker computes gradients on its own batch and pushes them (one flat buffer) to the parameter server,
     which applies the user's optimizer at once, bumps its version and replies with the new parameters (one flat
     buffer); faster workers make more updates. In BSP every rank all-reduces its share-weighted gradients and steps
-    its own copy of the optimizer, as DDP does. :meth:`set_mode` switches between the two at an epoch's end.
+    its own copy of the optimizer, as DDP does. In local SGD every rank trains its own copy for a round, then the
+    ranks all-reduce their sample-weighted pseudo-gradients once and an outer optimizer applies them (DiLoCo; see
+    ``docs/local_sgd.md``). :meth:`set_mode` switches between the three at an epoch's end.
 
     Args:
-        mode: ``"asp"`` or ``"bsp"``; can be changed later with :meth:`set_mode`.
+        mode: ``"asp"``, ``"bsp"`` or ``"local"``; can be changed later with :meth:`set_mode`.
         max_staleness: stale-synchronous bound: a worker more than this many of its own updates ahead of the slowest
             active worker waits (``None``: no bound, pure ASP).
         lr_scaling: ``"none"``, or ``"inverse"`` to divide the learning rate of each update by its staleness.
@@ -89,7 +100,14 @@ class AsyncPSStrategy(
         on_worker_lost: ``"fail"`` ends the job when any rank is lost; ``"continue"`` (elastic ASP) lets the other
             workers train on without a lost non-server rank while in ASP (its unfinished batches go to rank 0 at the
             epoch's end, so every epoch still covers every sample once). Losing rank 0, or any rank in BSP, ends
-            the job either way.
+            the job either way (and so does any loss in local SGD).
+        round_samples: local SGD: a round lasts this many training samples over all ranks.
+        round_s: local SGD: or this many seconds (give at most one; neither: 16 local steps per rank on average).
+        local_steps: local SGD: ``"proportional"`` (each rank's local steps follow its measured throughput) or
+            ``"equal"`` (DiLoCo).
+        outer_optimizer: local SGD: the outer optimizer's class (default ``torch.optim.SGD``).
+        outer_optimizer_kwargs: its arguments (default DiLoCo's ``lr=0.7, momentum=0.9, nesterov=True``). The local
+            SGD settings are validated at construction whatever the starting mode.
         accelerator: see :class:`~lightning.pytorch.strategies.DDPStrategy`.
         parallel_devices: see :class:`~lightning.pytorch.strategies.DDPStrategy`.
         cluster_environment: see :class:`~lightning.pytorch.strategies.DDPStrategy`.
@@ -119,6 +137,11 @@ class AsyncPSStrategy(
         fault_timeout_s: float = 60.0,
         startup_timeout_s: float = 300.0,
         on_worker_lost: str = "fail",
+        round_samples: int | None = None,
+        round_s: float | None = None,
+        local_steps: str = "proportional",
+        outer_optimizer: Callable[..., torch.optim.Optimizer] | None = None,
+        outer_optimizer_kwargs: dict[str, Any] | None = None,
         accelerator: pl.accelerators.Accelerator | None = None,
         parallel_devices: list[torch.device] | None = None,
         cluster_environment: Any = None,
@@ -138,6 +161,7 @@ class AsyncPSStrategy(
             raise ValueError(f"startup_timeout_s must be positive, got {startup_timeout_s}")
         if on_worker_lost not in ON_WORKER_LOST:
             raise ValueError(f"on_worker_lost must be one of {ON_WORKER_LOST}, got {on_worker_lost!r}")
+        self._init_local(round_samples, round_s, local_steps, outer_optimizer, outer_optimizer_kwargs)
         super().__init__(
             accelerator=accelerator,
             parallel_devices=parallel_devices,
@@ -254,6 +278,8 @@ class AsyncPSStrategy(
     def on_train_start(self) -> None:
         if self._restored is not None:
             self._set_step_counter(self.version, in_step=False)
+        if self._mode == "local":
+            self._enter_local()
         if self._mode == "asp":
             self._take_over_step_schedules()
             self._announce_compensation()
@@ -295,6 +321,8 @@ class AsyncPSStrategy(
 
     @override
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        if self._mode == "local" and self._active:
+            self._local_batch_start()
         asynchronous = self._mode == "asp" and self._active
         if asynchronous:
             if not self._joined:
@@ -329,6 +357,10 @@ class AsyncPSStrategy(
             return super().optimizer_step(optimizer, closure, model, **kwargs)
         if self._mode == "bsp":
             return self._synchronous_step(optimizer, closure, model, **kwargs)
+        if self._mode == "local":
+            return self._local_optimizer_step(
+                lambda: self.precision_plugin.optimizer_step(optimizer, model=model, closure=closure, **kwargs)
+            )
         remote = RemoteStepOptimizer(optimizer, self._asynchronous_update)
         return self.precision_plugin.optimizer_step(remote, model=model, closure=closure, **kwargs)
 

@@ -25,7 +25,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 from lightning_hetero._validation import check_finite
-from lightning_hetero.contracts import MODES, Mode, check_mode
+from lightning_hetero.contracts import MODES, Mode
 
 # Fractions such as 0.07 * 100 = 7.000000000000001 must not round up to an extra epoch.
 _EPS = 1e-9
@@ -107,7 +107,9 @@ class FixedFractionPolicy(SwitchPolicy):
         if not 0.0 <= bsp_fraction <= 1.0:
             raise ValueError(f"bsp_fraction must be in [0, 1], got {bsp_fraction}")
         self.bsp_fraction = bsp_fraction
-        self.first = check_mode(first, "first")
+        if first not in ("bsp", "asp"):
+            raise ValueError(f"first must be 'bsp' or 'asp', got {first!r}")
+        self.first: Mode = first
 
     def mode_for_epoch(self, context: EpochContext) -> Mode:
         self.check_max_epochs(context.max_epochs)
@@ -196,7 +198,7 @@ class SchedulePolicy(SwitchPolicy):
         >>> SchedulePolicy("bsp:0-4,ssp:5-")
         Traceback (most recent call last):
         ...
-        ValueError: schedule 'bsp:0-4,ssp:5-': unknown mode 'ssp' in segment 'ssp:5-'; modes are ('bsp', 'asp')
+        ValueError: schedule 'bsp:0-4,ssp:5-': unknown mode 'ssp' in segment 'ssp:5-'; modes are ('bsp', 'asp', 'local')
     """
 
     def __init__(self, schedule: str) -> None:

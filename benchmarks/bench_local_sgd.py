@@ -1,0 +1,524 @@
+"""Local SGD (``AsyncPSStrategy(mode="local")``) against BSP, HeteroBatch BSP and ASP on emulated heterogeneous workers.
+
+Five configurations train the same recipe (SGD lr 0.1, momentum 0.9, batch 32 per rank: BSP's hyper-parameters, used
+as the inner optimizer by local SGD) side by side, cell by cell:
+
+- ``ddp``: Lightning's ``DDPStrategy`` (BSP);
+- ``hetero``: DDP + ``HeteroBatchCallback`` (per-rank batch sizes proportional to speed, BSP);
+- ``asp``: ``AsyncPSStrategy(mode="asp")`` (default asynchrony compensation);
+- ``local_equal``: ``AsyncPSStrategy(mode="local", local_steps="equal")`` (DiLoCo: the same local steps per rank);
+- ``local_prop``: ``AsyncPSStrategy(mode="local")`` (local steps proportional to measured speed).
+
+Local SGD rounds are ``--round-steps`` local steps per rank on average (``round_samples = round_steps x N x 32``)
+with plain averaging as the outer step by default (``SGD(lr=1.0)``; DiLoCo's Nesterov SGD: ``--outer-lr 0.7
+--outer-momentum 0.9``, which overshoots in runs this short, see docs/results.md).
+
+Workers: N processes on this host; heterogeneity level HL slows rank k by ``HL ** (k / (N - 1))`` with
+``SlowdownEmulator`` (sleeps). Models: ``light`` is a 32-512-512-4 MLP (0.28M parameters) with no extra compute (a
+step is a few ms, as long as moving its parameters); ``heavy`` is the same MLP whose training step also sleeps
+``--heavy-cost-s`` per sample (emulated compute). The summed standalone bound is measured before each seed's runs by
+N single-process runs started side by side (each with its rank's slowdown) for ``--standalone-s`` seconds.
+
+Measured per run: throughput (training samples per second, epochs after the first, from the first rank's start of
+an epoch to the last rank's end of its training, validation excluded) and its ratio
+to the summed standalone bound; payload bytes each rank hands to the collective or the server per training sample
+(measured for local SGD, from the parameter count for the others: 4P per step for an all-reduce, 8P for an ASP push +
+pull); accuracy after the same epochs (differences to ddp paired by seed); time to reach ddp's final accuracy minus
+0.5 points (the seed's ddp run; training time at the first epoch end that reaches it).
+
+Usage:
+    python benchmarks/bench_local_sgd.py [--quick] [--workers 2,4,8] [--hl 1,4,8] [--models light,heavy]
+        [--seeds 0,1,2] [--configs ddp,hetero,asp,local_equal,local_prop] [--budget-s 1800]
+
+Writes ``benchmarks/results/local_sgd.json`` (``--out``; ``--quick``: ``local_sgd_quick.json``, 2 workers, HL4, light,
+seed 0, 2 epochs) and prints a table. ``--budget-s`` starts no new cell after that many seconds; the JSON lists the
+cells that ran and those skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.strategies import DDPStrategy
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from lightning_hetero import AsyncPSStrategy, HeteroBatchCallback, SlowdownEmulator
+from lightning_hetero.synthetic import make_classification
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+CONFIGS = ("ddp", "hetero", "asp", "local_equal", "local_prop")
+MODELS = ("light", "heavy")
+FEATURES, HIDDEN, CLASSES, BATCH = 32, 512, 4, 32
+
+
+def slowdown_factors(workers: int, hl: float) -> list[float]:
+    """Per-rank slowdowns from 1 (rank 0) to ``hl`` (the last rank), geometrically spaced.
+
+    Example::
+
+        >>> slowdown_factors(2, 4.0), [round(f, 2) for f in slowdown_factors(3, 4.0)], slowdown_factors(1, 4.0)
+        ([1.0, 4.0], [1.0, 2.0, 4.0], [1.0])
+    """
+    if workers == 1:
+        return [1.0]
+    return [hl ** (rank / (workers - 1)) for rank in range(workers)]
+
+
+def time_to_target(epochs: list[dict[str, Any]], target: float) -> float | None:
+    """Cumulative training seconds at the first epoch end whose validation accuracy reaches ``target``.
+
+    Example::
+
+        >>> time_to_target([{"train_s": 2.0, "val_acc": 0.8}, {"train_s": 3.0, "val_acc": 0.9}], 0.85)
+        5.0
+        >>> time_to_target([{"train_s": 2.0, "val_acc": 0.8}], 0.85) is None
+        True
+    """
+    elapsed = 0.0
+    for epoch in epochs:
+        elapsed += epoch["train_s"]
+        if epoch["val_acc"] is not None and epoch["val_acc"] >= target:
+            return elapsed
+    return None
+
+
+def median_or_none(values: list[float | None]) -> float | None:
+    """Median of the known values (``None`` if none).
+
+    Example::
+
+        >>> median_or_none([3.0, None, 1.0, 2.0]), median_or_none([None])
+        (2.0, None)
+    """
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+class BenchMLP(L.LightningModule):
+    """A 32-512-512-4 tanh MLP, SGD; the training step sleeps ``cost_s`` per sample (emulated compute)."""
+
+    def __init__(self, cost_s: float, lr: float, momentum: float) -> None:
+        super().__init__()
+        self.cost_s, self.lr, self.momentum = cost_s, lr, momentum
+        self.net = nn.Sequential(
+            nn.Linear(FEATURES, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, CLASSES)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        if self.cost_s:
+            time.sleep(self.cost_s * x.shape[0])
+        return nn.functional.cross_entropy(self(x), y)
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        x, y = batch
+        self.log("val_acc", (self(x).argmax(-1) == y).float().mean(), sync_dist=True)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=self.momentum)
+
+
+class EpochRecorder(Callback):
+    """Per epoch: training seconds from the first rank's start to the last rank's end of training (the first
+    validation batch, so that an epoch-end meeting counts as training: ranks that are not in lock-step start and end
+    at different times), validation accuracy and samples trained over all ranks; rank 0 keeps the records."""
+
+    def __init__(self, samples_per_epoch: int) -> None:
+        self.samples_per_epoch = samples_per_epoch
+        self.epochs: list[dict[str, Any]] = []
+        self._start = 0.0
+        self._train_end: float | None = None
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        trainer.strategy.barrier()
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._start, self._train_end = time.time(), None
+
+    def on_validation_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        if self._train_end is None and trainer.state.fn == "fit":
+            self._train_end = time.time()
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        end = self._train_end if self._train_end is not None else time.time()
+        times = trainer.strategy.all_gather(torch.tensor([self._start, end], dtype=torch.float64)).reshape(-1, 2)
+        acc = trainer.callback_metrics.get("val_acc")
+        self.epochs.append(
+            {
+                "epoch": trainer.current_epoch,
+                "train_s": float(times[:, 1].max() - times[:, 0].min()),
+                "val_acc": None if acc is None else float(acc),
+                "samples": self.samples_per_epoch,
+            }
+        )
+
+
+class StandaloneMeter(Callback):
+    """Samples per second of a single process after ``warmup`` batches."""
+
+    def __init__(self, warmup: int = 10) -> None:
+        self.warmup, self.batches, self.samples = warmup, 0, 0
+        self.start: float | None = None
+        self.end = 0.0
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, *_: Any):
+        self.batches += 1
+        if self.batches == self.warmup:
+            self.start = time.perf_counter()
+        elif self.batches > self.warmup:
+            self.samples += len(batch[0])
+            self.end = time.perf_counter()
+
+
+def datasets(args: argparse.Namespace) -> tuple[TensorDataset, TensorDataset]:
+    data = make_classification(args.samples + args.val_samples, FEATURES, CLASSES, seed=args.seed, noise=args.noise)
+    x, y = data.tensors
+    return TensorDataset(x[: args.samples], y[: args.samples]), TensorDataset(x[args.samples :], y[args.samples :])
+
+
+def run_one(args: argparse.Namespace) -> None:
+    torch.set_num_threads(1)
+    L.seed_everything(args.seed, verbose=False)
+    train, val = datasets(args)
+    factors = slowdown_factors(args.n, args.level)
+    callbacks: list[Callback] = []
+    slowed = {rank: factor for rank, factor in enumerate(factors) if factor > 1.0}
+    cost_s = args.heavy_cost_s if args.model == "heavy" else 0.0
+    if args.config == "standalone":
+        # start together: a process still importing torch would slow the others' measurement
+        Path(f"{args.out}.ready").touch()
+        while len(list(Path(args.out).parent.glob(f"{Path(args.barrier).name}*.ready"))) < args.barrier_n:
+            time.sleep(0.05)
+        meter = StandaloneMeter()
+        callbacks = [meter] + ([SlowdownEmulator(factors={0: args.level})] if args.level > 1.0 else [])
+        trainer = L.Trainer(
+            accelerator="cpu", devices=1, max_time={"seconds": args.standalone_s}, max_epochs=-1, callbacks=callbacks,
+            logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+            limit_val_batches=0,
+        )  # fmt: skip
+        trainer.fit(BenchMLP(cost_s, args.lr, args.momentum), DataLoader(train, batch_size=BATCH, shuffle=True))
+        rate = meter.samples / (meter.end - meter.start) if meter.start is not None and meter.end > meter.start else 0
+        Path(args.out).write_text(json.dumps({"samples_per_s": rate, "batches": meter.batches}))
+        return
+    recorder = EpochRecorder(args.samples)
+    callbacks = [recorder]
+    if slowed:
+        callbacks.append(SlowdownEmulator(factors=slowed))
+    if args.config in ("ddp", "hetero"):
+        strategy: Any = DDPStrategy(process_group_backend="gloo")
+        if args.config == "hetero":
+            callbacks.append(HeteroBatchCallback(verbose=False))
+    elif args.config == "asp":
+        strategy = AsyncPSStrategy(mode="asp", fault_timeout_s=300)
+    else:
+        strategy = AsyncPSStrategy(
+            mode="local",
+            round_samples=args.round_steps * args.n * BATCH,
+            local_steps="equal" if args.config == "local_equal" else "proportional",
+            outer_optimizer=torch.optim.SGD,
+            outer_optimizer_kwargs={
+                "lr": args.outer_lr,
+                "momentum": args.outer_momentum,
+                "nesterov": args.outer_momentum > 0,
+            },
+            fault_timeout_s=300,
+        )
+    trainer = L.Trainer(
+        accelerator="cpu", devices=args.n, strategy=strategy, max_epochs=args.epochs, callbacks=callbacks,
+        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )  # fmt: skip
+    model = BenchMLP(cost_s, args.lr, args.momentum)
+    params = sum(p.numel() for p in model.parameters())
+    trainer.fit(
+        model,
+        train_dataloaders=DataLoader(train, batch_size=BATCH, shuffle=True),
+        val_dataloaders=DataLoader(val, batch_size=1024),
+    )
+    if trainer.is_global_zero:
+        rounds = getattr(strategy, "local_rounds", None)
+        result = {
+            "epochs": recorder.epochs,
+            "params": params,
+            "factors": factors,
+            "local_bytes_sent_rank0": rounds.bytes_sent if rounds is not None else None,
+            "local_rounds": rounds.rounds if rounds is not None else None,
+            "local_plans_last": rounds.plans[-3:] if rounds is not None else None,
+            "local_rates_last": rounds.rates if rounds is not None else None,
+        }
+        Path(args.out).write_text(json.dumps(result, default=str))
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def child_command(args: argparse.Namespace, config: str, model: str, n: int, level: float, seed: int, out: Path):
+    return [
+        sys.executable, __file__, "--run", config, "--model", model, "--n", str(n), "--level", str(level),
+        "--seed", str(seed), "--out", str(out), "--epochs", str(args.epochs), "--samples", str(args.samples),
+        "--val-samples", str(args.val_samples), "--noise", str(args.noise), "--lr", str(args.lr),
+        "--momentum", str(args.momentum), "--heavy-cost-s", str(args.heavy_cost_s),
+        "--round-steps", str(args.round_steps), "--standalone-s", str(args.standalone_s),
+        "--outer-lr", str(args.outer_lr), "--outer-momentum", str(args.outer_momentum),
+        "--barrier", str(args.barrier), "--barrier-n", str(args.barrier_n),
+    ]  # fmt: skip
+
+
+def child_env() -> dict[str, str]:
+    return {key: value for key, value in os.environ.items() if key != "MASTER_PORT"} | {"OMP_NUM_THREADS": "1"}
+
+
+def standalone_bound(args: argparse.Namespace, model: str, n: int, level: float) -> list[float]:
+    """Each rank's standalone samples/s, measured by N single processes side by side."""
+    prefix = f".local_sgd_standalone_{os.getpid()}_{time.time_ns()}_"
+    outs = [RESULTS / f"{prefix}{rank}.json" for rank in range(n)]
+    args.barrier, args.barrier_n = RESULTS / prefix, n
+    procs = [
+        subprocess.Popen(
+            child_command(args, "standalone", model, 1, factor, 0, out),
+            env=child_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for factor, out in zip(slowdown_factors(n, level), outs, strict=True)
+    ]
+    for proc in procs:
+        proc.wait(timeout=600)
+    rates = [json.loads(out.read_text())["samples_per_s"] for out in outs]
+    for out in outs:
+        out.unlink()
+        Path(f"{out}.ready").unlink()
+    return rates
+
+
+def launch(args: argparse.Namespace, config: str, model: str, n: int, level: float, seed: int) -> dict[str, Any]:
+    out = RESULTS / f".local_sgd_{os.getpid()}.json"
+    started = time.perf_counter()
+    subprocess.run(
+        child_command(args, config, model, n, level, seed, out),
+        check=True, timeout=1200, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    result = json.loads(out.read_text())
+    out.unlink()
+    epochs = result["epochs"]
+    measured = epochs[1:] if len(epochs) > 1 else epochs
+    throughput = sum(e["samples"] for e in measured) / sum(e["train_s"] for e in measured)
+    params = result["params"]
+    rates = result.get("local_rates_last") or [None]
+    busy_bound = sum(rates) if all(r is not None for r in rates) else None
+    total_samples = sum(e["samples"] for e in epochs)
+    if result["local_bytes_sent_rank0"] is not None:
+        bytes_per_sample = result["local_bytes_sent_rank0"] * n / total_samples  # every rank sends one per round
+    else:
+        bytes_per_sample = (8 if config == "asp" else 4) * params / BATCH
+    return {
+        "config": config,
+        "model": model,
+        "workers": n,
+        "hl": level,
+        "seed": seed,
+        "final_acc": epochs[-1]["val_acc"],
+        "acc_per_epoch": [e["val_acc"] for e in epochs],
+        "train_s_per_epoch": [e["train_s"] for e in epochs],
+        "epochs": epochs,
+        "throughput": throughput,
+        "bytes_per_sample": bytes_per_sample,
+        "params": params,
+        "local_rounds": result["local_rounds"],
+        "local_plans_last": result["local_plans_last"],
+        # each rank's busy rate in the run (samples/s of its local steps, waits excluded): a bound measured side by
+        # side with the run itself, under the same host load
+        "local_busy_bound": busy_bound,
+        "of_local_busy_bound": throughput / busy_bound if busy_bound else None,
+        "wall_s": time.perf_counter() - started,
+        "load_1min_after": os.getloadavg()[0],
+    }
+
+
+def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Medians over seeds per (model, workers, HL, config): throughput and its ratio to the standalone bound measured
+    next to the run; accuracy and time-to-accuracy against the seed's ddp run."""
+    ddp = {(r["model"], r["workers"], r["hl"], r["seed"]): r for r in runs if r["config"] == "ddp"}
+    cells: dict[tuple, list[dict[str, Any]]] = {}
+    for run in runs:
+        cells.setdefault((run["model"], run["workers"], run["hl"], run["config"]), []).append(run)
+    rows = []
+    for (model, workers, level, config), group in cells.items():
+        diffs, times = [], []
+        for run in group:
+            reference = ddp.get((model, workers, level, run["seed"]))
+            if reference is None:
+                continue
+            diffs.append(100 * (run["final_acc"] - reference["final_acc"]))
+            times.append(time_to_target(run["epochs"], reference["final_acc"] - 0.005))
+        throughput = statistics.median(r["throughput"] for r in group)
+        rows.append(
+            {
+                "model": model,
+                "workers": workers,
+                "hl": level,
+                "config": config,
+                "seeds": [r["seed"] for r in group],
+                "throughput": throughput,
+                "of_standalone_bound": statistics.median(r["of_standalone_bound"] for r in group),
+                "of_local_busy_bound": median_or_none([r.get("of_local_busy_bound") for r in group]),
+                "bytes_per_sample": statistics.median(r["bytes_per_sample"] for r in group),
+                "acc": statistics.median(r["final_acc"] for r in group),
+                "acc_vs_ddp_points": median_or_none(diffs),
+                "acc_vs_ddp_points_all": diffs,
+                "time_to_ddp_acc_s": median_or_none(times),
+                "time_to_ddp_acc_all": times,
+                "reached_ddp_acc": sum(t is not None for t in times),
+            }
+        )
+    return rows
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    print(
+        f"{'model':>5} {'N':>2} {'HL':>3} {'config':>11} {'seeds':>5} {'samples/s':>9} {'of bound':>8} "
+        f"{'of busy':>7} {'B/sample':>9} {'acc':>6} {'vs ddp pt':>9} {'t to ddp-0.5 (s)':>16}"
+    )
+    for row in rows:
+        bound = "-" if row["of_standalone_bound"] is None else f"{row['of_standalone_bound']:.2f}"
+        busy = "-" if row["of_local_busy_bound"] is None else f"{row['of_local_busy_bound']:.2f}"
+        vs = "-" if row["acc_vs_ddp_points"] is None else f"{row['acc_vs_ddp_points']:+.2f}"
+        reached = f"{row['reached_ddp_acc']}/{len(row['seeds'])}"
+        tta = "-" if row["time_to_ddp_acc_s"] is None else f"{row['time_to_ddp_acc_s']:.1f}"
+        print(
+            f"{row['model']:>5} {row['workers']:>2} {row['hl']:>3g} {row['config']:>11} {len(row['seeds']):>5} "
+            f"{row['throughput']:>9.0f} {bound:>8} {busy:>7} {row['bytes_per_sample']:>9.0f} {row['acc']:>6.4f} {vs:>9} "
+            f"{tta:>10} ({reached})"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="2 workers, HL4, light, seed 0, 2 epochs")
+    parser.add_argument("--workers", default="4")
+    parser.add_argument("--hl", default="4,8")
+    parser.add_argument("--models", default="light")
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--budget-s", type=float, default=1800.0, help="start no new cell after this many seconds")
+    parser.add_argument("--out", type=Path, default=None, help="default: results/local_sgd[_quick].json")
+    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--samples", type=int, default=4096)
+    parser.add_argument("--val-samples", type=int, default=2048)
+    parser.add_argument("--noise", type=float, default=4.0)
+    parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--momentum", type=float, default=0.9)
+    parser.add_argument("--heavy-cost-s", type=float, default=0.001, help="emulated compute s/sample (heavy)")
+    parser.add_argument("--round-steps", type=int, default=16, help="local steps per rank and round, on average")
+    parser.add_argument("--standalone-s", type=float, default=8.0)
+    parser.add_argument(
+        "--outer-lr", type=float, default=1.0, help="local SGD's outer SGD learning rate (1 and momentum 0: averaging)"
+    )
+    parser.add_argument(
+        "--outer-momentum", type=float, default=0.0, help="its Nesterov momentum (DiLoCo's: --outer-lr 0.7, 0.9)"
+    )
+    parser.add_argument("--barrier", type=Path, default=RESULTS / ".none", help=argparse.SUPPRESS)
+    parser.add_argument("--barrier-n", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--run", choices=(*CONFIGS, "standalone"), help=argparse.SUPPRESS)
+    parser.add_argument("--model", choices=MODELS, default="light", help=argparse.SUPPRESS)
+    parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--level", type=float, help=argparse.SUPPRESS)
+    parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.run is not None:
+        args.config = args.run
+        run_one(args)
+        return
+    if args.quick:
+        args.workers, args.hl, args.models, args.seeds, args.epochs = "2", "4", "light", "0", 2
+        args.samples, args.standalone_s = 2048, 5.0
+    if args.out is None:
+        args.out = RESULTS / ("local_sgd_quick.json" if args.quick else "local_sgd.json")
+    configs = [c for c in args.configs.split(",") if c]
+    unknown = sorted(set(configs) - set(CONFIGS))
+    if unknown:
+        parser.error(f"unknown configs {unknown}; choose from {', '.join(CONFIGS)}")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    started, load_before = time.perf_counter(), os.getloadavg()
+    runs: list[dict[str, Any]] = []
+    standalone: dict[str, list[list[float]]] = {}
+    ran, skipped = [], []
+    for model in args.models.split(","):
+        for level in (float(h) for h in args.hl.split(",")):
+            for n in (int(w) for w in args.workers.split(",")):
+                cell = {"model": model, "workers": n, "hl": level}
+                if time.perf_counter() - started > args.budget_s:
+                    skipped.append(cell)
+                    continue
+                key = f"{model}/{n}/{level:g}"
+                for seed in (int(s) for s in args.seeds.split(",")):
+                    # the bound is measured next to each seed's runs, so that both see about the same host load
+                    rates = standalone_bound(args, model, n, level)
+                    standalone.setdefault(key, []).append(rates)
+                    bound = sum(rates)
+                    print(f"{key} seed {seed}: standalone {[round(r) for r in rates]} sum {bound:.0f}", flush=True)
+                    for config in configs:  # interleaved per seed: side by side on the same host load
+                        run = launch(args, config, model, n, level, seed)
+                        run["standalone_bound"] = bound
+                        run["of_standalone_bound"] = run["throughput"] / bound
+                        runs.append(run)
+                        print(
+                            f"  seed {seed} {config:>11}: {run['throughput']:.0f} samples/s "
+                            f"({run['of_standalone_bound']:.2f} of bound), acc "
+                            f"{' '.join(f'{a:.3f}' for a in run['acc_per_epoch'])}, {run['bytes_per_sample']:.0f} B/sample",
+                            flush=True,
+                        )
+                ran.append(cell)
+    rows = summarise(runs)
+    print_table(rows)
+    report = {
+        "conditions": {
+            **{
+                k: v
+                for k, v in vars(args).items()
+                if k not in ("run", "n", "level", "seed", "config", "out", "model", "barrier", "barrier_n")
+            },
+            "out": str(args.out),
+            "models": {
+                "light": f"MLP {FEATURES}-{HIDDEN}-{HIDDEN}-{CLASSES} (tanh), no emulated compute",
+                "heavy": f"the same MLP, training step sleeps {args.heavy_cost_s} s per sample",
+            },
+            "recipe": f"SGD lr {args.lr} momentum {args.momentum}, batch {BATCH} per rank; local SGD: outer "
+            f"SGD(lr={args.outer_lr}, momentum={args.outer_momentum}, nesterov={args.outer_momentum > 0})",
+            "emulation": "N processes on one host; SlowdownEmulator (sleep) slows rank k by HL**(k/(N-1))",
+            "host": f"{os.cpu_count()} CPUs shared with other jobs, 1 torch thread per process",
+            "torch": torch.__version__,
+            "lightning": L.__version__,
+            "python": platform.python_version(),
+            "load_average_before": load_before,
+            "load_average_after": os.getloadavg(),
+            "wall_s": time.perf_counter() - started,
+        },
+        "cells_ran": ran,
+        "cells_skipped_for_budget": skipped,
+        "standalone_samples_per_s": standalone,
+        "rows": rows,
+        "runs": runs,
+    }
+    args.out.write_text(json.dumps(report, indent=1))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,279 @@
+"""Local SGD with an outer optimizer (DiLoCo), with each rank's local steps set by its measured speed.
+
+Every rank trains its own copy of the model with its own (inner) optimizer for a *round*; at the round's end the
+ranks meet in one all-reduce, combine their pseudo-gradients (start-of-round minus end-of-round parameters) weighted
+by the samples each processed, and an :class:`~lightning_hetero.ps.outer_optimizer.OuterOptimizer` applies the result
+to the start-of-round parameters, which every rank then continues from. Floating-point module buffers (BatchNorm
+running statistics) are averaged in the same all-reduce, weighted the same way.
+
+A round is a budget of samples over all ranks (``round_samples``) or of seconds (``round_s``). With
+``local_steps="proportional"`` each rank's share of it follows its measured throughput
+(:class:`~lightning_hetero.measurement.ThroughputMeter`, the package's per-rank speed), exchanged in the round's
+all-reduce, so a fast rank takes more local steps and nobody waits for a straggler (Async Local-SGD's "dynamic local
+updates"); ``"equal"`` gives every rank the same number (DiLoCo).
+
+The epoch's end: a rank whose share of the epoch is done meets the others with a *done* flag and no samples; it keeps
+joining their round-end all-reduces (contributing nothing) until every rank is done, so the ranks always call the
+same sequence of collectives although they train different numbers of batches.
+
+This module is pure torch (the collective is the caller's): :meth:`LocalRounds.message` builds this rank's
+contribution, the caller sums it over ranks, :meth:`LocalRounds.apply` applies the sum.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lightning_hetero._validation import check_finite
+from lightning_hetero.hetero_batch.controller import apportion
+from lightning_hetero.measurement import ThroughputMeter
+from lightning_hetero.ps.outer_optimizer import OuterOptimizer
+
+#: How the ranks' local steps in a round are set.
+LOCAL_STEPS = ("proportional", "equal")
+
+
+@dataclass(frozen=True)
+class RoundBudget:
+    """How long a round lasts: ``samples`` over all ranks, or ``seconds`` of wall-clock time (exactly one of them).
+
+    Example::
+
+        >>> RoundBudget(samples=2048)
+        RoundBudget(samples=2048, seconds=None)
+        >>> RoundBudget(samples=0)
+        Traceback (most recent call last):
+        ...
+        ValueError: round_samples must be a positive integer, got 0
+    """
+
+    samples: int | None = None
+    seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        if (self.samples is None) == (self.seconds is None):
+            raise ValueError(
+                f"give exactly one of round_samples and round_s, got round_samples={self.samples!r}, "
+                f"round_s={self.seconds!r}"
+            )
+        if self.samples is not None and (
+            isinstance(self.samples, bool) or not isinstance(self.samples, int) or self.samples <= 0
+        ):
+            raise ValueError(f"round_samples must be a positive integer, got {self.samples!r}")
+        if self.seconds is not None:
+            check_finite(round_s=self.seconds)
+            if not self.seconds > 0:
+                raise ValueError(f"round_s must be positive, got {self.seconds!r}")
+
+
+def plan_local_steps(
+    budget: RoundBudget, batch_size: int, rates: list[float | None], local_steps: str = "proportional"
+) -> list[int]:
+    """Each rank's number of local steps in the next round (at least one each).
+
+    Args:
+        budget: the round's length.
+        batch_size: samples per local step (the loader's batch size, the same on every rank).
+        rates: each rank's measured samples per second (``None`` while unknown).
+        local_steps: ``"proportional"`` to the rates, or ``"equal"``.
+
+    While any rate is unknown every rank gets the same number of steps (for a time budget, one step: the first
+    rounds measure).
+
+    Example::
+
+        >>> budget = RoundBudget(samples=640)  # 20 batches of 32 over all ranks
+        >>> plan_local_steps(budget, 32, [300.0, 100.0]), plan_local_steps(budget, 32, [300.0, 100.0], "equal")
+        ([15, 5], [10, 10])
+        >>> plan_local_steps(RoundBudget(seconds=0.5), 32, [320.0, 64.0])  # steps that fill half a second
+        [5, 1]
+        >>> plan_local_steps(RoundBudget(seconds=0.5), 32, [320.0, 64.0], "equal")  # the same total, split evenly
+        [3, 3]
+    """
+    if local_steps not in LOCAL_STEPS:
+        raise ValueError(f"local_steps must be one of {LOCAL_STEPS}, got {local_steps!r}")
+    if batch_size <= 0:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    n = len(rates)
+    known = [float(r) for r in rates if r is not None and r > 0]
+    if len(known) < n:
+        if budget.samples is None:
+            return [1] * n
+        return [max(1, round(budget.samples / batch_size / n))] * n
+    if budget.samples is not None:
+        total = max(n, round(budget.samples / batch_size))
+    else:
+        total = max(n, sum(round(budget.seconds * rate / batch_size) for rate in known))
+    if local_steps == "equal":
+        return [max(1, round(total / n))] * n
+    return apportion(known, total, lower=[1] * n, upper=[total] * n)
+
+
+@dataclass(frozen=True)
+class RoundOutcome:
+    """What one round-end all-reduce concluded."""
+
+    #: every rank flagged its epoch done: the epoch's last all-reduce
+    all_done: bool
+    #: samples the ranks trained in the round (0: no outer step was taken)
+    samples: int
+    #: local steps the ranks took in the round
+    steps: int
+
+
+class LocalRounds:
+    """One rank's round state: the start-of-round parameters, its progress in the round, the outer optimizer.
+
+    Args:
+        budget: the round's length.
+        rank: this rank's index in the all-reduce.
+        world_size: ranks in the all-reduce.
+        outer: the outer optimizer (default DiLoCo's Nesterov SGD).
+        local_steps: ``"proportional"`` or ``"equal"`` (see :func:`plan_local_steps`).
+        meter: this rank's throughput meter (samples per second of its local steps).
+
+    Example: two ranks, simulated in one process (the all-reduce is a sum of the two messages)::
+
+        >>> budget = RoundBudget(samples=4)
+        >>> ranks = [LocalRounds(budget, rank, 2, OuterOptimizer(torch.optim.SGD, {"lr": 1.0})) for rank in (0, 1)]
+        >>> params = [torch.zeros(2), torch.zeros(2)]
+        >>> for rounds, flat in zip(ranks, params):
+        ...     rounds.begin(flat, batch_size=1)
+        >>> rounds.target_steps  # 4 samples of 1 per round: 2 steps each until speeds are known
+        2
+        >>> params[0] += torch.tensor([1.0, 0.0]); ranks[0].record_step(samples=3, step_s=0.1)
+        False
+        >>> params[1] += torch.tensor([0.0, 1.0]); ranks[1].record_step(samples=1, step_s=0.1)
+        False
+        >>> total = sum(rounds.message(flat, done=False) for rounds, flat in zip(ranks, params))
+        >>> [rounds.apply(total.clone(), flat) for rounds, flat in zip(ranks, params)][0]
+        RoundOutcome(all_done=False, samples=4, steps=2)
+        >>> params[0], params[1]  # the sample-weighted mean of the two ends (outer SGD with lr 1 = averaging)
+        (tensor([0.7500, 0.2500]), tensor([0.7500, 0.2500]))
+    """
+
+    def __init__(
+        self,
+        budget: RoundBudget,
+        rank: int,
+        world_size: int,
+        outer: OuterOptimizer | None = None,
+        local_steps: str = "proportional",
+        meter: ThroughputMeter | None = None,
+    ) -> None:
+        if local_steps not in LOCAL_STEPS:
+            raise ValueError(f"local_steps must be one of {LOCAL_STEPS}, got {local_steps!r}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+        self.budget = budget
+        self.rank = rank
+        self.world_size = world_size
+        self.outer = outer if outer is not None else OuterOptimizer()
+        self.local_steps = local_steps
+        self.meter = meter if meter is not None else ThroughputMeter()
+        #: each rank's throughput as of the last round's end (``None`` while unknown)
+        self.rates: list[float | None] = [None] * world_size
+        #: outer steps taken (rounds that trained at least one sample)
+        self.rounds = 0
+        #: local steps all ranks took up to the last round's end (``trainer.global_step`` in local mode)
+        self.steps_total = 0
+        #: bytes this rank sent in round-end all-reduces (its message's size per round end)
+        self.bytes_sent = 0
+        #: local steps each rank was planned for in each round (this rank's view), newest last
+        self.plans: list[list[int]] = []
+        self.batch_size = 1
+        self.target_steps = 1
+        self.steps_in_round = 0
+        self.samples_in_round = 0
+
+    def begin(self, flat: Tensor, batch_size: int) -> None:
+        """Start a round from ``flat`` (this rank's flat parameters, the same on every rank here)."""
+        if batch_size <= 0:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        self.batch_size = batch_size
+        anchor = self.outer.anchor
+        if anchor is None or anchor.shape != flat.shape or anchor.dtype != flat.dtype or anchor.device != flat.device:
+            self.outer.bind(flat.detach().clone())
+        else:
+            anchor.copy_(flat.detach())
+        self._start_round()
+
+    def _start_round(self) -> None:
+        self.steps_in_round = 0
+        self.samples_in_round = 0
+        plan = plan_local_steps(self.budget, self.batch_size, self.rates, self.local_steps)
+        self.plans.append(plan)
+        self.target_steps = plan[self.rank]
+
+    def record_step(self, samples: int, step_s: float | None) -> bool:
+        """Count one local step of ``samples`` that took ``step_s`` busy seconds (``None``: not measured); return
+        whether this rank's share of the round is done."""
+        self.steps_in_round += 1
+        self.samples_in_round += samples
+        if step_s is not None:
+            self.meter.update(samples, step_s)
+        return self.steps_in_round >= self.target_steps
+
+    def message(self, flat: Tensor, buffers: Tensor | None = None, done: bool = False) -> Tensor:
+        """This rank's contribution to the round-end SUM all-reduce, in ``flat``'s dtype and device: ``[n * (anchor -
+        flat), n * buffers, n, steps, done, rate at this rank's slot]`` with ``n`` the samples it trained in the round
+        (sample counts stay exact in float32 up to 2**24 per round)."""
+        anchor = self.outer.anchor
+        if anchor is None:
+            raise RuntimeError("LocalRounds.message before begin")
+        n = float(self.samples_in_round)
+        dtype, device = flat.dtype, flat.device
+        parts = [(anchor - flat.detach()).mul_(n).reshape(-1)]
+        if buffers is not None:
+            parts.append(buffers.detach().reshape(-1).to(dtype) * n)
+        rates = torch.zeros(self.world_size, dtype=dtype, device=device)
+        rates[self.rank] = self.meter.value or 0.0
+        counts = torch.tensor([n, float(self.steps_in_round), 1.0 if done else 0.0], dtype=dtype, device=device)
+        message = torch.cat([*parts, counts, rates])
+        self.bytes_sent += message.numel() * message.element_size()
+        return message
+
+    def apply(self, summed: Tensor, flat: Tensor, buffers: Tensor | None = None) -> RoundOutcome:
+        """Apply the all-reduced messages: the outer step on the anchor, ``flat`` (and ``buffers``) overwritten with
+        the combined parameters (and the sample-weighted mean buffers), the next round planned."""
+        numel = flat.numel()
+        buffer_numel = 0 if buffers is None else buffers.numel()
+        tail = summed[numel + buffer_numel :].cpu()
+        samples, steps, done = (round(float(v)) for v in tail[:3])
+        anchor = self.outer.anchor
+        assert anchor is not None
+        if samples > 0:
+            self.outer.step((summed[:numel] / samples).to(flat.dtype))
+            if buffers is not None:
+                buffers.copy_((summed[numel : numel + buffer_numel] / samples).to(buffers.dtype))
+            self.rounds += 1
+        flat.detach().copy_(anchor)
+        for rank, rate in enumerate(tail[3:].tolist()):
+            if rate > 0:
+                self.rates[rank] = rate
+        self.steps_total += steps
+        self._start_round()
+        return RoundOutcome(all_done=done >= self.world_size, samples=samples, steps=steps)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Round state for checkpoints: outer optimizer, rounds, step total, rates (the anchor is the model's
+        parameters a checkpoint saves)."""
+        return {
+            "rounds": self.rounds,
+            "steps_total": self.steps_total,
+            "rates": list(self.rates),
+            "outer_optimizer": self.outer.state_dict(),
+            "meter": self.meter.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.rounds = int(state["rounds"])
+        self.steps_total = int(state["steps_total"])
+        rates = list(state["rates"])
+        self.rates = rates if len(rates) == self.world_size else [None] * self.world_size
+        self.outer.load_state_dict(state["outer_optimizer"])
+        self.meter.load_state_dict(state["meter"])

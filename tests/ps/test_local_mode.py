@@ -1,0 +1,49 @@
+"""AsyncPSStrategy(mode="local"): settings validated at construction, naming the setting."""
+
+import math
+
+import pytest
+import torch
+
+from lightning_hetero.ps import AsyncPSStrategy
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"mode": "diloco"}, r"mode must be one of \('bsp', 'asp', 'local'\), got 'diloco'"),
+        ({"round_samples": 0}, "round_samples must be a positive integer, got 0"),
+        ({"round_samples": -64}, "round_samples must be a positive integer"),
+        ({"round_s": 0.0}, "round_s must be positive"),
+        ({"round_s": math.nan}, "round_s"),
+        ({"round_samples": 64, "round_s": 1.0}, "exactly one of round_samples and round_s"),
+        ({"local_steps": "fastest"}, "local_steps must be one of"),
+        ({"outer_optimizer": torch.optim.SGD, "outer_optimizer_kwargs": {"lr": 0.7, "betas": (0.9, 0.9)}}, "betas"),
+        ({"outer_optimizer": torch.optim.Adam, "outer_optimizer_kwargs": {"lr": -1.0}}, "outer_optimizer=Adam"),
+        ({"outer_optimizer": "sgd"}, "outer_optimizer must be a torch.optim.Optimizer class"),
+    ],
+)
+def test_bad_local_settings_fail_at_construction_naming_the_setting(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        AsyncPSStrategy(**{"mode": "local", **kwargs})
+
+
+def test_local_settings_are_validated_whatever_the_starting_mode():
+    # a SyncSwitchCallback may enter the local mode later: a bad setting must not wait until then
+    with pytest.raises(ValueError, match="round_samples"):
+        AsyncPSStrategy(mode="bsp", round_samples=0)
+
+
+def test_defaults_are_dilocos_outer_optimizer_and_speed_proportional_steps():
+    strategy = AsyncPSStrategy(mode="local")
+    assert strategy.mode == "local" and strategy.local_steps == "proportional"
+    assert strategy._outer.description == "SGD(lr=0.7, momentum=0.9, nesterov=True)"
+    assert AsyncPSStrategy(mode="local", round_s=2.5)._round_description() == "2.5 s"
+
+
+def test_set_mode_accepts_local_before_training():
+    strategy = AsyncPSStrategy(mode="bsp")
+    strategy.set_mode("local")
+    assert strategy.mode == "local"
+    with pytest.raises(ValueError, match="mode must be one of"):
+        strategy.set_mode("sync")

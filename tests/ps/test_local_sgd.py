@@ -1,0 +1,244 @@
+import math
+
+import pytest
+import torch
+
+from lightning_hetero.measurement import ThroughputMeter
+from lightning_hetero.ps.local_sgd import LocalRounds, RoundBudget, plan_local_steps
+from lightning_hetero.ps.outer_optimizer import OuterOptimizer
+
+
+def averaging() -> OuterOptimizer:
+    return OuterOptimizer(torch.optim.SGD, {"lr": 1.0})
+
+
+def make_ranks(world_size, budget=None, outer=averaging, local_steps="proportional", warmup=0):
+    ranks = [
+        LocalRounds(
+            budget or RoundBudget(samples=8),
+            rank,
+            world_size,
+            outer(),
+            local_steps,
+            ThroughputMeter(smoothing=1.0, warmup_steps=warmup),
+        )
+        for rank in range(world_size)
+    ]
+    return ranks
+
+
+def all_reduce(ranks, params, buffers=None, done=None):
+    """Simulates the SUM all-reduce of the round's end across ranks."""
+    done = done or [False] * len(ranks)
+    buffers = buffers or [None] * len(ranks)
+    total = sum(r.message(p, b, d) for r, p, b, d in zip(ranks, params, buffers, done, strict=True))
+    return [r.apply(total.clone(), p, b) for r, p, b in zip(ranks, params, buffers, strict=True)]
+
+
+# ---------------------------------------------------------------- RoundBudget
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({}, "exactly one of round_samples and round_s"),
+        ({"samples": 64, "seconds": 1.0}, "exactly one of round_samples and round_s"),
+        ({"samples": 0}, "round_samples must be a positive integer, got 0"),
+        ({"samples": -5}, "round_samples must be a positive integer"),
+        ({"samples": 2.5}, "round_samples must be a positive integer"),
+        ({"samples": True}, "round_samples must be a positive integer"),
+        ({"seconds": 0.0}, "round_s must be positive"),
+        ({"seconds": -1.0}, "round_s must be positive"),
+        ({"seconds": math.nan}, "round_s"),
+        ({"seconds": math.inf}, "round_s"),
+    ],
+)
+def test_bad_budget_fails_naming_the_setting(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        RoundBudget(**kwargs)
+
+
+# ---------------------------------------------------------------- plan_local_steps
+
+
+def test_proportional_steps_follow_the_rates_and_fill_the_budget():
+    plan = plan_local_steps(RoundBudget(samples=64 * 32), 32, [400.0, 100.0, 100.0, 200.0])
+    assert sum(plan) == 64
+    assert plan == [32, 8, 8, 16]
+
+
+def test_equal_steps_ignore_the_rates():
+    assert plan_local_steps(RoundBudget(samples=64 * 32), 32, [400.0, 100.0, 100.0, 200.0], "equal") == [16] * 4
+
+
+def test_every_rank_takes_at_least_one_step():
+    plan = plan_local_steps(RoundBudget(samples=4 * 32), 32, [1000.0, 1.0, 1.0])
+    assert min(plan) == 1 and sum(plan) == 4
+
+
+def test_unknown_rates_give_equal_steps():
+    assert plan_local_steps(RoundBudget(samples=640), 32, [300.0, None]) == [10, 10]
+    assert plan_local_steps(RoundBudget(seconds=2.0), 32, [None, None]) == [1, 1]
+
+
+def test_time_budget_gives_each_rank_the_steps_that_fill_it():
+    assert plan_local_steps(RoundBudget(seconds=1.0), 10, [100.0, 25.0]) == [10, 2]  # ~1 s each
+
+
+def test_unknown_local_steps_policy_is_refused():
+    with pytest.raises(ValueError, match="local_steps must be one of"):
+        plan_local_steps(RoundBudget(samples=8), 1, [1.0], "fast")
+    with pytest.raises(ValueError, match="local_steps must be one of"):
+        LocalRounds(RoundBudget(samples=8), 0, 1, local_steps="fast")
+
+
+# ---------------------------------------------------------------- LocalRounds
+
+
+def test_pseudo_gradients_are_combined_weighted_by_samples():
+    ranks = make_ranks(3)
+    start = torch.tensor([1.0, 2.0])
+    params = [start.clone() for _ in ranks]
+    for r, p in zip(ranks, params, strict=True):
+        r.begin(p, batch_size=1)
+    ends = [torch.tensor([0.0, 2.0]), torch.tensor([1.0, 5.0]), torch.tensor([4.0, -1.0])]
+    samples = [1, 2, 5]
+    for r, p, end, n in zip(ranks, params, ends, samples, strict=True):
+        p.copy_(end)
+        r.samples_in_round = n
+        r.steps_in_round = 1
+    outcomes = all_reduce(ranks, params)
+    expected = sum(n * e for n, e in zip(samples, ends, strict=True)) / sum(samples)
+    for p in params:
+        assert torch.allclose(p, expected)
+    assert outcomes[0].samples == 8 and outcomes[0].steps == 3 and not outcomes[0].all_done
+    assert all(r.rounds == 1 and r.steps_total == 3 for r in ranks)
+
+
+def test_outer_nesterov_step_is_applied_to_the_start_of_round_parameters():
+    ranks = make_ranks(2, outer=OuterOptimizer)  # DiLoCo's default
+    params = [torch.zeros(1), torch.zeros(1)]
+    for r, p in zip(ranks, params, strict=True):
+        r.begin(p, batch_size=1)
+    params[0].fill_(-1.0)  # pseudo-gradients 1 and 3, equal weights: mean 2
+    params[1].fill_(-3.0)
+    for r in ranks:
+        r.record_step(samples=4, step_s=None)
+    all_reduce(ranks, params)
+    # Nesterov SGD's first step: -lr * (1 + momentum) * g
+    assert torch.allclose(params[0], torch.tensor([-0.7 * 1.9 * 2.0]))
+    assert torch.equal(params[0], params[1])
+    assert torch.equal(ranks[0].outer.anchor, params[0])
+
+
+def test_buffers_are_averaged_weighted_by_samples():
+    ranks = make_ranks(2)
+    params = [torch.zeros(1), torch.zeros(1)]
+    buffers = [torch.tensor([2.0, 0.0]), torch.tensor([6.0, 4.0])]
+    for r, p in zip(ranks, params, strict=True):
+        r.begin(p, batch_size=1)
+    ranks[0].record_step(samples=3, step_s=None)
+    ranks[1].record_step(samples=1, step_s=None)
+    all_reduce(ranks, params, buffers)
+    for b in buffers:
+        assert torch.allclose(b, torch.tensor([3.0, 1.0]))
+
+
+def test_a_round_without_samples_takes_no_outer_step():
+    ranks = make_ranks(2, outer=OuterOptimizer)
+    params = [torch.zeros(1), torch.zeros(1)]
+    for r, p in zip(ranks, params, strict=True):
+        r.begin(p, batch_size=1)
+        p.fill_(-1.0)
+        r.record_step(samples=1, step_s=None)
+    all_reduce(ranks, params)
+    after_first = params[0].clone()
+    outcomes = all_reduce(ranks, params, done=[True, True])  # momentum alone would move the anchor again
+    assert outcomes[0].samples == 0 and outcomes[0].all_done
+    assert torch.equal(params[0], after_first) and torch.equal(params[1], after_first)
+    assert ranks[0].rounds == 1
+
+
+def test_the_epoch_ends_when_every_rank_is_done():
+    ranks = make_ranks(2)
+    params = [torch.zeros(1), torch.zeros(1)]
+    for r, p in zip(ranks, params, strict=True):
+        r.begin(p, batch_size=1)
+    ranks[0].record_step(samples=1, step_s=None)
+    assert not all_reduce(ranks, params, done=[True, False])[0].all_done  # rank 0 done, rank 1 still training
+    params[1].fill_(2.0)
+    ranks[1].record_step(samples=2, step_s=None)
+    outcomes = all_reduce(ranks, params, done=[True, True])
+    assert [o.all_done for o in outcomes] == [True, True]
+    assert torch.equal(params[0], torch.tensor([2.0]))  # only rank 1 trained in that round: its end wins
+
+
+def test_measured_rates_make_the_fast_rank_take_more_local_steps():
+    ranks = make_ranks(2, budget=RoundBudget(samples=40), warmup=0)
+    params = [torch.zeros(1), torch.zeros(1)]
+    for r, p in zip(ranks, params, strict=True):
+        r.begin(p, batch_size=4)
+    assert [r.target_steps for r in ranks] == [5, 5]  # speeds unknown: equal
+    ranks[0].record_step(samples=4, step_s=0.01)  # 400 samples/s
+    ranks[1].record_step(samples=4, step_s=0.04)  # 100 samples/s
+    all_reduce(ranks, params)
+    assert all(r.rates == pytest.approx([400.0, 100.0]) for r in ranks)
+    assert [r.target_steps for r in ranks] == [8, 2]
+    assert ranks[0].plans[-1] == ranks[1].plans[-1] == [8, 2]
+    done = [ranks[0].record_step(4, 0.01) for _ in range(8)]
+    assert done == [False] * 7 + [True]
+
+
+def test_equal_local_steps_keep_the_plan_equal_after_measuring():
+    ranks = make_ranks(2, budget=RoundBudget(samples=40), local_steps="equal")
+    params = [torch.zeros(1), torch.zeros(1)]
+    for r, p in zip(ranks, params, strict=True):
+        r.begin(p, batch_size=4)
+    ranks[0].record_step(samples=4, step_s=0.01)
+    ranks[1].record_step(samples=4, step_s=0.04)
+    all_reduce(ranks, params)
+    assert [r.target_steps for r in ranks] == [5, 5]
+
+
+def test_bytes_sent_count_every_round_end_message():
+    ranks = make_ranks(2)
+    params = [torch.zeros(10), torch.zeros(10)]
+    for r, p in zip(ranks, params, strict=True):
+        r.begin(p, batch_size=1)
+    all_reduce(ranks, params)
+    all_reduce(ranks, params)
+    assert ranks[0].bytes_sent == 2 * (10 + 3 + 2) * 4
+
+
+def test_state_dict_resumes_rounds_rates_and_outer_momentum():
+    def run(rounds_before_save):
+        ranks = make_ranks(2, outer=OuterOptimizer)
+        params = [torch.zeros(2), torch.zeros(2)]
+        for r, p in zip(ranks, params, strict=True):
+            r.begin(p, batch_size=1)
+        for i in range(3):
+            if i == rounds_before_save:
+                states = [r.state_dict() for r in ranks]
+                ranks = make_ranks(2, outer=OuterOptimizer)
+                for r, s, p in zip(ranks, states, params, strict=True):
+                    r.load_state_dict(s)
+                    r.begin(p, batch_size=1)
+            for k, (r, p) in enumerate(zip(ranks, params, strict=True)):
+                p.sub_(torch.tensor([0.1 * (i + 1), -0.2 * k]))
+                r.record_step(samples=k + 1, step_s=0.01 * (k + 1))
+            all_reduce(ranks, params)
+        return params[0], ranks[0]
+
+    uninterrupted, reference = run(rounds_before_save=-1)
+    resumed, rounds = run(rounds_before_save=2)
+    assert torch.allclose(uninterrupted, resumed)
+    assert (rounds.rounds, rounds.steps_total, rounds.rates) == (
+        reference.rounds,
+        reference.steps_total,
+        reference.rates,
+    )
+
+
+def test_message_before_begin_fails():
+    with pytest.raises(RuntimeError, match="before begin"):
+        LocalRounds(RoundBudget(samples=8), 0, 1).message(torch.zeros(1))
