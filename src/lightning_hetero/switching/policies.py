@@ -25,7 +25,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 from lightning_hetero._validation import check_finite
-from lightning_hetero.contracts import MODES, Mode
+from lightning_hetero.contracts import MODES, Mode, check_mode  # noqa: F401  (check_mode: the old import path)
 
 # Fractions such as 0.07 * 100 = 7.000000000000001 must not round up to an extra epoch.
 _EPS = 1e-9
