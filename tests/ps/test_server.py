@@ -16,7 +16,7 @@ from lightning_hetero.ps.protocol import (
     new_message,
     payload,
 )
-from lightning_hetero.ps.server import ParameterServer, clone_optimizer
+from lightning_hetero.ps.server import IMPLEMENTATION_KEYS, ParameterServer, clone_optimizer, fast_clone_optimizer
 
 
 def _server(
@@ -243,3 +243,56 @@ def test_applied_chunks_and_each_workers_last_epoch_are_recorded():
     server.apply(0, PushHeader(0, 2, 0.5, epoch=3, chunk=-1), torch.ones(8), reply)  # not from a ClaimSampler
     assert server.applied_chunks == {3: {2, 7}}
     assert server.finished_epoch == {1: 3}
+
+
+@pytest.mark.parametrize(
+    ("make", "expected"),
+    [
+        (lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9), "fused"),
+        (lambda params: torch.optim.AdamW(params, lr=1e-3, weight_decay=0.1), "fused"),
+        (lambda params: torch.optim.RMSprop(params, lr=1e-3, momentum=0.5), "foreach"),
+        (lambda params: torch.optim.LBFGS(params, lr=0.1), "default"),
+    ],
+)
+def test_fast_clone_picks_the_fastest_implementation_and_computes_the_same_step(make, expected):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    template = make(model.parameters())
+    copies = [p.detach().clone() for p in model.parameters()]
+    clone, implementation = fast_clone_optimizer(template, copies, {id(p): i for i, p in enumerate(model.parameters())})
+    assert implementation == expected and type(clone) is type(template)
+    if expected == "default":
+        return
+    hyper = [{k: v for k, v in g.items() if k not in IMPLEMENTATION_KEYS | {"params"}} for g in template.param_groups]
+    assert [
+        {k: v for k, v in g.items() if k not in IMPLEMENTATION_KEYS | {"params"}} for g in clone.param_groups
+    ] == hyper
+    for _ in range(3):
+        for param, copy in zip(model.parameters(), copies, strict=True):
+            param.grad = torch.ones_like(param)
+            copy.grad = torch.ones_like(copy)
+        template.step()
+        clone.step()
+    for param, copy in zip(model.parameters(), copies, strict=True):
+        assert torch.allclose(param, copy, atol=1e-6)
+
+
+def test_the_server_keeps_its_implementation_through_template_copies_and_loads():
+    server, _, template = _server(lr=0.1, momentum=0.9)
+    assert server.implementation == "fused" and template.param_groups[0]["fused"] is None
+    _push(server, 1, torch.ones(server.layout.numel), 0)
+    assert server.optimizer.param_groups[0]["fused"] is True  # not overwritten by the template's hyper-parameters
+    server.load(server.params, template.state_dict(), version=5)  # a state saved from the template (fused None)
+    assert server.optimizer.param_groups[0]["fused"] is True
+
+
+def test_statistics_count_the_updates_and_the_time_spent_on_them():
+    server, _, _ = _server(momentum=0.9)
+    assert server.statistics()["updates"] == 0 and server.statistics()["busy_fraction"] == 0.0
+    grad = torch.ones(server.layout.numel)
+    for version in range(3):
+        _push(server, 1, grad, version)
+    _push(server, 1, grad, 3, flags=FLAG_PULL_ONLY)  # a pull is not an update
+    stats = server.statistics()
+    assert stats["updates"] == 3 and stats["busy_s"] > 0 and 0 < stats["busy_fraction"] <= 1
+    assert stats["us_per_mb"] == pytest.approx(stats["us_per_update"] / (server.layout.numel * 4 / 1e6))
