@@ -82,6 +82,24 @@ class ScaleModel(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=1e-3, momentum=0.9)
 
 
+class StartTogether(Callback):
+    """Standalone jobs run side by side wait for each other before training, as the ranks of a distributed job do,
+    so that no job's measured epochs overlap another's start-up (imports take seconds of CPU).
+
+    Args:
+        folder: a folder shared by the jobs.
+        jobs: how many jobs meet there.
+    """
+
+    def __init__(self, folder: str, jobs: int) -> None:
+        self.folder, self.jobs = Path(folder), jobs
+
+    def on_train_start(self, trainer, pl_module):
+        (self.folder / f"ready-{os.getpid()}").touch()
+        while len(list(self.folder.glob("ready-*"))) < self.jobs:
+            time.sleep(0.01)
+
+
 class EpochWindows(Callback):
     """Per rank: wall-clock start of each epoch, end of its last training batch, and samples trained."""
 
@@ -104,13 +122,16 @@ def train(args: argparse.Namespace) -> None:
     width = MODELS[args.model]
     data = TensorDataset(torch.randn(args.samples, width), torch.randn(args.samples, width))
     windows = EpochWindows()
+    callbacks: list[Callback] = [windows]
+    if args.start_together:
+        callbacks.append(StartTogether(args.start_together, args.start_together_jobs))
     strategy = AsyncPSStrategy(**json.loads(args.strategy_kwargs)) if args.strategy == "asp" else "auto"
     trainer = L.Trainer(
         accelerator="cpu",
         devices=args.devices,
         strategy=strategy,
         max_epochs=args.epochs,
-        callbacks=[windows],
+        callbacks=callbacks,
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
@@ -190,9 +211,12 @@ def measure(args: argparse.Namespace, config: dict, asp_first: bool) -> dict:
             ]
             result["server_summary"] = reports[0]["server_summary"]
         else:
-            jobs = _run(args, [standalone_job] * workers)
+            with tempfile.TemporaryDirectory() as meeting:
+                together = {"start_together": meeting, "start_together_jobs": workers}
+                jobs = _run(args, [{**standalone_job, **together}] * workers)
             result["standalone"] = [_throughput(reports, args.epochs) for reports in jobs]
     result["ideal_samples_per_s"] = sum(s["samples_per_s"] for s in result["standalone"])
+    result["standalone_step_ms"] = statistics.median(1000 * BATCH / s["samples_per_s"] for s in result["standalone"])
     result["asp_over_ideal"] = result["asp"]["samples_per_s"] / result["ideal_samples_per_s"]
     stats = (result["server_summary"] or {}).get("server")
     if stats:
@@ -228,7 +252,8 @@ def server_apply_cost(model: str, updates: int) -> dict:
 
 
 def print_table(configs: list[str], runs: dict[str, list[dict]], costs: dict[str, dict]) -> None:
-    print(f"\n{'config':<14}{'ASP/ideal':>10}{'(repeats)':>22}{'ASP s/s':>10}{'ideal s/s':>10}{'busy':>7}{'stale':>7}")
+    print(f"\n{'config':<14}{'ASP/ideal':>10}{'(repeats)':>22}{'ASP s/s':>10}{'ideal s/s':>10}{'step ms':>9}"
+          f"{'busy':>7}{'stale':>7}")  # fmt: skip
     for name in configs:
         reps = runs[name]
         ratio = statistics.median(r["asp_over_ideal"] for r in reps)
@@ -239,7 +264,10 @@ def print_table(configs: list[str], runs: dict[str, list[dict]], costs: dict[str
         stale = [r["server_summary"]["staleness_mean"] for r in reps if r["server_summary"]]
         stale_text = f"{statistics.median(stale):.2f}" if stale else "-"
         each = ", ".join(f"{r['asp_over_ideal']:.2f}" for r in reps)
-        print(f"{name:<14}{ratio:>10.2f}{each:>22}{asp:>10.0f}{ideal:>10.0f}{busy_text:>7}{stale_text:>7}")
+        step_ms = statistics.median(r["standalone_step_ms"] for r in reps)
+        print(
+            f"{name:<14}{ratio:>10.2f}{each:>22}{asp:>10.0f}{ideal:>10.0f}{step_ms:>9.1f}{busy_text:>7}{stale_text:>7}"
+        )
     print()
     for model, cost in costs.items():
         print(f"server apply {model:<6} {cost['us_per_update']:>9.0f} us/update  {cost['us_per_mb']:>7.0f} us/MB")
@@ -265,6 +293,8 @@ def main() -> None:
     parser.add_argument("--step-ms", type=float, default=5.0)
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--samples", type=int, default=1024)
+    parser.add_argument("--start-together", default="", help="standalone jobs: a folder where they meet to start")
+    parser.add_argument("--start-together-jobs", type=int, default=1)
     args = parser.parse_args()
     if args.role == "train":
         train(args)
