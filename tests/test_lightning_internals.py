@@ -3,7 +3,178 @@ private name or attribute the function relies on."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+from datetime import timedelta
+
+import lightning as L
+import pytest
+import torch
+import torch.distributed as dist
+from lightning.fabric.plugins.environments import LightningEnvironment
+from torch.utils.data import DataLoader, SequentialSampler
+
+from lightning_hetero._lightning_internals import (
+    batches_started,
+    inside_training_batch,
+    is_last_batch,
+    kill_launched_processes,
+    launched_processes,
+    optimizers_to_device,
+    rebuild_validation_loaders,
+    replace_sigterm_broadcast,
+    set_default_group_timeout,
+    set_global_step,
+    sync_module_states,
+    uses_distributed_sampler,
+    validates_on_time_interval,
+    with_sampler,
+)
+from lightning_hetero.synthetic import MLPClassifier, SyntheticClassificationDataModule
+
 # --- trainer, loops and data ---
 
 
 # --- strategies, launchers and module state ---
+# Each test names the private thing its function relies on; they run on the installed Lightning (2.6.6 when written).
+
+
+@pytest.fixture
+def single_rank_group(tmp_path):
+    """A default process group of one gloo rank (what the ps/ functions run under)."""
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+class _Recorder(L.Callback):
+    """Calls ``probe(trainer)`` inside every training step and keeps what it returns."""
+
+    def __init__(self, probe):
+        self.probe, self.seen = probe, []
+
+    def on_before_backward(self, trainer, pl_module, loss):
+        self.seen.append(self.probe(trainer))
+
+
+def _fit(*callbacks, batches=3, epochs=1, **kwargs):
+    trainer = L.Trainer(
+        accelerator="cpu", devices=1, max_epochs=epochs, limit_train_batches=batches, limit_val_batches=1,
+        callbacks=list(callbacks), logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, **kwargs,
+    )  # fmt: skip
+    trainer.fit(MLPClassifier(), datamodule=SyntheticClassificationDataModule(num_samples=64, batch_size=8))
+    return trainer
+
+
+def test_strategy_registry_type_is_lightnings_registry():
+    from lightning.fabric.strategies import _StrategyRegistry
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    assert isinstance(StrategyRegistry, _StrategyRegistry) and callable(StrategyRegistry.register)
+
+
+def test_optimizers_to_device_moves_the_optimizer_state():
+    param = torch.nn.Parameter(torch.ones(2))
+    optimizer = torch.optim.SGD([param], lr=0.1, momentum=0.9)
+    param.grad = torch.ones(2)
+    optimizer.step()
+    optimizer.state[param]["momentum_buffer"] = optimizer.state[param]["momentum_buffer"].to(torch.float64)
+    optimizers_to_device([optimizer], torch.device("meta"))
+    assert optimizer.state[param]["momentum_buffer"].device.type == "meta"
+
+
+def test_sync_module_states_broadcasts_over_the_default_group(single_rank_group):
+    module = torch.nn.BatchNorm1d(3)
+    before = {name: value.clone() for name, value in module.state_dict().items()}
+    sync_module_states(module)  # one rank: the broadcast leaves everything as it is, but must run
+    assert all(torch.equal(before[name], value) for name, value in module.state_dict().items())
+
+
+def test_launched_processes_is_the_subprocess_launchers_own_list():
+    from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
+
+    launcher = _SubprocessScriptLauncher(LightningEnvironment(), num_processes=2, num_nodes=1)
+    assert launched_processes(launcher) is launcher.procs
+    assert isinstance(launcher.procs, list)
+    assert launched_processes(object()) is None
+
+
+def test_kill_launched_processes_kills_the_launchers_children():
+    from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
+
+    launcher = _SubprocessScriptLauncher(LightningEnvironment(), num_processes=2, num_nodes=1)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    launcher.procs.append(child)
+    kill_launched_processes(launcher)
+    assert child.wait(timeout=30) == -signal.SIGKILL
+    kill_launched_processes(object())  # other launchers: nothing to do
+
+
+def test_with_sampler_rebuilds_the_loader_around_the_sampler():
+    loader = DataLoader(list(range(10)), batch_size=4, shuffle=True, drop_last=True)
+    sampler = SequentialSampler(range(10))
+    rebuilt = with_sampler(loader, sampler)
+    assert rebuilt.sampler is sampler and (rebuilt.batch_size, rebuilt.drop_last) == (4, True)
+    assert [batch.tolist() for batch in rebuilt] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+def test_uses_distributed_sampler_reads_the_trainer_argument():
+    assert uses_distributed_sampler(L.Trainer(accelerator="cpu", logger=False)) is True
+    assert uses_distributed_sampler(L.Trainer(accelerator="cpu", logger=False, use_distributed_sampler=False)) is False
+
+
+def test_validates_on_time_interval_sees_a_duration_and_fails_loudly_without_the_attribute():
+    assert validates_on_time_interval(L.Trainer(accelerator="cpu", logger=False)) is False
+    timed = L.Trainer(accelerator="cpu", logger=False, val_check_interval=timedelta(seconds=5))
+    assert validates_on_time_interval(timed) is True
+    del timed._val_check_time_interval
+    with pytest.raises(RuntimeError, match="_val_check_time_interval"):
+        validates_on_time_interval(timed)
+
+
+def test_replace_sigterm_broadcast_hands_lightnings_own_broadcast_to_the_check():
+    trainer = L.Trainer(accelerator="cpu", logger=False)
+    original = trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor
+    received = []
+    replace_sigterm_broadcast(trainer, received.append)
+    trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor()
+    assert received == [original]
+
+
+def test_batch_progress_functions_follow_a_real_epoch():
+    recorder = _Recorder(lambda t: (batches_started(t), is_last_batch(t), inside_training_batch(t)))
+    trainer = _fit(recorder, batches=3)
+    assert recorder.seen == [(1, False, True), (2, False, True), (3, True, True)]
+    assert not inside_training_batch(trainer)
+
+
+def test_set_global_step_is_what_trainer_global_step_reads():
+    trainer = _fit(batches=2)
+    assert trainer.global_step == 2
+    set_global_step(trainer, 7, in_step=False)
+    assert trainer.global_step == 7
+    set_global_step(trainer, 7, in_step=True)  # the loop adds the step in progress once it completes
+    assert trainer.global_step == 6
+
+
+def test_rebuild_validation_loaders_drops_the_cached_loaders():
+    identities = []
+
+    class Rebuild(L.Callback):
+        def on_train_epoch_start(self, trainer, pl_module):
+            if trainer.current_epoch == 1:
+                val_loop = trainer.fit_loop.epoch_loop.val_loop
+                identities.append(val_loop._combined_loader)
+                rebuild_validation_loaders(trainer)
+                identities.append(val_loop._combined_loader)
+
+    _fit(Rebuild(), batches=1, epochs=2)
+    assert identities[0] is not None and identities[1] is not None and identities[1] is not identities[0]
+
+
+def test_set_default_group_timeout_sets_the_gloo_backends_timeout(single_rank_group):
+    set_default_group_timeout(timedelta(seconds=42))
+    backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
+    assert backend.options._timeout == timedelta(seconds=42)

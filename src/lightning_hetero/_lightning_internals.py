@@ -8,7 +8,190 @@ with a clear name instead of silently turning a feature off.
 
 from __future__ import annotations
 
+import signal
+import subprocess
+from collections.abc import Callable, Iterable
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+from torch.optim import Optimizer
+from torch.utils.data import DataLoader, Sampler
+
+# No module-level import of Lightning here: importing Lightning registers "async_ps" (see _registration), which
+# imports ps/, which imports this module; a Lightning import at the top would make that a cycle whenever this
+# module is imported first. The functions import what they touch.
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+
 # --- trainer, loops and data (used by hetero_batch/, switching/, schedules.py) ---
 
 
 # --- strategies, launchers and module state (used by ps/) ---
+#
+# Each function below was checked against Lightning 2.6.6 (pyproject allows lightning>=2.2); its test in
+# tests/test_lightning_internals.py names the private thing it relies on.
+
+
+def optimizers_to_device(optimizers: Iterable[Optimizer], device: torch.device) -> None:
+    """Move the optimizers' state tensors to ``device``, as Lightning's strategies do after loading state.
+
+    Relies on ``lightning.fabric.utilities.optimizer._optimizers_to_device`` (checked against Lightning 2.6.6).
+    """
+    from lightning.fabric.utilities.optimizer import _optimizers_to_device
+
+    _optimizers_to_device(optimizers, device)
+
+
+def sync_module_states(module: torch.nn.Module) -> None:
+    """Broadcast rank 0's parameters and buffers to every rank of the default group (no-op when not distributed).
+
+    Relies on ``lightning.pytorch.overrides.distributed._sync_module_states`` (checked against Lightning 2.6.6).
+    """
+    from lightning.pytorch.overrides.distributed import _sync_module_states
+
+    _sync_module_states(module)
+
+
+def launched_processes(launcher: object) -> list[subprocess.Popen] | None:
+    """The list of child processes Lightning's subprocess launcher started (local ranks 1..), the launcher's own list
+    object (removing a process from it stops Lightning's observer from acting on its exit); ``None`` when the ranks
+    were not started by that launcher (torchrun, SLURM, one process per node).
+
+    Relies on ``_SubprocessScriptLauncher`` and its ``procs`` list (checked against Lightning 2.6.6).
+    """
+    from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
+
+    return launcher.procs if isinstance(launcher, _SubprocessScriptLauncher) else None
+
+
+def kill_launched_processes(launcher: object) -> None:
+    """SIGKILL the child processes Lightning's subprocess launcher started (no-op for other launchers): Lightning
+    leaves them running when the main process fails with anything but ``KeyboardInterrupt``.
+
+    Relies on ``_SubprocessScriptLauncher.kill(signum)`` (checked against Lightning 2.6.6).
+    """
+    from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
+
+    if isinstance(launcher, _SubprocessScriptLauncher):
+        launcher.kill(signal.SIGKILL)
+
+
+def with_sampler(dataloader: DataLoader, sampler: Sampler) -> DataLoader:
+    """A copy of the training ``dataloader`` re-instantiated with ``sampler`` (its other arguments kept), as Lightning
+    does when it injects a ``DistributedSampler``.
+
+    Relies on ``lightning.pytorch.utilities.data._update_dataloader`` (checked against Lightning 2.6.6).
+    """
+    from lightning.pytorch.trainer.states import RunningStage
+    from lightning.pytorch.utilities.data import _update_dataloader
+
+    return _update_dataloader(dataloader, sampler, mode=RunningStage.TRAINING)
+
+
+def uses_distributed_sampler(trainer: pl.Trainer) -> bool:
+    """``Trainer(use_distributed_sampler=...)``, which the Trainer keeps only on its accelerator connector.
+
+    Relies on ``trainer._accelerator_connector.use_distributed_sampler`` (checked against Lightning 2.6.6).
+    """
+    return bool(trainer._accelerator_connector.use_distributed_sampler)
+
+
+def validates_on_time_interval(trainer: pl.Trainer) -> bool:
+    """Whether the trainer validates every so many seconds (``val_check_interval`` given as a duration).
+
+    Relies on ``trainer._val_check_time_interval`` (``None`` unless a duration was given; checked against Lightning
+    2.6.6). Lightning before 2.6 has neither the attribute nor time-based validation (``False``); from 2.6 on, a
+    missing attribute raises rather than silently answering ``False``.
+    """
+    if not hasattr(trainer, "_val_check_time_interval"):
+        _require_before_2_6("trainer._val_check_time_interval")
+        return False
+    return trainer._val_check_time_interval is not None
+
+
+def _require_before_2_6(what: str) -> None:
+    """Raise unless this Lightning predates 2.6 (whose private ``what`` lightning-hetero relies on)."""
+    import lightning
+    from packaging.version import Version
+
+    if Version(lightning.__version__).release >= (2, 6):
+        raise RuntimeError(
+            f"lightning-hetero could not find {what} on Lightning {lightning.__version__} (checked against 2.6.6); "
+            "please report your Lightning version"
+        )
+
+
+def replace_sigterm_broadcast(trainer: pl.Trainer, check: Callable[[Callable[[], None]], None]) -> None:
+    """Replace the SIGTERM flag broadcast Lightning's training epoch loop runs before every batch with ``check``,
+    which receives Lightning's own broadcast (to call when the ranks are in lock-step).
+
+    Relies on ``fit_loop.epoch_loop._broadcast_sigterm_tensor`` (checked against Lightning 2.6.6). Lightning before
+    2.6 may not broadcast (nothing to replace); from 2.6 on, a missing method raises.
+    """
+    epoch_loop = trainer.fit_loop.epoch_loop
+    synchronous = getattr(epoch_loop, "_broadcast_sigterm_tensor", None)
+    if synchronous is None:
+        _require_before_2_6("the training epoch loop's _broadcast_sigterm_tensor")
+        return
+    epoch_loop._broadcast_sigterm_tensor = lambda: check(synchronous)
+
+
+def is_last_batch(trainer: pl.Trainer) -> bool:
+    """Whether the training batch in progress is the epoch's last one.
+
+    Relies on ``fit_loop.epoch_loop.batch_progress.is_last_batch`` (checked against Lightning 2.6.6).
+    """
+    return bool(trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
+
+
+def batches_started(trainer: pl.Trainer) -> int:
+    """The training batches started so far in this epoch (the one in progress included).
+
+    Relies on ``fit_loop.epoch_loop.batch_progress.current.ready`` (checked against Lightning 2.6.6).
+    """
+    return int(trainer.fit_loop.epoch_loop.batch_progress.current.ready)
+
+
+def inside_training_batch(trainer: pl.Trainer) -> bool:
+    """Whether a training batch has started and not completed (its step, hooks and logging are running).
+
+    Relies on ``fit_loop.epoch_loop.batch_progress.current`` (``ready`` and ``completed``; checked against Lightning
+    2.6.6).
+    """
+    current = trainer.fit_loop.epoch_loop.batch_progress.current
+    return current.ready > current.completed
+
+
+def set_global_step(trainer: pl.Trainer, steps: int, in_step: bool) -> None:
+    """Make ``trainer.global_step`` read ``steps`` (inside an optimizer step: once the loop counts the step in
+    progress, which it does by one).
+
+    Relies on ``fit_loop.epoch_loop.automatic_optimization.optim_progress.optimizer.step.total`` (``ready`` and
+    ``completed``), whose ``completed`` is ``trainer.global_step`` (checked against Lightning 2.6.6).
+    """
+    counter = trainer.fit_loop.epoch_loop.automatic_optimization.optim_progress.optimizer.step.total
+    counter.ready = steps
+    counter.completed = steps - 1 if in_step else steps
+
+
+def rebuild_validation_loaders(trainer: pl.Trainer) -> None:
+    """Make the fit loop build its validation loaders again (for example after the ranks sharing them changed):
+    Lightning otherwise keeps the ones built at the first validation.
+
+    Relies on ``fit_loop.epoch_loop.val_loop._combined_loader`` being its cache (checked against Lightning 2.6.6).
+    """
+    val_loop = trainer.fit_loop.epoch_loop.val_loop
+    val_loop._combined_loader = None
+    val_loop.setup_data()
+    val_loop.reset()
+
+
+def set_default_group_timeout(timeout: timedelta) -> None:
+    """Set the default process group's timeout after it was created (torch's, not Lightning's: the one private
+    torch function the package uses, kept here with the others).
+
+    Relies on ``torch.distributed.distributed_c10d._set_pg_timeout`` (checked against torch 2.13).
+    """
+    dist.distributed_c10d._set_pg_timeout(timeout)

@@ -183,7 +183,7 @@ def test_greedy_reuses_hetero_batch_measurements():
     clock = FakeClock()
     hetero.timer = ComputeTimer(clock=clock)
     detector = StragglerDetector(threshold=0.5, k=3, baseline_measurements=4)
-    callback = SyncSwitchCallback(GreedyPolicy(), detector=detector)
+    callback = SyncSwitchCallback(GreedyPolicy(), detector=detector, throughput_meter=hetero.meter)
     model = RecordingModel(clock=clock, slow_epochs=(1,), slowdown=4.0)
     make_trainer(callback, 3, limit_val_batches=0, callbacks=[hetero]).fit(model, datamodule=datamodule(256))
     assert [model.modes[e] for e in range(3)] == ["bsp", "bsp", "asp"]

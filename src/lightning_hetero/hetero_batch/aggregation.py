@@ -2,7 +2,7 @@
 
 With unequal local batches DDP's plain mean ``(1/N) Σ g_k`` over-weights the samples of small batches. The big-batch
 gradient is ``Σ b_k g_k / Σ b_k`` (each ``g_k`` being the mean over rank ``k``'s batch), so each rank scales its
-bucket by its share ``b_k / Σ b`` and the ranks SUM-all-reduce.
+bucket by its share ``b_k / Σ b`` and the ranks SUM-all-reduce (the rule: :mod:`lightning_hetero.batch_weighting`).
 
 The hook is registered on the wrapped ``DistributedDataParallel`` model directly, because Lightning registers
 ``ddp_comm_hook`` only on CUDA and silently ignores it on CPU. Its first action also closes the rank's compute
@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from lightning_hetero.batch_weighting import gradient_weight
 from lightning_hetero.measurement import ComputeTimer
 
 
@@ -35,10 +36,11 @@ class BatchWeightState:
 def batch_weighted_allreduce_hook(
     state: BatchWeightState, bucket: dist.GradBucket
 ) -> torch.futures.Future[torch.Tensor]:
-    """Scale the bucket by ``b_k / Σ b`` and SUM-all-reduce it, after marking the end of this rank's compute."""
+    """Scale the bucket by ``b_k / Σ b`` (:func:`~lightning_hetero.batch_weighting.gradient_weight`) and
+    SUM-all-reduce it, after marking the end of this rank's compute."""
     state.timer.mark_compute_end()
     buffer = bucket.buffer()
-    buffer.mul_(state.share())
+    buffer.mul_(gradient_weight(state.share()))
     work = dist.all_reduce(buffer, op=dist.ReduceOp.SUM, group=state.process_group, async_op=True)
     return work.get_future().then(lambda fut: fut.value()[0])
 

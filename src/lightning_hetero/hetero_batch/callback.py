@@ -13,10 +13,13 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities import rank_zero_info
 from torch.nn.parallel import DistributedDataParallel
 
 from lightning_hetero._validation import check_finite
+from lightning_hetero.batch_weighting import batch_share
+from lightning_hetero.contracts import HeteroBatchStrategy
 from lightning_hetero.emulation.slowdown import SlowdownEmulator
 from lightning_hetero.hetero_batch.aggregation import BatchWeightState, register_batch_weighted_hook
 from lightning_hetero.hetero_batch.controller import AdjustmentPolicy, BatchSizeController
@@ -89,7 +92,7 @@ class HeteroBatchCallback(Callback):
 
     Notes:
         - Works with ``strategy="ddp"`` (any DDP launcher; CPU/gloo and CUDA/NCCL), with single-device training,
-          and with strategies that offer ``attach_hetero_batches(compute_timer, batch_share)`` such as
+          and with strategies that offer :class:`~lightning_hetero.contracts.HeteroBatchStrategy` such as
           :class:`~lightning_hetero.AsyncPSStrategy`.
         - The model's loss must be a mean over the local batch (the usual reduction), so that weighting by
           ``b_k / Σ b`` yields the big-batch mean. Batch norm sees per-rank batches of different sizes.
@@ -205,9 +208,9 @@ class HeteroBatchCallback(Callback):
         if not pl_module.automatic_optimization:
             raise ValueError("HeteroBatchCallback needs automatic optimization (self.automatic_optimization = True)")
         strategy = trainer.strategy
-        if self._world_size > 1 and not (_is_ddp(strategy) or hasattr(strategy, "attach_hetero_batches")):
+        if self._world_size > 1 and not isinstance(strategy, (DDPStrategy, HeteroBatchStrategy)):
             raise ValueError(
-                f"HeteroBatchCallback supports strategy='ddp' (and strategies with attach_hetero_batches), "
+                f"HeteroBatchCallback supports strategy='ddp' (and strategies offering HeteroBatchStrategy), "
                 f"not {type(strategy).__name__}"
             )
         if self.initial_batch_sizes is not None and len(self.initial_batch_sizes) != self._world_size:
@@ -220,7 +223,7 @@ class HeteroBatchCallback(Callback):
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         strategy = trainer.strategy
         marks = _ComputeEndMarks(self.timer, self.busy)
-        if hasattr(strategy, "attach_hetero_batches"):
+        if isinstance(strategy, HeteroBatchStrategy):
             strategy.attach_hetero_batches(marks, lambda: self._share)
             self._gradients_hooked = True
         elif isinstance(strategy.model, DistributedDataParallel):
@@ -355,7 +358,7 @@ class HeteroBatchCallback(Callback):
             self._to_skip = max(self._to_skip, 1)  # the first step at a new split pays for it (allocator, caches)
         self._step_split = sizes
         self._local_batch_size = sizes[self._rank]
-        self._share = sizes[self._rank] / sum(sizes)
+        self._share = batch_share(sizes, self._rank)
         self.timer.start()
 
     def on_after_backward(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -375,7 +378,7 @@ class HeteroBatchCallback(Callback):
         n = self.adjust_every_n_steps
         assert self.sampler is not None
         mid_epoch = n is not None and (batch_idx + 1) % n == 0 and batch_idx + 1 < len(self.sampler)
-        if mid_epoch and not _asynchronous(trainer.strategy):
+        if mid_epoch and _in_lock_step(trainer.strategy):
             self._adjust(trainer, epoch_end=False)
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -523,16 +526,10 @@ class _ComputeEndMarks:
         self.busy.mark_ready()
 
 
-def _asynchronous(strategy: Any) -> bool:
+def _in_lock_step(strategy: object) -> bool:
     # Ranks of an asynchronous strategy (AsyncPSStrategy in ASP) are not in lock-step inside an epoch: exchanging
     # measurements there would make fast ranks wait, so the split changes only at epoch ends.
-    return getattr(strategy, "mode", None) == "asp"
-
-
-def _is_ddp(strategy: Any) -> bool:
-    from lightning.pytorch.strategies import DDPStrategy
-
-    return isinstance(strategy, DDPStrategy)
+    return not isinstance(strategy, HeteroBatchStrategy) or strategy.in_lock_step
 
 
 class _HeteroDataSource:

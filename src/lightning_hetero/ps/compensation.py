@@ -99,6 +99,17 @@ def compensated_lr_factor(momentum: float, n_eff: float) -> float:
     return 1.0 if spent <= 1.0 else 1.0 / spent
 
 
+def hyperparameters(param_group: dict[str, Any]) -> dict[str, Any]:
+    """A param group's hyper-parameters: everything but its ``params``.
+
+    Example::
+
+        >>> hyperparameters({"params": [], "lr": 0.1, "momentum": 0.9})
+        {'lr': 0.1, 'momentum': 0.9}
+    """
+    return {key: value for key, value in param_group.items() if key != "params"}
+
+
 def momentum_of(group: dict[str, Any]) -> float | None:
     """A param group's momentum (``momentum``, or ``betas[0]``), ``None`` when it has neither.
 

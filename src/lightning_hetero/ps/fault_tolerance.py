@@ -13,9 +13,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
-from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+from typing_extensions import override
 
+from lightning_hetero._lightning_internals import (
+    kill_launched_processes,
+    launched_processes,
+    rebuild_validation_loaders,
+)
 from lightning_hetero.ps.faults import Membership, arrived
 from lightning_hetero.ps.protocol import SERVER_RANK, PeerLostError
 
@@ -33,7 +38,8 @@ LINGER_MARGIN_S = 5.0
 
 
 class FaultTolerance:
-    """Fault handling shared by the strategy's hooks (see the module's docstring)."""
+    """Fault handling shared by the strategy's hooks (see the module's docstring); ``super()`` past this class must
+    reach ``DDPStrategy``'s ``on_exception``."""
 
     # provided by AsyncPSStrategy
     fault_timeout_s: float
@@ -51,6 +57,28 @@ class FaultTolerance:
     _claim_sampler: ClaimSampler | None
     _launched: list[Any]
     _validation_members: list[int]
+
+    @override
+    def on_exception(self, exception: BaseException) -> None:
+        super().on_exception(exception)  # type: ignore[misc]
+        if self._active and self._membership is not None:
+            self._announce_failure(exception)
+        # Lightning leaves the processes it launched running when the main one fails (except on KeyboardInterrupt);
+        # a hung worker would then outlive the job. A lost one is no longer in the launcher's list (see
+        # _on_rank_lost), but may be hung rather than dead.
+        if launched_processes(self.launcher) is not None:
+            for proc in self._launched:
+                if proc.poll() is None:
+                    proc.kill()
+            kill_launched_processes(self.launcher)
+
+    @property
+    @override
+    def distributed_sampler_kwargs(self) -> dict[str, Any]:
+        members = self._membership.members if self._membership is not None else None
+        if members is None or len(members) == self.world_size:
+            return super().distributed_sampler_kwargs
+        return {"num_replicas": len(members), "rank": members.index(self.global_rank)}
 
     def _lost_workers_chunks(self, epoch: int, own: set[int]) -> list[int]:
         """Rank 0's claims ran out (elastic ASP): once every other worker is done with the epoch or lost, the chunks
@@ -122,13 +150,14 @@ class FaultTolerance:
 
     def _on_rank_lost(self, error: PeerLostError) -> None:
         """Called by the server's thread that saw a rank's connection break (rank 0)."""
-        if isinstance(self.launcher, _SubprocessScriptLauncher):
+        procs = launched_processes(self.launcher)
+        if procs is not None:
             # Lightning's process observer would kill every process a few seconds after a child exits; the strategy
             # ends the job itself (after telling the others why) or goes on without it
             # (the launcher's processes are local ranks 1.. of rank 0's node, whose global ranks they are)
             proc = self._launched[error.rank - 1] if 1 <= error.rank <= len(self._launched) else None
-            if proc in self.launcher.procs:
-                self.launcher.procs.remove(proc)
+            if proc in procs:
+                procs.remove(proc)
         assert self._server is not None
         if self._server.tolerate_lost_workers and self._server.lost is None:
             remaining = self.world_size - len(self._server.lost_ranks)
@@ -195,10 +224,7 @@ class FaultTolerance:
         if self._membership.members == self._validation_members:
             return
         self._validation_members = list(self._membership.members)
-        val_loop = trainer.fit_loop.epoch_loop.val_loop
-        val_loop._combined_loader = None
-        val_loop.setup_data()
-        val_loop.reset()
+        rebuild_validation_loaders(trainer)
 
     def _collective_group(self, group: Any = None) -> Any:
         """The group a collective outside asynchronous batches runs on: the remaining ranks' after a loss. The

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 from torch.optim import Optimizer
 
+from lightning_hetero.batch_weighting import gradient_weight
 from lightning_hetero.ps.compensation import AsynchronyCompensator
 from lightning_hetero.ps.layout import FlatLayout
 from lightning_hetero.ps.protocol import (
@@ -137,7 +138,8 @@ class ParameterServer:
             hyper-parameters (learning rate and the rest) are copied from the template, so learning-rate schedulers
             stepping the template steer the server (:attr:`on_update` can step them once per update).
         index_of: ``id(model_parameter) -> layout index``.
-        world_size: number of workers (an update's gradient is scaled by ``share * world_size``).
+        world_size: number of workers (an update's gradient is scaled by
+            :func:`~lightning_hetero.batch_weighting.gradient_weight` of its share, alone among them).
         max_staleness: stale-synchronous bound, see :class:`~lightning_hetero.ps.staleness.StalenessGate`.
         lr_scaling: staleness-aware learning-rate rule, see :func:`~lightning_hetero.ps.staleness.staleness_lr_factor`.
         compensator: rewrites the hyper-parameters copied from the template before each update so that the
@@ -325,7 +327,7 @@ class ParameterServer:
         if factor != 1.0:
             for group in self.optimizer.param_groups:
                 group["lr"] *= factor
-        grad.mul_(share * self.world_size)
+        grad.mul_(gradient_weight(share, alone_among=self.world_size))
         if compensator is not None and compensator.delay_compensation and worker in self._sent:
             compensator.compensate_delay(grad, self.params, self._sent[worker])
         for param, grad_view in zip(self._views, self._views_of(grad), strict=True):

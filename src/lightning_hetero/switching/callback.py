@@ -19,7 +19,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.data import extract_batch_size
 
 from lightning_hetero._validation import check_finite
-from lightning_hetero.hetero_batch import HeteroBatchCallback
+from lightning_hetero.contracts import CompensatedStrategy, Mode, SwitchableStrategy
 from lightning_hetero.measurement import ComputeTimer, ThroughputMeter
 from lightning_hetero.schedules import StepSchedules
 from lightning_hetero.switching.hyperparams import PhaseHyperparamController, PhaseHyperparams, StepScheduleClock
@@ -97,13 +97,18 @@ class SyncSwitchCallback(Callback):
             :class:`~lightning_hetero.switching.hyperparams.StepScheduleClock`.
         smoothing: EWMA weight of the newest throughput measurement fed to the detector.
         warmup_steps: throughput measurements discarded at the start and after each switch.
+        throughput_meter: a :class:`~lightning_hetero.measurement.ThroughputMeter` that another callback feeds, read
+            after every batch instead of this callback's own (pass ``HeteroBatchCallback``'s ``meter`` when both
+            are in the Trainer: its compute window ends before the gradient all-reduce, this callback's own after
+            it). Default: this callback measures batch start to the end of backward itself.
         verbose: print the end-of-fit phase summary on rank 0.
 
     Notes:
-        - The strategy must offer ``mode`` and ``set_mode(mode)`` (:class:`~lightning_hetero.AsyncPSStrategy`
-          does); setup fails otherwise.
-        - Throughput comes from ``HeteroBatchCallback``'s meter when that callback is in the Trainer, otherwise from
-          this callback's own compute window (batch start to the end of backward).
+        - The strategy must offer :class:`~lightning_hetero.contracts.SwitchableStrategy` (``mode``,
+          ``set_mode(mode)``, ``last_switch_s``; :class:`~lightning_hetero.AsyncPSStrategy` does); setup fails
+          otherwise.
+        - Throughput comes from ``throughput_meter`` when given, otherwise from this callback's own compute window
+          (batch start to the end of backward).
         - Each epoch's mode is logged as ``sync_switch/bsp`` (1 for BSP, 0 for ASP), with ``sync_switch/epoch_time_s``
           (training only, validation excluded) and ``sync_switch/throughput`` (samples/s over all ranks).
         - Step-interval LR schedulers (not ``ReduceLROnPlateau``) are stepped by this callback instead of Lightning,
@@ -123,6 +128,7 @@ class SyncSwitchCallback(Callback):
         smoothing: float = 0.3,
         warmup_steps: int = 3,
         verbose: bool = True,
+        throughput_meter: ThroughputMeter | None = None,
     ) -> None:
         check_finite(smoothing=smoothing)
         if policy is None:
@@ -144,7 +150,7 @@ class SyncSwitchCallback(Callback):
         self.switches: list[dict[str, Any]] = []
         self.straggler = False
         self._max_epochs: int | None = None
-        self._shared_meter: ThroughputMeter | None = None
+        self._shared_meter = throughput_meter
         self._shared_count = 0
         self._epoch_start_s = 0.0
         self._validation_start_s = 0.0
@@ -160,17 +166,19 @@ class SyncSwitchCallback(Callback):
         if stage != "fit":
             return
         strategy = trainer.strategy
-        if not callable(getattr(strategy, "set_mode", None)) or not hasattr(strategy, "mode"):
+        if not isinstance(strategy, SwitchableStrategy):
             raise TypeError(
-                f"SyncSwitchCallback needs a strategy with `mode` and `set_mode(mode)`, such as "
+                f"SyncSwitchCallback needs a strategy with `mode` and `set_mode(mode)` (and `last_switch_s`), such as "
                 f"AsyncPSStrategy (strategy='async_ps'); got {type(strategy).__name__}"
             )
         max_epochs = trainer.max_epochs
         self._max_epochs = None if max_epochs is None or max_epochs < 0 else max_epochs
         self.policy.check_max_epochs(self._max_epochs)
-        hetero = [cb for cb in trainer.callbacks if isinstance(cb, HeteroBatchCallback)]
-        self._shared_meter = hetero[0].meter if hetero else None
-        if "asp" in self.hyperparams.phases and getattr(strategy, "asynchrony_compensation", None) is not None:
+        if (
+            "asp" in self.hyperparams.phases
+            and isinstance(strategy, CompensatedStrategy)
+            and strategy.asynchrony_compensation is not None
+        ):
             # the user chose the ASP phase's hyper-parameters: the server uses them as they are
             strategy.asynchrony_compensation = None
             rank_zero_info(
@@ -199,11 +207,11 @@ class SyncSwitchCallback(Callback):
         for count in range(last - reference_steps + 1, last + 1):
             self._step_schedules.step_at(count)
 
-    def _decide(self, epoch: int) -> str:
+    def _decide(self, epoch: int) -> Mode:
         context = EpochContext(epoch, self._max_epochs, tuple(self.history), self.straggler)
         return self.policy.mode_for_epoch(context)
 
-    def _apply_mode(self, trainer: L.Trainer, mode: str, epoch: int) -> None:
+    def _apply_mode(self, trainer: L.Trainer, mode: Mode, epoch: int) -> None:
         """Enter ``mode``'s hyper-parameters, then switch the strategy (entering ASP copies rank 0's optimizer,
         new hyper-parameters included, into the server)."""
         if self.hyperparams.mode != mode:
@@ -215,7 +223,7 @@ class SyncSwitchCallback(Callback):
         started = time.perf_counter()
         strategy.set_mode(mode)
         elapsed_s = time.perf_counter() - started
-        cost_s = getattr(strategy, "last_switch_s", None)
+        cost_s = strategy.last_switch_s
         self.switches.append(
             {"epoch": epoch, "from": previous, "to": mode, "cost_s": elapsed_s if cost_s is None else cost_s}
         )
@@ -266,7 +274,7 @@ class SyncSwitchCallback(Callback):
         if not self.policy.uses_stragglers:
             return
         if self._shared_meter is not None:
-            # HeteroBatchCallback measures the same window; feed the detector only when it has a new value.
+            # another callback feeds this meter (e.g. HeteroBatchCallback's): read it only when it has a new value
             if self._shared_meter.count != self._shared_count and self._shared_meter.value is not None:
                 self._shared_count = self._shared_meter.count
                 self.detector.update(self._shared_meter.value)

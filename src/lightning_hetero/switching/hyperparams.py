@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lightning_hetero._validation import check_finite
-from lightning_hetero.switching.policies import check_mode
+from lightning_hetero.contracts import check_mode
 
 
 @dataclass(frozen=True)

@@ -23,28 +23,12 @@ import math
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Literal
 
 from lightning_hetero._validation import check_finite
-
-Mode = Literal["bsp", "asp"]
-MODES: tuple[str, ...] = ("bsp", "asp")
+from lightning_hetero.contracts import MODES, Mode, check_mode
 
 # Fractions such as 0.07 * 100 = 7.000000000000001 must not round up to an extra epoch.
 _EPS = 1e-9
-
-
-def check_mode(mode: str, what: str = "mode") -> Mode:
-    """Return ``mode`` if it is one of :data:`MODES`, else raise a ``ValueError`` naming ``what``.
-
-    Example::
-
-        >>> check_mode("asp")
-        'asp'
-    """
-    if mode not in MODES:
-        raise ValueError(f"{what} must be one of {MODES}, got {mode!r}")
-    return mode  # type: ignore[return-value]
 
 
 def share_in_epochs(fraction: float, max_epochs: int) -> int:

@@ -1,0 +1,150 @@
+"""Data claiming: the training loader's sampler becomes a :class:`~lightning_hetero.ps.sampler.ClaimSampler`, whose
+ranks claim the epoch's chunks from a shared counter in rank 0's store, so that in ASP faster workers take more
+batches and the epoch still covers the data once.
+
+Example::
+
+    >>> from torch.utils.data import DataLoader, RandomSampler
+    >>> loader = DataLoader(list(range(10)), batch_size=2, shuffle=True)
+    >>> sampler_order(loader.sampler)
+    (True, 0)
+    >>> sampler_order(DataLoader(list(range(10)), sampler=[3, 1]).sampler) is None  # a custom sampler decides
+    True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch.distributed as dist
+from lightning.pytorch.trainer.states import RunningStage, TrainerFn
+from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, Sampler, SequentialSampler
+from typing_extensions import override
+
+from lightning_hetero._lightning_internals import uses_distributed_sampler, with_sampler
+from lightning_hetero.ps.sampler import ClaimSampler
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+
+    from lightning_hetero.ps.server import ParameterServer
+
+
+def sampler_order(sampler: Sampler | object) -> tuple[bool, int] | None:
+    """``(shuffle, seed)`` of a sampler the claim sampler may replace (Lightning's ``DistributedSampler`` or a plain
+    random or sequential one); ``None`` for a custom sampler, which decides itself which rank sees what."""
+    if isinstance(sampler, DistributedSampler):
+        return sampler.shuffle, sampler.seed
+    if isinstance(sampler, (RandomSampler, SequentialSampler)):
+        return isinstance(sampler, RandomSampler), 0
+    return None
+
+
+class StoreClaims:
+    """The epoch's shared claim counter in rank 0's store: ``claim(epoch, count)`` reserves ``count`` chunks and
+    returns the first one's number.
+
+    Args:
+        store: rank 0's key-value store.
+        lost_cause: maps a failed store operation to the error to raise (rank 0 is gone).
+    """
+
+    def __init__(self, store: dist.Store, lost_cause: Callable[[BaseException], BaseException]) -> None:
+        self._store = store
+        self._lost_cause = lost_cause
+
+    def __call__(self, epoch: int, count: int) -> int:
+        try:
+            return self._store.add(f"claims/epoch{epoch}", count) - count
+        except RuntimeError as err:
+            raise self._lost_cause(err) from err
+
+
+def claiming_loader(
+    dataloader: DataLoader,
+    claims: Callable[[int, int], int],
+    epoch: Callable[[], int],
+    asynchronous: Callable[[], bool],
+    rank: int,
+    world_size: int,
+    tail: Callable[[int, set[int]], list[int]] | None,
+) -> tuple[DataLoader, ClaimSampler] | None:
+    """A copy of the training ``dataloader`` with a :class:`ClaimSampler` in place of its sampler, and the sampler;
+    ``None`` when the loader is left alone (no batch size, or a custom sampler).
+
+    Args:
+        dataloader: the training loader.
+        claims: reserves chunks of an epoch (see :class:`StoreClaims`).
+        epoch: the current epoch.
+        asynchronous: whether ranks claim now (ASP) rather than take fixed shares (BSP).
+        rank: this global rank.
+        world_size: the number of ranks.
+        tail: rank 0's source of lost workers' chunks in elastic ASP, else ``None``.
+    """
+    order = sampler_order(dataloader.sampler)
+    if dataloader.batch_size is None or order is None:
+        return None
+    shuffle, seed = order
+    sampler = ClaimSampler(
+        len(dataloader.dataset),
+        dataloader.batch_size,
+        claims,
+        epoch=epoch,
+        asynchronous=asynchronous,
+        rank=rank,
+        world_size=world_size,
+        shuffle=shuffle,
+        seed=seed,
+        tail=tail,
+    )
+    return with_sampler(dataloader, sampler), sampler
+
+
+class DataClaiming:
+    """The strategy's ``process_dataloader`` hook (Lightning calls it on the strategy with each loader it builds).
+
+    A mixin of :class:`~lightning_hetero.ps.strategy.AsyncPSStrategy`; uses its fault tolerance's ``_lost_cause``
+    and ``_lost_workers_chunks``.
+    """
+
+    # provided by AsyncPSStrategy
+    global_rank: int
+    world_size: int
+    on_worker_lost: str
+    _mode: str
+    _active: bool
+    _attached_trainer: pl.Trainer | None
+    _store: dist.Store | None
+    _server: ParameterServer | None
+    _claim_sampler: ClaimSampler | None
+
+    @override
+    def process_dataloader(self, dataloader: object) -> object:
+        """Give the training loader a :class:`~lightning_hetero.ps.sampler.ClaimSampler` (in place of Lightning's
+        ``DistributedSampler``), so that in ASP faster workers take more batches and the epoch still covers the data
+        once. Loaders with a custom sampler or batch sampler are left alone."""
+        trainer = self._attached_trainer
+        if (
+            trainer is None
+            or not self._active
+            or trainer.state.fn != TrainerFn.FITTING
+            or trainer.state.stage != RunningStage.TRAINING
+            or not uses_distributed_sampler(trainer)
+            or not isinstance(dataloader, DataLoader)
+        ):
+            return dataloader
+        assert self._store is not None
+        claiming = claiming_loader(
+            dataloader,
+            StoreClaims(self._store, self._lost_cause),
+            epoch=lambda: trainer.current_epoch,
+            asynchronous=lambda: self._mode == "asp",
+            rank=self.global_rank,
+            world_size=self.world_size,
+            tail=self._lost_workers_chunks if self._server is not None and self.on_worker_lost == "continue" else None,
+        )
+        if claiming is None:
+            return dataloader
+        loader, self._claim_sampler = claiming
+        return loader
