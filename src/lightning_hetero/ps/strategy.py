@@ -89,6 +89,11 @@ class AsyncPSStrategy(
             workers train on without a lost non-server rank while in ASP (its unfinished batches go to rank 0 at the
             epoch's end, so every epoch still covers every sample once). Losing rank 0, or any rank in BSP, ends
             the job either way.
+        overlap_round_trip: ``False`` (default): textbook ASP, each worker waits for the server's reply to its
+            gradient before its next batch. ``True``: the push and the reply travel while the next batch is fetched
+            and computed, so the round trip leaves the critical path; each gradient is then computed on parameters
+            that hold all of the worker's own updates but the previous one (a bounded extra staleness of one own
+            update). The last batch of an epoch, validation and mode switches wait for the update in flight.
         accelerator: see :class:`~lightning.pytorch.strategies.DDPStrategy`.
         parallel_devices: see :class:`~lightning.pytorch.strategies.DDPStrategy`.
         cluster_environment: see :class:`~lightning.pytorch.strategies.DDPStrategy`.
@@ -118,6 +123,7 @@ class AsyncPSStrategy(
         fault_timeout_s: float = 60.0,
         startup_timeout_s: float = 300.0,
         on_worker_lost: str = "fail",
+        overlap_round_trip: bool = False,
         accelerator: pl.accelerators.Accelerator | None = None,
         parallel_devices: list[torch.device] | None = None,
         cluster_environment: Any = None,
@@ -137,6 +143,8 @@ class AsyncPSStrategy(
             raise ValueError(f"startup_timeout_s must be positive, got {startup_timeout_s}")
         if on_worker_lost not in ON_WORKER_LOST:
             raise ValueError(f"on_worker_lost must be one of {ON_WORKER_LOST}, got {on_worker_lost!r}")
+        if not isinstance(overlap_round_trip, bool):
+            raise ValueError(f"overlap_round_trip must be True or False, got {overlap_round_trip!r}")
         super().__init__(
             accelerator=accelerator,
             parallel_devices=parallel_devices,
@@ -154,6 +162,7 @@ class AsyncPSStrategy(
         self.fault_timeout_s = fault_timeout_s
         self.startup_timeout_s = startup_timeout_s
         self.on_worker_lost = on_worker_lost
+        self.overlap_round_trip = overlap_round_trip
         #: seconds the last effective :meth:`set_mode` took (``None`` before any switch)
         self.last_switch_s: float | None = None
         #: updates applied to the model so far (the server's version in ASP, the step count in BSP)
@@ -281,9 +290,10 @@ class AsyncPSStrategy(
             self._average_buffers()
         self._step_schedules.release()
         if self._server is not None:
-            self.server_summary = self._server.tracker.summary()
+            self.server_summary = {**self._server.tracker.summary(), "server": self._server.statistics()}
         if self.global_rank == SERVER_RANK:
-            assert self._loop is not None
+            assert self._loop is not None and self._client is not None
+            self._client.close()
             self._loop.join(self.fault_timeout_s)
         else:
             assert self._client is not None
