@@ -23,6 +23,9 @@ Usage::
     python benchmarks/bench_ps_scale.py --quick                # the issue's three goal configurations
     python benchmarks/bench_ps_scale.py                         # 2/4/8/16 workers x 0.25M/4.3M/17M x 5/65 ms
     python benchmarks/bench_ps_scale.py --configs 2x0.25Mx5,4x4.3Mx65 --repeats 3
+    # variants side by side against the same standalone runs (an older checkout through its src/)
+    python benchmarks/bench_ps_scale.py --quick --variant 'main={}@/tmp/main/src' --variant 'textbook={}' \
+        --variant 'overlap={"overlap_round_trip": true}'
 """
 
 from __future__ import annotations
@@ -56,7 +59,8 @@ RESULTS = Path(__file__).parent / "results" / "ps_scale.json"
 MODELS = {"0.25M": 500, "4.3M": 2073, "17M": 4123}
 WORKERS = (2, 4, 8, 16)
 STEPS_MS = (5.0, 65.0)
-QUICK = ("2x0.25Mx5", "4x4.3Mx65", "16x0.25Mx65")
+#: the issue's goal configurations (a 3 ms sleep makes the ~4.5 ms steps of the issue's first goal)
+QUICK = ("2x0.25Mx3", "4x4.3Mx65", "16x0.25Mx65")
 BATCH = 2
 
 
@@ -160,9 +164,19 @@ def _samples(config: dict, epoch_s: float, workers: int) -> int:
     return max(steps, 4 * workers) * BATCH
 
 
-def _run(args: argparse.Namespace, jobs: list[dict]) -> list[list[dict]]:
-    """Start jobs side by side, wait for all; each job's ranks' reports."""
+def parse_variant(text: str) -> dict:
+    """``'overlap={"overlap_round_trip": true}'`` or ``'main={}@/path/to/src'`` -> label, strategy kwargs, source."""
+    label, _, rest = text.partition("=")
+    kwargs, _, source = rest.partition("@")
+    return {"label": label, "kwargs": json.loads(kwargs or "{}"), "source": source}
+
+
+def _run(args: argparse.Namespace, jobs: list[dict], source: str = "") -> list[list[dict]]:
+    """Start jobs side by side (with ``source`` first on ``PYTHONPATH`` when given), wait for all; each job's ranks'
+    reports."""
     env = {k: v for k, v in os.environ.items() if k != "MASTER_PORT"}
+    if source:
+        env["PYTHONPATH"] = source
     with tempfile.TemporaryDirectory() as tmp:
         procs, outs = [], []
         for i, job in enumerate(jobs):
@@ -191,36 +205,43 @@ def _throughput(reports: list[dict], epochs: int) -> dict:
     return {"samples_per_s": samples / seconds, "seconds": seconds, "samples": samples}
 
 
-def measure(args: argparse.Namespace, config: dict, asp_first: bool) -> dict:
-    """One repeat of one configuration: N standalone workers side by side, and ASP with N workers."""
+def _uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+
+
+def measure(args: argparse.Namespace, config: dict, variants: list[dict], rotation: int) -> dict:
+    """One repeat of one configuration: N standalone workers side by side, and ASP with N workers for each variant,
+    in an order rotated by ``rotation`` (so that no variant always runs first or last)."""
     workers, common = config["workers"], {"model": config["model"], "step_ms": config["step_ms"]}
     standalone_job = {**common, "strategy": "single", "devices": 1, "epochs": args.epochs}
     standalone_job["samples"] = _samples(config, args.epoch_s, 1)
-    asp_job = {**common, "strategy": "asp", "devices": workers, "epochs": args.epochs}
-    asp_job["samples"] = _samples(config, args.epoch_s, workers)
-    asp_job["strategy_kwargs"] = json.dumps(json.loads(args.strategy_kwargs))
-    order = ["asp", "standalone"] if asp_first else ["standalone", "asp"]
-    result: dict = {"uptime": {}}
-    for name in order:
-        result["uptime"][name] = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-        if name == "asp":
-            (reports,) = _run(args, [asp_job])
-            result["asp"] = _throughput(reports, args.epochs)
-            result["asp"]["per_rank_samples"] = [
-                sum(r["windows"][str(e)]["samples"] for e in range(1, args.epochs)) for r in reports
-            ]
-            result["server_summary"] = reports[0]["server_summary"]
-        else:
+    names = ["standalone"] + [variant["label"] for variant in variants]
+    shift = rotation % len(names)
+    result: dict = {"uptime": {}, "order": names[shift:] + names[:shift], "variants": {}}
+    for name in result["order"]:
+        result["uptime"][name] = _uptime()
+        if name == "standalone":
             with tempfile.TemporaryDirectory() as meeting:
                 together = {"start_together": meeting, "start_together_jobs": workers}
                 jobs = _run(args, [{**standalone_job, **together}] * workers)
             result["standalone"] = [_throughput(reports, args.epochs) for reports in jobs]
+            continue
+        variant = next(v for v in variants if v["label"] == name)
+        asp_job = {**common, "strategy": "asp", "devices": workers, "epochs": args.epochs}
+        asp_job["samples"] = _samples(config, args.epoch_s, workers)
+        asp_job["strategy_kwargs"] = json.dumps(variant["kwargs"])
+        (reports,) = _run(args, [asp_job], variant["source"])
+        asp = _throughput(reports, args.epochs)
+        asp["per_rank_samples"] = [sum(r["windows"][str(e)]["samples"] for e in range(1, args.epochs)) for r in reports]
+        result["variants"][name] = {"asp": asp, "server_summary": reports[0]["server_summary"]}
     result["ideal_samples_per_s"] = sum(s["samples_per_s"] for s in result["standalone"])
     result["standalone_step_ms"] = statistics.median(1000 * BATCH / s["samples_per_s"] for s in result["standalone"])
-    result["asp_over_ideal"] = result["asp"]["samples_per_s"] / result["ideal_samples_per_s"]
-    stats = (result["server_summary"] or {}).get("server")
-    if stats:
-        result["server_busy_fraction"] = stats["busy_fraction"]
+    for run in result["variants"].values():
+        run["asp_over_ideal"] = run["asp"]["samples_per_s"] / result["ideal_samples_per_s"]
+        stats = (run["server_summary"] or {}).get("server")
+        if stats:
+            run["server_busy_fraction"] = stats["busy_fraction"]
+            run["server_us_per_mb"] = stats["us_per_mb"]
     return result
 
 
@@ -251,23 +272,43 @@ def server_apply_cost(model: str, updates: int) -> dict:
     }
 
 
-def print_table(configs: list[str], runs: dict[str, list[dict]], costs: dict[str, dict]) -> None:
-    print(f"\n{'config':<14}{'ASP/ideal':>10}{'(repeats)':>22}{'ASP s/s':>10}{'ideal s/s':>10}{'step ms':>9}"
-          f"{'busy':>7}{'stale':>7}")  # fmt: skip
-    for name in configs:
-        reps = runs[name]
-        ratio = statistics.median(r["asp_over_ideal"] for r in reps)
-        asp = statistics.median(r["asp"]["samples_per_s"] for r in reps)
-        ideal = statistics.median(r["ideal_samples_per_s"] for r in reps)
-        busy = [r["server_busy_fraction"] for r in reps if "server_busy_fraction" in r]
-        busy_text = f"{statistics.median(busy):.2f}" if busy else "-"
-        stale = [r["server_summary"]["staleness_mean"] for r in reps if r["server_summary"]]
-        stale_text = f"{statistics.median(stale):.2f}" if stale else "-"
-        each = ", ".join(f"{r['asp_over_ideal']:.2f}" for r in reps)
-        step_ms = statistics.median(r["standalone_step_ms"] for r in reps)
-        print(
-            f"{name:<14}{ratio:>10.2f}{each:>22}{asp:>10.0f}{ideal:>10.0f}{step_ms:>9.1f}{busy_text:>7}{stale_text:>7}"
-        )
+def summarise(runs: list[dict], label: str) -> dict:
+    """Medians over repeats of one configuration for one variant."""
+    mine = [r["variants"][label] for r in runs]
+
+    def median(values: list) -> float | None:
+        return statistics.median(values) if values else None
+
+    return {
+        "asp_over_ideal_median": median([m["asp_over_ideal"] for m in mine]),
+        "asp_over_ideal_each": [m["asp_over_ideal"] for m in mine],
+        "asp_samples_per_s_median": median([m["asp"]["samples_per_s"] for m in mine]),
+        "ideal_samples_per_s_median": median([r["ideal_samples_per_s"] for r in runs]),
+        "standalone_step_ms_median": median([r["standalone_step_ms"] for r in runs]),
+        "server_busy_fraction_median": median([m["server_busy_fraction"] for m in mine if "server_busy_fraction" in m]),
+        "server_us_per_mb_median": median([m["server_us_per_mb"] for m in mine if "server_us_per_mb" in m]),
+        "staleness_mean_median": median([m["server_summary"]["staleness_mean"] for m in mine if m["server_summary"]]),
+    }
+
+
+def print_table(summary: dict[str, dict[str, dict]], costs: dict[str, dict]) -> None:
+    print(
+        f"\n{'config':<13}{'variant':<10}{'ASP/ideal':>10}{'(repeats)':>24}{'ASP s/s':>9}{'ideal s/s':>10}"
+        f"{'step ms':>8}{'busy':>6}{'us/MB':>7}{'stale':>6}"
+    )
+    for name, by_variant in summary.items():
+        for label, row in by_variant.items():
+            each = ", ".join(f"{x:.2f}" for x in row["asp_over_ideal_each"])
+
+            def text(value: float | None, spec: str) -> str:
+                return "-" if value is None else format(value, spec)
+
+            print(
+                f"{name:<13}{label:<10}{row['asp_over_ideal_median']:>10.2f}{each:>24}"
+                f"{row['asp_samples_per_s_median']:>9.0f}{row['ideal_samples_per_s_median']:>10.0f}"
+                f"{row['standalone_step_ms_median']:>8.1f}{text(row['server_busy_fraction_median'], '.2f'):>6}"
+                f"{text(row['server_us_per_mb_median'], '.0f'):>7}{text(row['staleness_mean_median'], '.2f'):>6}"
+            )
     print()
     for model, cost in costs.items():
         print(f"server apply {model:<6} {cost['us_per_update']:>9.0f} us/update  {cost['us_per_mb']:>7.0f} us/MB")
@@ -281,7 +322,15 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=3, help="the first is warm-up")
     parser.add_argument("--epoch-s", type=float, default=1.5, help="target duration of an ideal epoch")
-    parser.add_argument("--strategy-kwargs", default="{}", help="JSON keyword arguments for AsyncPSStrategy")
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help="LABEL=JSON_KWARGS[@SRC]: an ASP variant, AsyncPSStrategy(**kwargs) with SRC first on PYTHONPATH (e.g. "
+        "another checkout's src/); repeat to compare variants side by side against the same standalone runs "
+        "(default: asp={})",
+    )
+    parser.add_argument("--strategy-kwargs", default="{}", help="train: JSON keyword arguments for AsyncPSStrategy")
     parser.add_argument("--apply-updates", type=int, default=30, help="updates timed per model for the server cost")
     parser.add_argument("--job-timeout-s", type=float, default=600)
     parser.add_argument("--label", default="", help="a note stored in the JSON (e.g. the code version)")
@@ -307,43 +356,41 @@ def main() -> None:
     else:
         configs = [f"{n}x{m}x{s:g}" for s in STEPS_MS for m in MODELS for n in WORKERS]
     parsed = {name: parse_config(name) for name in configs}
+    variants = [parse_variant(text) for text in args.variant or ["asp={}"]]
     started, load_before = time.time(), os.getloadavg()
     runs: dict[str, list[dict]] = {name: [] for name in configs}
     for repeat in range(args.repeats):
         for i, name in enumerate(configs):
-            runs[name].append(measure(args, parsed[name], asp_first=(repeat + i) % 2 == 1))
-            print(f"repeat {repeat} {name}: ASP/ideal {runs[name][-1]['asp_over_ideal']:.2f}", flush=True)
+            run = measure(args, parsed[name], variants, rotation=repeat + i)
+            runs[name].append(run)
+            ratios = ", ".join(f"{label} {v['asp_over_ideal']:.2f}" for label, v in run["variants"].items())
+            print(f"repeat {repeat} {name}: ASP/ideal {ratios} ({run['uptime']['standalone']})", flush=True)
     models = sorted({parsed[name]["model"] for name in configs}, key=lambda m: MODELS[m])
     costs = {model: server_apply_cost(model, args.apply_updates) for model in models}
+    summary = {name: {v["label"]: summarise(runs[name], v["label"]) for v in variants} for name in configs}
     result = {
         "label": args.label,
+        "variants": variants,
         "conditions": {
             "host": platform.node(),
             "cpus_visible": os.cpu_count(),
             "torch_threads_per_process": 1,
             "torch": torch.__version__,
             "lightning": L.__version__,
-            "strategy_kwargs": json.loads(args.strategy_kwargs),
             "model": f"one square linear layer, batch {BATCH}, SGD momentum 0.9; equal workers; compute emulated "
             "by sleeping step_ms in training_step",
             "epochs": f"{args.epochs}, the first not measured; ideal epochs of ~{args.epoch_s} s",
             "note": "2 CPU cores shared with other jobs (four other engineers); numbers vary from run to run",
             "load_average_1_5_15min_before_and_after": [load_before, os.getloadavg()],
         },
-        "summary": {
-            name: {
-                "asp_over_ideal_median": statistics.median(r["asp_over_ideal"] for r in runs[name]),
-                "asp_over_ideal_each": [r["asp_over_ideal"] for r in runs[name]],
-            }
-            for name in configs
-        },
+        "summary": summary,
         "runs": runs,
-        "server_apply_cost": costs,
+        "server_apply_cost_this_checkout": costs,
         "wall_s": time.time() - started,
     }
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(result, indent=2))
-    print_table(configs, runs, costs)
+    print_table(summary, costs)
     print(f"wrote {args.json} in {result['wall_s']:.0f} s")
 
 
