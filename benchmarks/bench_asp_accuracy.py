@@ -7,8 +7,9 @@ generated 4-class data, 4 epochs), trained by ``AsyncPSStrategy`` in four ways, 
 - ``asp_none``: ASP with ``asynchrony_compensation=None`` (the user's hyper-parameters as they are);
 - ``asp``: ASP with the default ``asynchrony_compensation="auto"``;
 - ``hybrid``: ``AsyncPSStrategy(mode="bsp")`` + ``SyncSwitchCallback(FixedFractionPolicy(0.25))``, default settings;
-- optional: ``asp_dc`` (``asynchrony_compensation="dc"``), ``hybrid_none`` (the hybrid without compensation) and
-  ``reverse`` (the hybrid's phases in the opposite order: ASP first, then BSP for the last epochs).
+- optional: ``asp_dc`` (``asynchrony_compensation="dc"``), ``hybrid_none`` (the hybrid without compensation),
+  ``reverse`` (the hybrid's phases in the opposite order: ASP first, then BSP for the last epochs) and
+  ``asp_overlap`` (``asp`` with ``overlap_round_trip=True``: one own update of extra staleness).
 
 Compute is emulated by sleeping ``--cost-s`` per sample in the training step, so that 8 workers fit on a 2-core host;
 heterogeneity level HL (fastest / slowest) slows rank k by ``HL ** (k / (N - 1))`` with ``SlowdownEmulator`` (rank 0,
@@ -55,7 +56,7 @@ from lightning_hetero.synthetic import MLPClassifier
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-CONFIGS = ("bsp", "asp_none", "asp", "hybrid", "asp_dc", "hybrid_none", "reverse")
+CONFIGS = ("bsp", "asp_none", "asp", "hybrid", "asp_dc", "hybrid_none", "reverse", "asp_overlap")
 
 
 def slowdown_factors(workers: int, hl: float) -> list[float]:
@@ -135,7 +136,12 @@ def run_one(args: argparse.Namespace) -> None:
         switch = SyncSwitchCallback(SchedulePolicy(f"asp:0-{asp_epochs - 1},bsp:{asp_epochs}-"), verbose=False)
     if switch is not None:
         callbacks.insert(0, switch)
-    strategy = AsyncPSStrategy(mode=mode, asynchrony_compensation=compensation, fault_timeout_s=300)
+    strategy = AsyncPSStrategy(
+        mode=mode,
+        asynchrony_compensation=compensation,
+        fault_timeout_s=300,
+        overlap_round_trip=args.config == "asp_overlap",
+    )
     trainer = quiet_trainer(
         devices=args.n,
         strategy=strategy,

@@ -3,7 +3,7 @@ import torch
 
 from lightning_hetero.ps.asp_client import AsynchronousClient, RemoteStepOptimizer
 from lightning_hetero.ps.layout import FlatLayout, bind_parameters_to_flat
-from lightning_hetero.ps.protocol import FLAG_JOIN, FLAG_LAST, PeerLostError
+from lightning_hetero.ps.protocol import FLAG_JOIN, FLAG_LAST, PeerLostError, PushHeader, new_message
 from lightning_hetero.ps.server import ParameterServer
 
 
@@ -57,3 +57,74 @@ def test_the_remote_step_optimizer_runs_the_closure_remotely_and_reads_the_rest_
     remote = RemoteStepOptimizer(optimizer, lambda closure: calls.append(closure()) or "stepped")
     assert remote.step(lambda: "loss") == "stepped" and calls == ["loss"]
     assert remote.param_groups is optimizer.param_groups
+
+
+def _setup(overlap: bool, world_size: int = 1):
+    """A one-parameter model bound to its flat buffer, an in-process server (plain SGD, lr 1) and rank 0's client."""
+    param = torch.nn.Parameter(torch.zeros(1))
+    flat = torch.zeros(1)
+    bind_parameters_to_flat([param], flat)
+    template = torch.optim.SGD([param], lr=1.0)
+    server = ParameterServer(
+        FlatLayout.from_named_parameters([("w", param)]), flat, template, {id(param): 0}, world_size=world_size
+    )
+    client = AsynchronousClient(
+        flat, 0, server, None, 1.0, lost_cause=lambda err: err, recorded_fault=lambda wait_s: None, overlap=overlap
+    )
+    return param, server, client
+
+
+def _train(overlap: bool, steps: int, others_per_step: int = 0, world_size: int = 1):
+    """``steps`` updates of rank 0 (gradient 1 each, the last flagged ``FLAG_LAST``), the way the strategy drives the
+    client, with ``others_per_step`` updates of another worker applied directly to the server before each of rank
+    0's pushes. Returns the server, the parameter each gradient was computed on, and the final parameter (the other
+    worker's updates have staleness 0, so the server's largest staleness is rank 0's)."""
+    param, server, client = _setup(overlap, world_size)
+    version, computed_on = 0, []
+    reply = new_message(1)
+    for step in range(steps):
+        for _ in range(others_per_step):
+            server.apply(1, PushHeader(0, server.version, 1.0 / world_size), torch.zeros(1), reply)
+        computed_on.append(param.item())
+        param.grad = torch.ones(1)
+        flags = FLAG_LAST if step == steps - 1 else 0
+        version = client.push([param], flags, version, 1.0 / world_size).version
+    client.close()
+    return server, computed_on, param.item()
+
+
+def test_textbook_asp_computes_every_gradient_on_the_latest_parameters():
+    server, computed_on, final = _train(overlap=False, steps=4)
+    assert computed_on == [0.0, -1.0, -2.0, -3.0] and final == -4.0
+    assert server.tracker.summary()["staleness_max"] == 0
+
+
+def test_overlap_lags_by_at_most_the_workers_own_previous_update():
+    server, computed_on, final = _train(overlap=True, steps=5)
+    # the reply to update k lands after gradient k+1 is computed: each gradient misses exactly the previous update
+    assert computed_on == [0.0, 0.0, -1.0, -2.0, -3.0]
+    # the last push of the epoch (FLAG_LAST) waits for its reply, so the epoch ends on the server's parameters
+    assert final == -5.0 and server.version == 5 and torch.equal(server.params, torch.tensor([-5.0]))
+    summary = server.tracker.summary()
+    assert summary["staleness_max"] == 1 and summary["staleness_mean"] == pytest.approx(4 / 5)
+
+
+@pytest.mark.parametrize("others", [1, 3])
+def test_with_other_workers_overlap_still_misses_only_the_workers_previous_update(others):
+    # the other worker pushes zero gradients, so the parameter counts the rank 0 updates a gradient was computed on
+    textbook, computed_on, final = _train(overlap=False, steps=6, others_per_step=others, world_size=2)
+    assert computed_on == [0.0, -1.0, -2.0, -3.0, -4.0, -5.0] and final == -6.0
+    assert textbook.tracker.summary()["staleness_max"] == others  # the others' updates since the last reply
+    overlapped, computed_on, final = _train(overlap=True, steps=6, others_per_step=others, world_size=2)
+    assert computed_on == [0.0, 0.0, -1.0, -2.0, -3.0, -4.0] and final == -6.0
+    # plus its own previous update and the others' updates while it was in flight
+    assert overlapped.tracker.summary()["staleness_max"] > others
+
+
+def test_a_pull_waits_for_the_update_in_flight():
+    param, server, client = _setup(overlap=True)
+    param.grad = torch.ones(1)
+    assert client.push([param], 0, 0, 1.0).version == 0 and param.item() == 0.0  # in flight
+    assert client.pull(0).version == 1 and param.item() == -1.0
+    client.close()
+    assert server.tracker.summary()["updates"] == 1  # the pull applied nothing

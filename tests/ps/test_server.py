@@ -16,7 +16,7 @@ from lightning_hetero.ps.protocol import (
     new_message,
     payload,
 )
-from lightning_hetero.ps.server import ParameterServer, clone_optimizer
+from lightning_hetero.ps.server import ParameterServer
 
 
 def _server(
@@ -189,7 +189,7 @@ def test_stale_synchronous_gate_holds_the_fast_worker_until_the_slow_one_pushes(
     assert server.tracker.summary()["lead_max"] == 0  # nobody was released ahead of the bound
 
 
-def test_state_round_trip_and_clone_errors():
+def test_state_round_trip():
     server, _, _ = _server(momentum=0.9)
     _push(server, 0, torch.ones(server.layout.numel), 0)
     state = server.state_dict()
@@ -199,27 +199,6 @@ def test_state_round_trip_and_clone_errors():
     restored = other.optimizer.state_dict()["state"][0]["momentum_buffer"]
     assert torch.equal(restored, server.optimizer.state_dict()["state"][0]["momentum_buffer"])
     assert restored.abs().sum() > 0, "the momentum of the one update made"
-    stray = torch.nn.Parameter(torch.zeros(1))
-    with pytest.raises(ValueError, match="not trainable parameters"):
-        clone_optimizer(torch.optim.SGD([stray], lr=0.1), [], {})
-
-
-@pytest.mark.parametrize(
-    "make",
-    [
-        lambda params: torch.optim.AdamW(params, lr=1e-3, weight_decay=0.1),
-        lambda params: torch.optim.Adam(params, lr=1e-3, betas=(0.8, 0.9)),
-        lambda params: torch.optim.RMSprop(params, lr=1e-3, momentum=0.5),
-    ],
-)
-def test_clone_keeps_class_and_every_hyper_parameter(make):
-    model = torch.nn.Linear(3, 2)
-    template = make(model.parameters())
-    copies = [p.detach().clone() for p in model.parameters()]
-    clone = clone_optimizer(template, copies, {id(p): i for i, p in enumerate(model.parameters())})
-    assert type(clone) is type(template)
-    hyper = [{k: v for k, v in g.items() if k != "params"} for g in template.param_groups]
-    assert [{k: v for k, v in g.items() if k != "params"} for g in clone.param_groups] == hyper
 
 
 def test_a_tolerated_lost_worker_is_dropped_without_aborting_the_others():
@@ -245,3 +224,24 @@ def test_applied_chunks_and_each_workers_last_epoch_are_recorded():
     server.apply(0, PushHeader(0, 2, 0.5, epoch=3, chunk=-1), torch.ones(8), reply)  # not from a ClaimSampler
     assert server.applied_chunks == {3: {2, 7}}
     assert server.finished_epoch == {1: 3}
+
+
+def test_the_server_keeps_its_implementation_through_template_copies_and_loads():
+    server, _, template = _server(lr=0.1, momentum=0.9)
+    assert server.implementation == "fused" and template.param_groups[0]["fused"] is None
+    _push(server, 1, torch.ones(server.layout.numel), 0)
+    assert server.optimizer.param_groups[0]["fused"] is True  # not overwritten by the template's hyper-parameters
+    server.load(server.params, template.state_dict(), version=5)  # a state saved from the template (fused None)
+    assert server.optimizer.param_groups[0]["fused"] is True
+
+
+def test_statistics_count_the_updates_and_the_time_spent_on_them():
+    server, _, _ = _server(momentum=0.9)
+    assert server.statistics()["updates"] == 0 and server.statistics()["busy_fraction"] == 0.0
+    grad = torch.ones(server.layout.numel)
+    for version in range(3):
+        _push(server, 1, grad, version)
+    _push(server, 1, grad, 3, flags=FLAG_PULL_ONLY)  # a pull is not an update
+    stats = server.statistics()
+    assert stats["updates"] == 3 and stats["busy_s"] > 0 and 0 < stats["busy_fraction"] <= 1
+    assert stats["us_per_mb"] == pytest.approx(stats["us_per_update"] / (server.layout.numel * 4 / 1e6))

@@ -21,6 +21,7 @@ def test_registered_and_exported():
         ({"fault_timeout_s": 0}, "fault_timeout_s"),
         ({"startup_timeout_s": -1}, "startup_timeout_s"),
         ({"on_worker_lost": "ignore"}, "on_worker_lost"),
+        ({"overlap_round_trip": "yes"}, "overlap_round_trip"),
     ],
 )
 def test_bad_arguments_name_the_argument(kwargs, match):

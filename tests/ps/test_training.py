@@ -24,14 +24,17 @@ def _mean(values):
 
 
 @pytest.mark.timing
-def test_asynchronous_training_converges_covers_each_epoch_once_and_follows_speed(run_script, tmp_path):
+@pytest.mark.parametrize("overlap", [False, True], ids=["textbook", "overlap_round_trip"])
+def test_asynchronous_training_converges_covers_each_epoch_once_and_follows_speed(run_script, tmp_path, overlap):
     run_script(
         "ps_train.py", str(tmp_path), "--epochs", "3", "--slow-rank", "1", "--sleep-per-sample-s", "0.0005",
-        "--by-name",
+        "--overlap-round-trip" if overlap else "--by-name",
         timeout_s=120,
     )  # fmt: skip
     fast, slow = _reports(tmp_path)
     summary = fast["server_summary"]
+    assert summary["server"]["updates"] == summary["updates"] and summary["server"]["implementation"] == "fused"
+    assert 0 < summary["server"]["busy_fraction"] <= 1
     # every epoch visits each sample exactly once across the two workers
     for epoch in ("0", "1", "2"):
         assert sorted(fast["seen"][epoch] + slow["seen"][epoch]) == list(range(SAMPLES))

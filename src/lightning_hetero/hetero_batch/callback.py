@@ -175,7 +175,7 @@ class HeteroBatchCallback(Callback):
         self._gradients_hooked = False
         self._lr_scale_applied = False
         self._restored: dict[str, Any] | None = None
-        self._trainer: L.Trainer | None = None
+        self._fit_trainer: L.Trainer | None = None
         self._step_split: tuple[int, ...] | None = None
         self.period = MeasuredPeriod(skip=warmup_steps)
         self.exclusion = WaitExclusion(self.busy)
@@ -192,7 +192,7 @@ class HeteroBatchCallback(Callback):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
-        self._trainer = trainer
+        self._fit_trainer = trainer
         self._rank, self._world_size = trainer.global_rank, trainer.world_size
         if trainer.accumulate_grad_batches != 1:
             raise ValueError(
@@ -263,7 +263,7 @@ class HeteroBatchCallback(Callback):
             self.plan = SplitPlan(self._starting_split(global_batch))
         if not self._lr_scale_applied:
             factor = lr_scale_factor(self.batch_lr_scaling, base_global, global_batch)
-            trainer = self._trainer
+            trainer = self._fit_trainer
             assert trainer is not None
             scale_learning_rates(trainer.optimizers, [c.scheduler for c in trainer.lr_scheduler_configs], factor)
             self._lr_scale_applied = True

@@ -25,6 +25,7 @@ Example::
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
@@ -36,16 +37,19 @@ from torch.optim import Optimizer
 from lightning_hetero.ps.fault_tolerance import LOST_WORKER_GRACE_S
 from lightning_hetero.ps.layout import flatten_grads_into
 from lightning_hetero.ps.protocol import (
+    FLAG_LAST,
     FLAG_PULL_ONLY,
     SERVER_RANK,
     STATUS_ABORTED,
+    STATUS_OK,
     PeerLostError,
     ReplyHeader,
     new_message,
     payload,
-    push_and_pull,
     read_push_header,
     send_done,
+    start_push_and_pull,
+    wait_push_and_pull,
     write_push_header,
 )
 from lightning_hetero.ps.server import ParameterServer
@@ -83,6 +87,30 @@ class AsynchronousClient:
         lost_cause: maps a broken connection to the error to raise (the rank lost first, when known).
         recorded_fault: the first fault rank 0 recorded, waiting at most the given seconds (``None`` if none).
         pin_memory: page-locked messages (faster GPU staging).
+        overlap: ``False`` (textbook ASP): :meth:`push` returns once the server's reply for this gradient is in
+            ``flat``. ``True``: :meth:`push` sends the gradient and returns at once; the reply travels while the next
+            batch is fetched and computed, and lands in ``flat`` at the next :meth:`push` (before that gradient is
+            sent). Each gradient is therefore computed on parameters that hold every one of this worker's own
+            updates but the previous one: a bounded extra staleness of one own update (plus the other workers'
+            updates applied while it was in flight). A push flagged ``FLAG_LAST``, :meth:`pull`, :meth:`leave` and
+            :meth:`close` wait for the update in flight first, so an epoch ends on the server's parameters.
+
+    Example (``overlap=True``: the first update lands in ``flat`` at the second push)::
+
+        >>> import torch
+        >>> from lightning_hetero.ps.server import ParameterServer
+        >>> from lightning_hetero.ps.layout import FlatLayout
+        >>> param = torch.nn.Parameter(torch.ones(1))
+        >>> flat = param.detach().clone()
+        >>> server = ParameterServer(FlatLayout.from_named_parameters([("w", param)]), flat,
+        ...     torch.optim.SGD([param], lr=0.5), {id(param): 0}, world_size=1)
+        >>> client = AsynchronousClient(flat, rank=0, server=server, group=None, timeout_s=1.0,
+        ...     lost_cause=lambda err: err, recorded_fault=lambda wait_s: None, overlap=True)
+        >>> param.grad = torch.ones(1)
+        >>> [client.push([param], 0, base_version=v, share=1.0).version for v in (0, 0)], flat.tolist()
+        ([0, 1], [0.5])
+        >>> client.close(); flat.tolist(), server.tracker.summary()["staleness_max"]
+        ([0.0], 1)
     """
 
     def __init__(
@@ -95,6 +123,7 @@ class AsynchronousClient:
         lost_cause: Callable[[BaseException], BaseException],
         recorded_fault: Callable[[float], PeerLostError | None],
         pin_memory: bool = False,
+        overlap: bool = False,
     ) -> None:
         self.flat = flat
         self.rank = rank
@@ -105,6 +134,13 @@ class AsynchronousClient:
         self._recorded_fault = recorded_fault
         self._push = new_message(flat.numel(), pin_memory=pin_memory)
         self._reply = new_message(flat.numel(), pin_memory=pin_memory)
+        self.overlap = overlap
+        self._local = _LocalExchange(server, rank) if overlap and server is not None else None
+        # an exchange was started and its reply is not in ``flat`` yet: gloo's requests (a remote server), or the
+        # in-process server's answer (already there without overlap; the helper thread's to wait for with it)
+        self._pending = False
+        self._requests: tuple[dist.Work, dist.Work] | None = None
+        self._header: ReplyHeader | None = None
 
     def push(
         self,
@@ -125,30 +161,71 @@ class AsynchronousClient:
             epoch: the epoch of the gradients' batch.
             chunk: the batch's chunk of the epoch's order (-1 when unknown).
         """
+        previous = self._complete()
         flatten_grads_into(params, payload(self._push))
         write_push_header(self._push, flags, base_version, share, epoch, chunk)
-        return self._exchange()
+        if not self.overlap or flags & FLAG_LAST:
+            return self._exchange()
+        self._start()
+        # what ``flat`` holds now: the previous update's reply, or still ``base_version``'s parameters
+        return previous if previous is not None else ReplyHeader(STATUS_OK, base_version, 0, -1)
 
     def pull(self, version: int, flags: int = 0) -> ReplyHeader:
         """Receive the latest parameters without pushing a gradient (``flags`` may add ``FLAG_JOIN``)."""
+        self._complete()
         write_push_header(self._push, FLAG_PULL_ONLY | flags, version, 0.0)
         return self._exchange()
 
     def leave(self) -> None:
         """Tell the server this (remote) worker leaves; its receiving thread ends."""
         assert self.group is not None
+        self.close()
         send_done(self._push, SERVER_RANK, self.group, self.timeout)
+
+    def close(self) -> None:
+        """Absorb the update in flight, if any, and end the local helper thread (``overlap=True`` on rank 0)."""
+        self._complete()
+        if self._local is not None:
+            self._local.close()
+            self._local = None
 
     def _exchange(self) -> ReplyHeader:
         """Send the filled push message to the server and absorb the reply."""
-        if self.server is not None:
-            header = self.server.apply(self.rank, read_push_header(self._push), payload(self._push), self._reply)
+        self._start()
+        header = self._complete()
+        assert header is not None
+        return header
+
+    def _start(self) -> None:
+        """Send the filled push message; the reply is absorbed by :meth:`_complete`."""
+        if self._local is not None:
+            self._local.start(self._push, self._reply)
+        elif self.server is not None:
+            self._header = self.server.apply(self.rank, read_push_header(self._push), payload(self._push), self._reply)
         else:
             assert self.group is not None
             try:
-                header = push_and_pull(self._push, self._reply, SERVER_RANK, self.group, self.timeout)
+                self._requests = start_push_and_pull(self._push, self._reply, SERVER_RANK, self.group)
             except PeerLostError as err:
                 raise self._lost_cause(err) from err
+        self._pending = True
+
+    def _complete(self) -> ReplyHeader | None:
+        """Wait for the exchange in flight and write its parameters into ``flat``; its header (``None`` if none)."""
+        if not self._pending:
+            return None
+        self._pending = False
+        if self._local is not None:
+            header = self._local.wait()
+        elif self._requests is not None:
+            requests, self._requests = self._requests, None
+            try:
+                header = wait_push_and_pull(requests, self._reply, SERVER_RANK, self.timeout)
+            except PeerLostError as err:
+                raise self._lost_cause(err) from err
+        else:
+            assert self._header is not None
+            header = self._header
         if header.status == STATUS_ABORTED:
             lost = self.server.lost if self.server is not None else None
             if lost is not None:
@@ -159,3 +236,61 @@ class AsynchronousClient:
             raise PeerLostError(header.lost_rank, "worker", "reported by the parameter server")
         self.flat.copy_(payload(self._reply), non_blocking=self._reply.is_pinned())
         return header
+
+
+class _LocalExchange:
+    """Rank 0's own pushes with ``overlap=True``: a helper thread applies them to the in-process server, so that rank
+    0 computes its next batch meanwhile, like the remote workers.
+
+    Args:
+        server: the in-process parameter server.
+        rank: this worker's global rank.
+    """
+
+    def __init__(self, server: ParameterServer, rank: int) -> None:
+        self._server = server
+        self._rank = rank
+        self._cond = threading.Condition()
+        self._job: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._result: ReplyHeader | BaseException | None = None
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=f"ps-local-{rank}", daemon=True)
+        self._thread.start()
+
+    def start(self, push: torch.Tensor, reply: torch.Tensor) -> None:
+        with self._cond:
+            self._job, self._result = (push, reply), None
+            self._cond.notify_all()
+
+    def wait(self) -> ReplyHeader:
+        with self._cond:
+            self._cond.wait_for(lambda: self._result is not None)
+            result, self._result = self._result, None
+        if isinstance(result, BaseException):
+            raise result
+        assert result is not None
+        return result
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._job is not None or self._closed)
+                if self._job is None:
+                    return
+                push, reply = self._job
+                self._job = None
+            try:
+                result: ReplyHeader | BaseException = self._server.apply(
+                    self._rank, read_push_header(push), payload(push), reply
+                )
+            except BaseException as err:  # handed to the waiting worker, which raises it
+                result = err
+            with self._cond:
+                self._result = result
+                self._cond.notify_all()

@@ -200,6 +200,7 @@ class ServerBootstrap:
     _attached_trainer: pl.Trainer | None
     _flat_model: FlatModel | None
     _client: AsynchronousClient | None
+    overlap_round_trip: bool
     _server: ParameterServer | None
     _loop: ServerLoop | None
     _store: dist.Store | None
@@ -277,6 +278,7 @@ class ServerBootstrap:
             lost_cause=self._lost_cause,
             recorded_fault=self._recorded_fault,
             pin_memory=self.root_device.type == "cuda",
+            overlap=self.overlap_round_trip,
         )
         self._launched = list(launched_processes(self.launcher) or [])
         self._validation_members = list(range(self.world_size))

@@ -141,11 +141,51 @@ def push_and_pull(
     Raises:
         PeerLostError: the server's connection broke or it did not answer in time.
     """
+    return wait_push_and_pull(
+        start_push_and_pull(push_msg, reply_msg, server_rank, group), reply_msg, server_rank, timeout
+    )
+
+
+def start_push_and_pull(
+    push_msg: torch.Tensor, reply_msg: torch.Tensor, server_rank: int, group: dist.ProcessGroup
+) -> tuple[dist.Work, dist.Work]:
+    """Worker side: post one push and the receive of its reply, and return at once (gloo moves the bytes on its own
+    threads); neither message may be touched until :func:`wait_push_and_pull` returns.
+
+    Args:
+        push_msg: the filled push message.
+        reply_msg: receives the reply (header and parameters).
+        server_rank: the server's global rank.
+        group: the server's process group.
+
+    Raises:
+        PeerLostError: the server's connection is broken.
+    """
     try:
         send = dist.isend(push_msg, dst=server_rank, group=group, tag=TAG_PUSH)
         recv = dist.irecv(reply_msg, src=server_rank, group=group, tag=TAG_REPLY)
-        send.wait(timeout)
-        recv.wait(timeout)
+    except RuntimeError as err:
+        raise PeerLostError(server_rank, "parameter server", str(err).splitlines()[0]) from err
+    return send, recv
+
+
+def wait_push_and_pull(
+    requests: tuple[dist.Work, dist.Work], reply_msg: torch.Tensor, server_rank: int, timeout: timedelta
+) -> ReplyHeader:
+    """Worker side: wait (at most ``timeout`` each) for a push posted by :func:`start_push_and_pull` and its reply.
+
+    Args:
+        requests: what :func:`start_push_and_pull` returned.
+        reply_msg: the reply message given there.
+        server_rank: the server's global rank.
+        timeout: how long to wait before declaring the server lost.
+
+    Raises:
+        PeerLostError: the server's connection broke or it did not answer in time.
+    """
+    try:
+        for request in requests:
+            request.wait(timeout)
     except RuntimeError as err:
         raise PeerLostError(server_rank, "parameter server", str(err).splitlines()[0]) from err
     return read_reply_header(reply_msg)

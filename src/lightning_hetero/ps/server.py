@@ -7,7 +7,6 @@ calls :meth:`ParameterServer.apply` directly). :class:`ServerLoop` feeds it from
 
 from __future__ import annotations
 
-import inspect
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -19,7 +18,6 @@ import torch.distributed as dist
 from torch.optim import Optimizer
 
 from lightning_hetero.batch_weighting import gradient_weight
-from lightning_hetero.param_groups import hyperparameters
 from lightning_hetero.ps.compensation import AsynchronyCompensator
 from lightning_hetero.ps.layout import FlatLayout
 from lightning_hetero.ps.protocol import (
@@ -39,48 +37,8 @@ from lightning_hetero.ps.protocol import (
     send_reply,
     write_reply_header,
 )
+from lightning_hetero.ps.server_optimizer import IMPLEMENTATION_KEYS, fast_clone_optimizer
 from lightning_hetero.ps.staleness import StalenessGate, StalenessTracker, staleness_lr_factor
-
-
-def clone_optimizer(template: Optimizer, params: Sequence[torch.Tensor], index_of: dict[int, int]) -> Optimizer:
-    """A fresh optimizer of ``template``'s class and hyper-parameters over ``params`` (the server's copies).
-
-    Args:
-        template: the optimizer ``configure_optimizers`` returned.
-        params: the server's parameter tensors, in layout order.
-        index_of: ``id(model_parameter) -> layout index`` for the template's parameters.
-
-    Example::
-
-        >>> import torch
-        >>> model = torch.nn.Linear(2, 1)
-        >>> template = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
-        >>> copies = [p.detach().clone() for p in model.parameters()]
-        >>> clone = clone_optimizer(template, copies, {id(p): i for i, p in enumerate(model.parameters())})
-        >>> type(clone).__name__, clone.param_groups[0]["lr"], clone.param_groups[0]["params"][0] is copies[0]
-        ('SGD', 0.5, True)
-    """
-    groups = []
-    for group in template.param_groups:
-        missing = [p for p in group["params"] if id(p) not in index_of]
-        if missing:
-            raise ValueError(
-                "AsyncPSStrategy: the optimizer holds parameters that are not trainable parameters of the model "
-                f"(shapes {[tuple(p.shape) for p in missing]}); the parameter server cannot lay them out."
-            )
-        groups.append({**hyperparameters(group), "params": [params[index_of[id(p)]] for p in group["params"]]})
-    # ``defaults`` may hold entries the constructor does not take (AdamW's ``decoupled_weight_decay``); each group
-    # carries every hyper-parameter anyway, so pass only what the signature accepts
-    parameters = inspect.signature(type(template)).parameters
-    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
-    kwargs = {key: value for key, value in template.defaults.items() if takes_any or key in parameters}
-    try:
-        return type(template)(groups, **kwargs)
-    except TypeError as err:
-        raise ValueError(
-            f"AsyncPSStrategy: cannot rebuild the optimizer {type(template).__name__} on the parameter server "
-            f"from its param_groups and defaults: {err}"
-        ) from err
 
 
 class ParameterServer:
@@ -135,7 +93,21 @@ class ParameterServer:
         self.params = initial.detach().to(device="cpu", dtype=torch.float32).clone()
         self._views = layout.views(self.params)
         self._template = template
-        self.optimizer = clone_optimizer(template, self._views, index_of)
+        self.optimizer, self.implementation = fast_clone_optimizer(template, self._views, index_of)
+        self._implementation_keys = [
+            {key: value for key, value in group.items() if key in IMPLEMENTATION_KEYS}
+            for group in self.optimizer.param_groups
+        ]
+        # the hyper-parameters copied from the template before each update (no dict built per update)
+        self._copied_keys = [
+            [key for key in group if key != "params" and key not in IMPLEMENTATION_KEYS]
+            for group in template.param_groups
+        ]
+        # per pushed-gradient buffer (one per receiving thread, plus rank 0's own), its per-parameter views
+        self._grad_views: dict[int, list[torch.Tensor]] = {}
+        self._busy_s = 0.0
+        self._first_update_s: float | None = None
+        self._last_update_s = 0.0
         self.world_size = world_size
         self.lr_scaling = lr_scaling
         self.compensator = compensator
@@ -188,6 +160,7 @@ class ParameterServer:
                 self.cond.notify_all()
                 return self._reply(reply, STATUS_STOPPED, 0)
             staleness = self.version - header.base_version
+            started = time.perf_counter()
             self._step(worker, grad, header.share, staleness)
             self.version += 1
             if header.chunk >= 0:
@@ -200,6 +173,11 @@ class ParameterServer:
                 self.gate.finish(worker)
                 self.finished_epoch[worker] = header.epoch
             self.cond.notify_all()
+            if self.gate.may_proceed(worker):  # the common case: reply at once, the copy counts as the update's cost
+                result = self._reply(reply, STATUS_OK, staleness, worker)
+                self._count_busy(started)
+                return result
+            self._count_busy(started)
             while not self.gate.may_proceed(worker) and self.lost is None and not self.budget_spent:
                 self.cond.wait()
             if self.lost is not None:
@@ -208,10 +186,53 @@ class ParameterServer:
                 self.tracker.record_lead(self.gate.lead(worker))
             return self._reply(reply, STATUS_OK, staleness, worker)
 
+    def _count_busy(self, started: float) -> None:
+        now = time.perf_counter()
+        self._busy_s += now - started
+        if self._first_update_s is None:
+            self._first_update_s = started
+        self._last_update_s = now
+
+    def statistics(self) -> dict[str, Any]:
+        """The server's cost: ``busy_s`` (time spent applying updates and copying their replies, under the lock),
+        ``busy_fraction`` (of the time from the first update's start to the last one's end: near 1 means the server
+        is the bottleneck), ``us_per_update``, ``us_per_mb`` (per update and MB of parameters), ``implementation``
+        (of the optimizer step: ``"fused"``, ``"foreach"`` or ``"default"``).
+
+        Example::
+
+            >>> import torch
+            >>> from lightning_hetero.ps.layout import FlatLayout
+            >>> from lightning_hetero.ps.protocol import PushHeader, new_message
+            >>> model = torch.nn.Linear(1, 1)
+            >>> server = ParameterServer(FlatLayout.from_named_parameters(model.named_parameters()),
+            ...     torch.zeros(2), torch.optim.SGD(model.parameters(), lr=0.1), {id(p): i for i, p in
+            ...     enumerate(model.parameters())}, world_size=1)
+            >>> _ = server.apply(worker=0, header=PushHeader(0, 0, 1.0), grad=torch.ones(2), reply=new_message(2))
+            >>> stats = server.statistics()
+            >>> stats["updates"], stats["implementation"], 0 < stats["busy_fraction"] <= 1
+            (1, 'fused', True)
+        """
+        with self.cond:
+            updates = self.tracker.updates
+            span = self._last_update_s - self._first_update_s if self._first_update_s is not None else 0.0
+            us_per_update = self._busy_s / updates * 1e6 if updates else 0.0
+            return {
+                "updates": updates,
+                "busy_s": self._busy_s,
+                "busy_fraction": min(1.0, self._busy_s / span) if span > 0 else 0.0,
+                "us_per_update": us_per_update,
+                "us_per_mb": us_per_update / (self.layout.numel * 4 / 1e6),
+                "implementation": self.implementation,
+            }
+
     def _step(self, worker: int, grad: torch.Tensor, share: float, staleness: int) -> None:
         factor = staleness_lr_factor(staleness, self.lr_scaling)
-        for group, source in zip(self.optimizer.param_groups, self._template.param_groups, strict=True):
-            group.update(hyperparameters(source))
+        for group, source, keys in zip(
+            self.optimizer.param_groups, self._template.param_groups, self._copied_keys, strict=True
+        ):
+            for key in keys:
+                group[key] = source[key]
         compensator = self.compensator
         if compensator is not None:
             compensator.observe(staleness)
@@ -222,11 +243,22 @@ class ParameterServer:
         grad.mul_(gradient_weight(share, alone_among=self.world_size))
         if compensator is not None and compensator.delay_compensation and worker in self._sent:
             compensator.compensate_delay(grad, self.params, self._sent[worker])
-        for param, grad_view in zip(self._views, self.layout.views(grad), strict=True):
+        for param, grad_view in zip(self._views, self._views_of(grad), strict=True):
             param.grad = grad_view
         self.optimizer.step()
         for param in self._views:
             param.grad = None
+
+    def _views_of(self, grad: torch.Tensor) -> list[torch.Tensor]:
+        """Per-parameter views of a pushed-gradient buffer, made once per buffer: the workers' buffers (one per
+        receiving thread, plus rank 0's own) live as long as the server. The cached views keep their memory alive,
+        so an address seen again is the same buffer; a caller passing new buffers each time empties the cache."""
+        views = self._grad_views.get(grad.data_ptr())
+        if views is None:
+            if len(self._grad_views) >= self.world_size:
+                self._grad_views.clear()
+            views = self._grad_views[grad.data_ptr()] = self.layout.views(grad)
+        return views
 
     def _reply(self, reply: torch.Tensor, status: int, staleness: int, worker: int | None = None) -> ReplyHeader:
         lost_rank = self.lost.rank if self.lost is not None else -1
@@ -296,6 +328,9 @@ class ParameterServer:
             self.params.copy_(params.detach().reshape(-1))
             if optimizer_state is not None:
                 self.optimizer.load_state_dict(optimizer_state)
+                # a state saved from the template (a checkpoint, a switch from BSP) names the template's implementation
+                for group, keys in zip(self.optimizer.param_groups, self._implementation_keys, strict=True):
+                    group.update(keys)
             self.version = version
             self.gate = StalenessGate(self.gate.max_staleness)
             self._sent.clear()

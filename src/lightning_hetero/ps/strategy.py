@@ -108,6 +108,11 @@ class AsyncPSStrategy(
         outer_optimizer: local SGD: the outer optimizer's class (default ``torch.optim.SGD``).
         outer_optimizer_kwargs: its arguments (default DiLoCo's ``lr=0.7, momentum=0.9, nesterov=True``). The local
             SGD settings are validated at construction whatever the starting mode.
+        overlap_round_trip: ``False`` (default): textbook ASP, each worker waits for the server's reply to its
+            gradient before its next batch. ``True``: the push and the reply travel while the next batch is fetched
+            and computed, so the round trip leaves the critical path; each gradient is then computed on parameters
+            that hold all of the worker's own updates but the previous one (a bounded extra staleness of one own
+            update). The last batch of an epoch, validation and mode switches wait for the update in flight.
         accelerator: see :class:`~lightning.pytorch.strategies.DDPStrategy`.
         parallel_devices: see :class:`~lightning.pytorch.strategies.DDPStrategy`.
         cluster_environment: see :class:`~lightning.pytorch.strategies.DDPStrategy`.
@@ -142,6 +147,7 @@ class AsyncPSStrategy(
         local_steps: str = "proportional",
         outer_optimizer: Callable[..., torch.optim.Optimizer] | None = None,
         outer_optimizer_kwargs: dict[str, Any] | None = None,
+        overlap_round_trip: bool = False,
         accelerator: pl.accelerators.Accelerator | None = None,
         parallel_devices: list[torch.device] | None = None,
         cluster_environment: Any = None,
@@ -162,6 +168,8 @@ class AsyncPSStrategy(
         if on_worker_lost not in ON_WORKER_LOST:
             raise ValueError(f"on_worker_lost must be one of {ON_WORKER_LOST}, got {on_worker_lost!r}")
         self._init_local(round_samples, round_s, local_steps, outer_optimizer, outer_optimizer_kwargs)
+        if not isinstance(overlap_round_trip, bool):
+            raise ValueError(f"overlap_round_trip must be True or False, got {overlap_round_trip!r}")
         super().__init__(
             accelerator=accelerator,
             parallel_devices=parallel_devices,
@@ -179,6 +187,7 @@ class AsyncPSStrategy(
         self.fault_timeout_s = fault_timeout_s
         self.startup_timeout_s = startup_timeout_s
         self.on_worker_lost = on_worker_lost
+        self.overlap_round_trip = overlap_round_trip
         #: seconds the last effective :meth:`set_mode` took (``None`` before any switch)
         self.last_switch_s: float | None = None
         #: updates applied to the model so far (the server's version in ASP, the step count in BSP)
@@ -308,9 +317,10 @@ class AsyncPSStrategy(
             self._average_buffers()
         self._step_schedules.release()
         if self._server is not None:
-            self.server_summary = self._server.tracker.summary()
+            self.server_summary = {**self._server.tracker.summary(), "server": self._server.statistics()}
         if self.global_rank == SERVER_RANK:
-            assert self._loop is not None
+            assert self._loop is not None and self._client is not None
+            self._client.close()
             self._loop.join(self.fault_timeout_s)
         else:
             assert self._client is not None
