@@ -174,9 +174,10 @@ def test_elastic_asp_trains_on_without_a_lost_worker_and_each_epoch_covers_every
     assert "AsyncPSStrategy lost the worker on rank 2 (" in results[0].stderr
     assert "continuing with 2 workers (on_worker_lost='continue')" in results[0].stderr
     survivors = [read_json(tmp_path / f"rank{rank}.json") for rank in (0, 1)]
-    # what rank 2 pushed before it died (the batch in its hands when it died is not in it)
+    # what rank 2 pushed before it died: its first 3 batches of 32 (the 4th, in its hands, is not in it); in which
+    # epoch it died depends on how many chunks it claimed before the others, so the test does not assume it
     pushed = read_json(tmp_path / "rank2.lost.json")["pushed"]
-    assert list(pushed) == ["0"]
+    assert sum(len(seen) for seen in pushed.values()) == 3 * 32
     for epoch in ("0", "1", "2"):
         seen = survivors[0]["seen"][epoch] + survivors[1]["seen"][epoch] + pushed.get(epoch, [])
         assert sorted(seen) == list(range(SAMPLES)), f"epoch {epoch} did not cover every sample exactly once"
