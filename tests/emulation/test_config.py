@@ -101,6 +101,15 @@ def test_bad_file_names_the_file(tmp_path):
     path.write_text("level: HL2\nlevels: {x: [1,1,1,1]}\ntypo: 1\n")
     with pytest.raises(ConfigError, match="typo: unknown key"):
         load_config(path)
+    path.write_text("level: [HL2\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml: while parsing"):
+        load_config(path.rename(tmp_path / "bad.yaml"))
+
+
+@pytest.mark.parametrize("override", ["schedule={unit:seconds,steps:[[0,HL2]]}", "schedule={unit: seconds, steps: [}"])
+def test_malformed_yaml_in_an_override_names_the_key_and_the_fix(override):
+    with pytest.raises(ConfigError, match=r"^schedule: not valid YAML .*put a space after each ':'"):
+        load_config(None, [override])
 
 
 def test_the_schema_is_written_once_defaults_come_from_the_dataclass_fields():

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+import yaml  # PyYAML, the parser OmegaConf depends on and raises from
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -152,7 +153,7 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
     if path is not None:
         try:
             loaded = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
-        except (OSError, OmegaConfBaseException, ValueError) as err:
+        except (OSError, OmegaConfBaseException, ValueError, yaml.YAMLError) as err:
             raise ConfigError(f"{path}: {err}") from None
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: expected a mapping of keys at the top level")
@@ -164,6 +165,11 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
             parsed = OmegaConf.to_container(OmegaConf.from_dotlist([item]), resolve=True)
         except OmegaConfBaseException as err:
             raise ConfigError(f"{item.split('=', 1)[0]}: {err}") from None
+        except yaml.YAMLError as err:
+            raise ConfigError(
+                f"{item.split('=', 1)[0]}: not valid YAML ({' '.join(str(err).split())}); inside {{...}} and [...] put a "
+                "space after each ':', e.g. schedule='{unit: seconds, steps: [[0, HL2]]}'"
+            ) from None
         _merge(raw, parsed, DEFAULTS, "")
     return _validate(raw)
 
