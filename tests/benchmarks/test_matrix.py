@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -133,6 +134,19 @@ def test_without_matplotlib_the_plots_are_skipped_with_a_note(tmp_path, monkeypa
     assert "matplotlib is not installed" in printed and "plots skipped" in printed
     assert json.loads(out.read_text())["rows"][0]["method"] == "ddp"
     assert not list(tmp_path.glob("*.png"))
+
+
+def test_replot_of_the_committed_results_writes_the_three_plots(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed (the plots extra)")
+    out = tmp_path / "matrix.json"
+    shutil.copy(SCRIPT.parent / "results" / "matrix.json", out)
+    monkeypatch.setattr("sys.argv", ["matrix.py", "--replot", "--out", str(out)])
+    matrix.main()
+    printed = capsys.readouterr().out
+    pngs = sorted(path.name for path in tmp_path.glob("*.png"))
+    assert pngs == ["matrix_accuracy.png", "matrix_batch_sizes.png", "matrix_throughput.png"]
+    assert all(f"wrote {tmp_path / name}" in printed for name in pngs)
+    assert all((tmp_path / name).read_bytes()[:4] == b"\x89PNG" for name in pngs)
 
 
 @pytest.mark.parametrize("quick", [False, True])

@@ -69,6 +69,15 @@ def test_plot_is_skipped_with_a_note_without_matplotlib(tmp_path, monkeypatch):
     assert not (tmp_path / "throughput.png").exists()
 
 
+def test_plot_writes_a_png_of_both_runs(tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed (the plots extra)")
+    sweep = sweep_of({B // 2: 1.0, 100: 0.25})
+    path = tmp_path / "throughput.png"
+    note = demo.plot(results(2.0, 0.5, [B - 100, 100], sweep), path)
+    assert note == f"plot of both runs' throughput over time: {path}"
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 @pytest.mark.multiprocess
 def test_demo_prints_only_its_own_lines(tmp_path):
     env = {key: value for key, value in os.environ.items() if key not in ("MASTER_PORT", "PYTHONPATH")}
