@@ -380,7 +380,7 @@ def main() -> None:
             "model": f"one square linear layer, batch {BATCH}, SGD momentum 0.9; equal workers; compute emulated "
             "by sleeping step_ms in training_step",
             "epochs": f"{args.epochs}, the first not measured; ideal epochs of ~{args.epoch_s} s",
-            "note": "2 CPU cores shared with other jobs (four other engineers); numbers vary from run to run",
+            "note": "see load_average_1_5_15min_before_and_after for how busy the host was",
             "load_average_1_5_15min_before_and_after": [load_before, os.getloadavg()],
         },
         "summary": summary,
