@@ -2,9 +2,9 @@
 
 Each rank's gradient ``g_k`` is the mean over its local batch of ``b_k`` samples. The gradient of the big batch (all
 ranks' samples together) is ``sum_k b_k g_k / sum(b)``: rank ``k``'s gradient counts with its batch share
-``b_k / sum(b)``. Every path that combines gradients calls :func:`gradient_weight`: the DDP communication hook
-(:mod:`lightning_hetero.hetero_batch.aggregation`), ``AsyncPSStrategy``'s synchronous all-reduce (BSP) and its
-parameter server (ASP), where one rank's gradient is applied alone.
+``b_k / sum(b)``. ``AsyncPSStrategy``'s synchronous all-reduce (BSP) and its parameter server (ASP), where one rank's
+gradient is applied alone, call :func:`gradient_weight`; under DDP, which averages, each rank back-propagates
+:func:`averaged_weight` from its loss (:mod:`lightning_hetero.hetero_batch.aggregation`).
 
 Example::
 
@@ -14,6 +14,8 @@ Example::
     >>> gradient_weight(share)  # summed with the other ranks' weighted gradients
     0.1875
     >>> gradient_weight(share, alone_among=2)  # applied on its own, as an asynchronous update
+    0.375
+    >>> averaged_weight((3, 13), rank=0)  # averaged with the other ranks' weighted gradients (DDP)
     0.375
 """
 
@@ -49,3 +51,16 @@ def gradient_weight(share: float, alone_among: int | None = None) -> float:
             (1 for equal shares), as much as the rank's data would in the synchronous mean.
     """
     return share if alone_among is None else share * alone_among
+
+
+def averaged_weight(split: Sequence[int], rank: int) -> float:
+    """The factor rank ``rank``'s local-mean gradient is multiplied by when the ranks' gradients are *averaged* (DDP's
+    built-in all-reduce): ``N b_k / sum(b)``, so that the mean over ``N`` ranks is ``sum_k b_k g_k / sum(b)``.
+    Computed from integers, so that equal shares give exactly 1.
+
+    Example::
+
+        >>> averaged_weight((21, 21, 21), rank=1)
+        1.0
+    """
+    return len(split) * split[rank] / sum(split)

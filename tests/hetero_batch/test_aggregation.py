@@ -5,7 +5,9 @@ import copy
 import pytest
 import torch
 from torch import nn
+from torch.autograd import Variable
 
+from lightning_hetero.hetero_batch.aggregation import weight_backward
 from lightning_hetero.synthetic import MLPClassifier, make_classification
 from tests.helpers import read_json
 
@@ -45,3 +47,77 @@ def test_weighted_mean_matches_the_concatenated_batch(run_script, tmp_path):
         torch.testing.assert_close(trained[name], value, atol=1e-5, rtol=0)
     # the check can fail: DDP's plain mean lands measurably elsewhere
     assert max((unweighted[n] - expected[n]).abs().max() for n in expected) > 1e-3
+
+
+def big_batch_gradient(params: dict, x: torch.Tensor, y: torch.Tensor, weights=None) -> dict:
+    """The gradient of the mean loss over ``x`` at ``params`` in float64; with ``weights`` (one per part of a list of
+    ``(x, y)`` parts instead), the weighted sum of the parts' mean-loss gradients."""
+    model = MLPClassifier(num_features=8, num_classes=3).double()
+    model.load_state_dict(params, strict=False)
+    parts = [(x, y)] if weights is None else list(zip(x, y, strict=True))
+    for (xs, ys), w in zip(parts, weights or [1.0], strict=True):
+        (w * nn.functional.cross_entropy(model(xs), ys)).backward()
+    return {name: p.grad for name, p in model.named_parameters()}
+
+
+@pytest.mark.multiprocess
+def test_loss_weighting_gives_the_big_batch_gradient_across_a_split_change(run_script, tmp_path):
+    """Each rank back-propagates N b_k / B from its loss and DDP's built-in all-reduce averages: in float64 the
+    gradient is the big batch's to 1e-12 at every step, before and after the split changes, and gradient clipping
+    (which acts on the all-reduced gradient) moves the parameters as on one big batch."""
+    run_script("hetero_train.py", str(tmp_path), "exact")
+    traces = [torch.load(tmp_path / f"trace_rank{r}.pt") for r in range(2)]
+    sizes = [[len(step["y"]) for step in trace["steps"]] for trace in traces]
+    assert sizes[0][0] == 3 and sizes[0][-1] == 11 and [a + b for a, b in zip(*sizes, strict=True)] == [16] * 4
+    steps = list(zip(traces[0]["steps"], traces[1]["steps"], strict=True))
+    after = [s0["params"] for s0, _ in steps[1:]] + [traces[0]["final"]]
+    for (s0, s1), params_after in zip(steps, after, strict=True):
+        assert s0["x"].dtype == torch.float64
+        torch.testing.assert_close(s1["params"], s0["params"], atol=0, rtol=0)  # the ranks stay in lock-step
+        x, y = torch.cat([s0["x"], s1["x"]]), torch.cat([s0["y"], s1["y"]])
+        expected = big_batch_gradient(s0["params"], x, y)
+        for rank_step in (s0, s1):
+            torch.testing.assert_close(rank_step["grads"], expected, atol=1e-12, rtol=0)
+        # the check can fail: DDP's plain mean of the two local means lands measurably elsewhere
+        plain = big_batch_gradient(s0["params"], [s0["x"], s1["x"]], [s0["y"], s1["y"]], weights=[0.5, 0.5])
+        assert max((plain[n] - expected[n]).abs().max() for n in expected) > 1e-3
+        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in expected.values()]))
+        clip = min(1.0, 0.05 / (float(norm) + 1e-6))
+        assert clip < 1.0, "the clipping is active"
+        stepped = {name: p - 0.5 * clip * expected[name] for name, p in s0["params"].items()}
+        torch.testing.assert_close(params_after, stepped, atol=1e-12, rtol=0)
+
+
+def test_the_end_of_compute_is_marked_before_ddps_final_callback():
+    """DDP queues its final callback (which waits for the all-reduce) from a gradient hook during backward; the
+    loss's hook queues the mark earlier, so the engine runs it first: the wait is not counted as compute."""
+    model, x = nn.Linear(4, 2), torch.randn(5, 4)
+    order = []
+    model.weight.register_hook(lambda g: Variable._execution_engine.queue_callback(lambda: order.append("ddp")))
+    loss = nn.functional.mse_loss(model(x), torch.zeros(5, 2))
+    weight_backward(loss, 0.375, lambda: order.append("compute end"))
+    loss.backward()
+    assert order == ["compute end", "ddp"]
+
+
+def test_weight_one_leaves_the_gradients_bitwise_unchanged_and_composes_with_a_grad_scaler():
+    torch.manual_seed(0)
+    model, x = nn.Linear(4, 2), torch.randn(5, 4)
+    nn.functional.mse_loss(model(x), torch.zeros(5, 2)).backward()
+    plain = [p.grad.clone() for p in model.parameters()]
+    for weight in (1.0, 0.375):
+        model.zero_grad()
+        marks = []
+        loss = nn.functional.mse_loss(model(x), torch.zeros(5, 2))
+        scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+        scaled = scaler.scale(loss)  # a precision plugin scales before `on_before_backward` sees the loss
+        weight_backward(scaled, weight, lambda marks=marks: marks.append("end"))
+        scaled.backward()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler.unscale_(optimizer)
+        assert marks == ["end"]
+        for got, want in zip((p.grad for p in model.parameters()), plain, strict=True):
+            if weight == 1.0:
+                assert torch.equal(got, want)
+            else:
+                torch.testing.assert_close(got, weight * want)

@@ -2,6 +2,8 @@
 
 Usage: python hetero_train.py OUT_DIR MODE [options]; modes:
   grad    one optimizer step with initial split [3, 13] on 16 samples; rank 0 saves the parameters
+  exact   4 steps in float64 (precision="64-true") with gradient clipping, split [3, 13] changed to [11, 5] after the
+          first step; every rank saves its batches, parameters and (pre-clipping) gradients per step
   slow    rank 1 is 4x slower (a per-sample sleep); the callback should shift samples to rank 0
   resume  like slow, but resumes from OUT_DIR/last.ckpt when it exists and records the split it starts with
   cfs     rank 1 under an emulated CFS quota of 1/4 CPU (SlowdownEmulator(throttle="cfs")); the model has BatchNorm
@@ -110,6 +112,41 @@ def run_grad(args):
     return {"local_sizes": recorder.local_sizes}
 
 
+class StepTrace(Callback):
+    """Records each step's batch, parameters and gradients (before clipping), and changes the split after step 0."""
+
+    def __init__(self, hetero: HeteroBatchCallback, new_split: list[int]) -> None:
+        self.hetero, self.new_split = hetero, new_split
+        self.steps: list[dict] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        params = {name: p.detach().clone() for name, p in pl_module.named_parameters()}
+        self.steps.append({"x": batch[0].clone(), "y": batch[1].clone(), "params": params})
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        self.steps[-1]["grads"] = {name: p.grad.detach().clone() for name, p in pl_module.named_parameters()}
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if batch_idx == 0:  # after the batches already produced (prefetching), identically on every rank
+            self.hetero.plan.change_at(self.hetero.sampler.produced_position + 1, self.new_split)
+
+
+def run_exact(args):
+    torch.manual_seed(0)
+    model = MLPClassifier(num_features=8, num_classes=3, lr=0.5)
+    x, y = make_classification(64, num_features=8, num_classes=3, seed=1).tensors
+    loader = DataLoader(torch.utils.data.TensorDataset(x.double(), y), batch_size=8)
+    hetero = HeteroBatchCallback(initial_batch_sizes=[3, 13], verbose=False)
+    trace = StepTrace(hetero, [11, 5])
+    trainer = trainer_for(
+        args, [hetero, trace], max_steps=4, enable_checkpointing=False, precision="64-true", gradient_clip_val=0.05
+    )
+    trainer.fit(model, train_dataloaders=loader)
+    final = {name: p.detach().clone() for name, p in model.named_parameters()}
+    torch.save({"steps": trace.steps, "final": final}, args.out / f"trace_rank{trainer.global_rank}.pt")
+    return {"local_sizes": [len(step["y"]) for step in trace.steps]}
+
+
 def run_slow(args, resume: bool = False):
     L.seed_everything(0, verbose=False)
     extra: list[Callback] = []
@@ -156,7 +193,7 @@ def run_slow(args, resume: bool = False):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path)
-    parser.add_argument("mode", choices=["grad", "slow", "resume", "cfs"])
+    parser.add_argument("mode", choices=["grad", "exact", "slow", "resume", "cfs"])
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--samples", type=int, default=1024)
     parser.add_argument("--adjust-every", type=int, default=None)
@@ -169,7 +206,10 @@ def main():
     args = parser.parse_args()
     torch.set_num_threads(1)
     args.out.mkdir(parents=True, exist_ok=True)
-    result = run_grad(args) if args.mode == "grad" else run_slow(args, resume=args.mode == "resume")
+    if args.mode in ("grad", "exact"):
+        result = run_grad(args) if args.mode == "grad" else run_exact(args)
+    else:
+        result = run_slow(args, resume=args.mode == "resume")
     rank = int(torch.distributed.get_rank())
     (args.out / f"{args.mode}{args.tag}_rank{rank}.json").write_text(json.dumps(result))
     # gloo can abort at interpreter exit if its process group is left alive

@@ -1,8 +1,8 @@
 """Throughput-proportional per-rank batch sizes for synchronous training (OmniLearn's idea, inside Lightning).
 
 Modules: ``controller`` (pure split arithmetic), ``sampler`` (global-batch slicing, exactly-once coverage),
-``aggregation`` (the batch-weighted gradient mean as a DDP hook), ``lr_scaling``, ``loader`` (rebuilding the train
-loader) and ``callback`` (the Lightning glue).
+``aggregation`` (the batch-weighted gradient mean: a weight on the loss gradient), ``lr_scaling``, ``loader``
+(rebuilding the train loader) and ``callback`` (the Lightning glue).
 """
 
 from lightning_hetero.hetero_batch.callback import HeteroBatchCallback

@@ -20,9 +20,9 @@ from typing_extensions import override
 
 from lightning_hetero._deprecation import renamed_argument
 from lightning_hetero._lightning_internals import rebuild_train_dataloader
-from lightning_hetero.batch_weighting import batch_share
+from lightning_hetero.batch_weighting import averaged_weight, batch_share
 from lightning_hetero.contracts import HeteroBatchStrategy
-from lightning_hetero.hetero_batch.aggregation import BatchWeightState, register_batch_weighted_hook
+from lightning_hetero.hetero_batch.aggregation import weight_backward
 from lightning_hetero.hetero_batch.controller import AdjustmentPolicy, BatchSizeController
 from lightning_hetero.hetero_batch.cost_model import PeriodCostModel
 from lightning_hetero.hetero_batch.exchange import gather_rows, own_row, read_rows, trimmed
@@ -171,8 +171,9 @@ class HeteroBatchCallback(Callback):
         self._rank = 0
         self._world_size = 1
         self._share = 1.0
+        self._loss_weight: float | None = None  # what this rank back-propagates from its loss (None: the strategy's)
         self._local_batch_size = 0
-        self._gradients_hooked = False
+        self._marks: ComputeEndMarks | None = None  # built at fit start, from the timer in place then
         self._lr_scale_applied = False
         self._restored: dict[str, Any] | None = None
         self._fit_trainer: L.Trainer | None = None
@@ -216,22 +217,17 @@ class HeteroBatchCallback(Callback):
     @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         strategy = trainer.strategy
-        marks = ComputeEndMarks(self.timer, self.busy)
+        # the strategy weights gradients and marks the end of compute, or the loss's gradient hook does (`aggregation`)
+        self._loss_weight = None if isinstance(strategy, HeteroBatchStrategy) else 1.0
+        self._marks = ComputeEndMarks(self.timer, self.busy)
         if isinstance(strategy, HeteroBatchStrategy):
-            strategy.attach_hetero_batches(marks, lambda: self._share)
-            self._gradients_hooked = True
+            strategy.attach_hetero_batches(self._marks, lambda: self._share)
         elif isinstance(strategy.model, DistributedDataParallel):
-            state = BatchWeightState(share=lambda: self._share, timer=marks)
-            register_batch_weighted_hook(strategy.model, state)
-            self._gradients_hooked = True
             self.exclusion.exclude_buffer_broadcast(strategy.model)
         self.exclusion.exclude_strategy_collectives(strategy)
         # A CPU quota (CFS) lets a rank that waits look fast: cost its steps at the quota's rate (see
         # `sustained_step_s`).
         self._quota_source = quota_source(trainer.callbacks, self.busy)
-
-    def _cpu_quota(self) -> float | None:
-        return None if self._quota_source is None else self._quota_source()
 
     @override
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -300,7 +296,7 @@ class HeteroBatchCallback(Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         assert self.sampler is not None
-        quota = self._cpu_quota()
+        quota = None if self._quota_source is None else self._quota_source()
         busy_s = self.busy.step_start()
         wall_s = self.busy.last_wall_s
         if busy_s is not None and wall_s is not None and self._step_split is not None:
@@ -313,12 +309,17 @@ class HeteroBatchCallback(Callback):
         self._step_split = sizes
         self._local_batch_size = sizes[self._rank]
         self._share = batch_share(sizes, self._rank)
+        if self._loss_weight is not None:
+            self._loss_weight = averaged_weight(sizes, self._rank)
         self.timer.start()
 
     @override
+    def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor) -> None:
+        if self._loss_weight is not None and self._marks is not None:
+            weight_backward(loss, self._loss_weight, self._marks.mark_compute_end)
+
+    @override
     def on_after_backward(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if not self._gradients_hooked:
-            self.timer.mark_compute_end()
         self.busy.close_ready()  # DDP returns from backward once the gradient all-reduce is done: that was a wait
 
     @override

@@ -13,7 +13,6 @@ from typing import Any
 
 from torch.nn.parallel import DistributedDataParallel
 
-from lightning_hetero.emulation.slowdown import SlowdownEmulator
 from lightning_hetero.measurement import BusyTimer, ComputeTimer, cgroup_cpu_quota
 
 #: strategy methods that run collectives; time spent in them is waiting for other ranks, not this rank's cost
@@ -109,11 +108,15 @@ def quota_source(callbacks: Iterable[Any], busy: BusyTimer) -> Callable[[], floa
 
     Example::
 
+        >>> from lightning_hetero.emulation.slowdown import SlowdownEmulator
         >>> emulator, busy = SlowdownEmulator({1: 4.0}, throttle="cfs"), BusyTimer()
         >>> source = quota_source([emulator], busy)
         >>> source() == emulator.cpu_quota, busy.cpu_clock == emulator.cpu_clock
         (True, True)
     """
+    # imported here: the emulation module imports Lightning, whose plugin registration imports this package
+    from lightning_hetero.emulation.slowdown import SlowdownEmulator
+
     emulators = [cb for cb in callbacks if isinstance(cb, SlowdownEmulator) and cb.throttle == "cfs"]
     if emulators:
         busy.cpu_clock = emulators[0].cpu_clock
