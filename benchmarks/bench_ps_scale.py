@@ -9,7 +9,7 @@ the configured size, on a batch of 2, so the gradient is dense and as large as t
   throughputs measured the same way (N single-process jobs with the same model, sleep and batch, run side by side so
   that they share the host as the ASP ranks do, plain Lightning with the same SGD optimizer).
 - **server busy**: the fraction of the measured window the server spent applying updates (``ParameterServer``'s
-  statistics; absent on code that does not keep them).
+  statistics; absent on code that does not keep them); with ``server_shards`` the busiest shard's.
 - **µs per MB**: the server's cost of one update (optimizer step on the pushed gradient and the reply copy),
   in-process, per MB of parameters, for each model size.
 
@@ -26,6 +26,9 @@ Usage::
     # variants side by side against the same standalone runs (an older checkout through its src/)
     python benchmarks/bench_ps_scale.py --quick --variant 'main={}@/tmp/main/src' --variant 'textbook={}' \
         --variant 'overlap={"overlap_round_trip": true}'
+    # one server against two shards (the model in 4 layers, since a shard holds whole tensors)
+    python benchmarks/bench_ps_scale.py --configs 4x17Mx65 --layers 4 --variant 'one={}' \
+        --variant 'shards2={"server_shards": 2}'
 """
 
 from __future__ import annotations
@@ -65,16 +68,26 @@ BATCH = 2
 
 
 class ScaleModel(L.LightningModule):
-    """One ``width x width`` linear layer; ``training_step`` sleeps ``step_ms`` first (the emulated compute).
+    """``layers`` square linear layers of about as many parameters in all as one ``width x width`` layer;
+    ``training_step`` sleeps ``step_ms`` first (the emulated compute).
 
     Args:
-        width: the layer's width.
+        width: the width of the one-layer model.
         step_ms: the emulated compute per step, in milliseconds.
+        layers: the number of layers (each ``width / sqrt(layers)`` wide), e.g. 4 so that server shards, which
+            hold whole tensors, can be balanced.
+
+    Example::
+
+        >>> sum(p.numel() for p in ScaleModel(2073, 0.0, layers=4).parameters())  # "4.3M" in 4 layers
+        4297328
     """
 
-    def __init__(self, width: int, step_ms: float) -> None:
+    def __init__(self, width: int, step_ms: float, layers: int = 1) -> None:
         super().__init__()
-        self.layer = nn.Linear(width, width)
+        self.width = round(width / math.sqrt(layers))
+        stack = [nn.Linear(self.width, self.width) for _ in range(layers)]
+        self.layer = stack[0] if layers == 1 else nn.Sequential(*stack)
         self.step_s = step_ms / 1000
 
     def training_step(self, batch, batch_idx):
@@ -123,8 +136,8 @@ def train(args: argparse.Namespace) -> None:
     """One job (re-run by Lightning's launcher for the other ranks); each rank writes a JSON report."""
     torch.set_num_threads(1)
     L.seed_everything(0, verbose=False)
-    width = MODELS[args.model]
-    data = TensorDataset(torch.randn(args.samples, width), torch.randn(args.samples, width))
+    model = ScaleModel(MODELS[args.model], args.step_ms, args.layers)
+    data = TensorDataset(torch.randn(args.samples, model.width), torch.randn(args.samples, model.width))
     windows = EpochWindows()
     callbacks: list[Callback] = [windows]
     if args.start_together:
@@ -143,7 +156,7 @@ def train(args: argparse.Namespace) -> None:
         num_sanity_val_steps=0,
         limit_val_batches=0,
     )
-    trainer.fit(ScaleModel(width, args.step_ms), DataLoader(data, batch_size=BATCH, shuffle=True))
+    trainer.fit(model, DataLoader(data, batch_size=BATCH, shuffle=True))
     report = {"windows": windows.windows, "server_summary": getattr(trainer.strategy, "server_summary", None)}
     Path(args.out, f"rank{trainer.global_rank}.json").write_text(json.dumps(report))
     if dist.is_initialized():
@@ -212,7 +225,8 @@ def _uptime() -> str:
 def measure(args: argparse.Namespace, config: dict, variants: list[dict], rotation: int) -> dict:
     """One repeat of one configuration: N standalone workers side by side, and ASP with N workers for each variant,
     in an order rotated by ``rotation`` (so that no variant always runs first or last)."""
-    workers, common = config["workers"], {"model": config["model"], "step_ms": config["step_ms"]}
+    workers = config["workers"]
+    common = {"model": config["model"], "step_ms": config["step_ms"], "layers": args.layers}
     standalone_job = {**common, "strategy": "single", "devices": 1, "epochs": args.epochs}
     standalone_job["samples"] = _samples(config, args.epoch_s, 1)
     names = ["standalone"] + [variant["label"] for variant in variants]
@@ -242,6 +256,11 @@ def measure(args: argparse.Namespace, config: dict, variants: list[dict], rotati
         if stats:
             run["server_busy_fraction"] = stats["busy_fraction"]
             run["server_us_per_mb"] = stats["us_per_mb"]
+        shards = (run["server_summary"] or {}).get("shards")
+        if shards:  # server_shards > 1: the busiest shard, and each one's cost per MB of its own slice
+            run["server_busy_fraction"] = max(shard["busy_fraction"] for shard in shards)
+            run["shards_busy_fraction"] = [shard["busy_fraction"] for shard in shards]
+            run["shards_us_per_mb"] = [shard["us_per_mb"] for shard in shards]
     return result
 
 
@@ -342,6 +361,7 @@ def main() -> None:
     parser.add_argument("--step-ms", type=float, default=5.0)
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--samples", type=int, default=1024)
+    parser.add_argument("--layers", type=int, default=1, help="split the model in this many square layers")
     parser.add_argument("--start-together", default="", help="standalone jobs: a folder where they meet to start")
     parser.add_argument("--start-together-jobs", type=int, default=1)
     args = parser.parse_args()
@@ -377,8 +397,8 @@ def main() -> None:
             "torch_threads_per_process": 1,
             "torch": torch.__version__,
             "lightning": L.__version__,
-            "model": f"one square linear layer, batch {BATCH}, SGD momentum 0.9; equal workers; compute emulated "
-            "by sleeping step_ms in training_step",
+            "model": f"{args.layers} square linear layer(s) of the model's size in all, batch {BATCH}, SGD momentum "
+            "0.9; equal workers; compute emulated by sleeping step_ms in training_step",
             "epochs": f"{args.epochs}, the first not measured; ideal epochs of ~{args.epoch_s} s",
             "note": "see load_average_1_5_15min_before_and_after for how busy the host was",
             "load_average_1_5_15min_before_and_after": [load_before, os.getloadavg()],
