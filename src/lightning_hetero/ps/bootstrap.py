@@ -270,6 +270,14 @@ class ServerBootstrap:
         )
         check_server_shards(self.server_shards, self.world_size)
         self._shards = plan_shards(model.layout, self.server_shards) if self.server_shards > 1 else None
+        if self._shards is not None:
+            largest = max(shard.numel for shard in self._shards)
+            if largest > 1.5 * model.flat.numel() / self.server_shards:
+                rank_zero_warn(
+                    f"AsyncPSStrategy(server_shards={self.server_shards}): the largest shard holds "
+                    f"{largest / model.flat.numel():.0%} of the parameters (a shard holds whole tensors), and the "
+                    "busiest shard bounds the server's speed; a model in more, smaller tensors balances better."
+                )
         index_of = {id(p): i for i, p in enumerate(model.params)}
         self._group_indices = [[index_of.get(id(p), -1) for p in g["params"]] for g in self.optimizers[0].param_groups]
         if self.global_rank < self.server_shards:

@@ -78,12 +78,13 @@ class ShardHosting:
     def _server_summary(self) -> dict[str, Any]:
         """Rank 0, at the end of training: shard 0's staleness summary, ``"server"`` (shard 0's statistics, see
         :meth:`~lightning_hetero.ps.server.ParameterServer.statistics`) and, with shards, ``"shards"`` (each
-        shard's statistics, in shard order)."""
+        shard's staleness summary and statistics, in shard order)."""
         assert self._server is not None
         summary = {**self._server.tracker.summary(), "server": self._server.statistics()}
         if self._shards is not None:
             assert self._client is not None
-            summary["shards"] = [self._client.report(shard.index)["statistics"] for shard in self._shards]
+            reports = [self._client.report(shard.index) for shard in self._shards]
+            summary["shards"] = [{**report["summary"], **report["statistics"]} for report in reports]
         return summary
 
     def _leave_servers(self) -> None:
