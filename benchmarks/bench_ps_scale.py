@@ -27,8 +27,10 @@ Usage::
     python benchmarks/bench_ps_scale.py --quick --variant 'main={}@/tmp/main/src' --variant 'textbook={}' \
         --variant 'overlap={"overlap_round_trip": true}'
     # one server against two shards (the model in 4 layers, since a shard holds whole tensors)
-    python benchmarks/bench_ps_scale.py --configs 4x17Mx65 --layers 4 --variant 'one={}' \
+    python benchmarks/bench_ps_scale.py --configs 2x17Mx5 --layers 4 --variant 'one={}' \
         --variant 'shards2={"server_shards": 2}'
+    # the server's capacity alone, one against two shards (in process, a thread per shard)
+    python benchmarks/bench_ps_scale.py --capacity 17M --layers 4 --repeats 5 --json benchmarks/results/x.json
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -53,9 +56,11 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_hetero.ps import AsyncPSStrategy
+from lightning_hetero.ps.bootstrap import flatten_model, shard_server
 from lightning_hetero.ps.layout import FlatLayout
 from lightning_hetero.ps.protocol import PushHeader, new_message
 from lightning_hetero.ps.server import ParameterServer
+from lightning_hetero.ps.sharding import plan_shards
 
 RESULTS = Path(__file__).parent / "results" / "ps_scale.json"
 #: model name -> width of the square linear layer (``width * (width + 1)`` parameters)
@@ -291,6 +296,79 @@ def server_apply_cost(model: str, updates: int) -> dict:
     }
 
 
+def server_capacity(model: str, layers: int, shards: int, updates: int) -> dict:
+    """In-process: the model's server cut into ``shards`` shards as ``server_shards`` cuts it, each shard applying
+    ``updates`` pushed gradients in a thread of its own, all at once (torch's kernels release the GIL, so the shards
+    run on as many cores as there are); the updates per second and MB of updates per second they apply together
+    (SGD momentum 0.9). This is the server's capacity where it, not the workers, is the bottleneck."""
+    torch.set_num_threads(1)
+    flat = flatten_model(ScaleModel(MODELS[model], 0.0, layers))
+    template = torch.optim.SGD(flat.params, lr=1e-3, momentum=0.9)
+    plan = plan_shards(flat.layout, shards)
+    servers = [shard_server(flat, template, shard, world_size=2) for shard in plan]
+
+    def apply(server: ParameterServer, count: int) -> None:
+        grad, reply = torch.randn(server.layout.numel), new_message(server.layout.numel)
+        for _ in range(count):
+            server.apply(1, PushHeader(0, server.version, 0.5), grad, reply)
+
+    def run_all(count: int) -> float:
+        threads = [threading.Thread(target=apply, args=(server, count)) for server in servers]
+        start = time.perf_counter()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return time.perf_counter() - start
+
+    run_all(3)  # warm-up
+    wall = run_all(updates)
+    return {
+        "shards": shards,
+        "largest_shard_share": max(shard.numel for shard in plan) / flat.flat.numel(),
+        "updates_per_s": updates / wall,
+        "mb_per_s": updates * flat.flat.numel() * 4 / 1e6 / wall,
+    }
+
+
+def measure_capacity(args: argparse.Namespace) -> None:
+    """``--capacity MODEL``: one server against ``server_shards`` 2 (interleaved, ``--repeats`` times), medians."""
+    started, load_before = time.time(), os.getloadavg()
+    rounds = [
+        {k: server_capacity(args.capacity, args.layers, k, args.apply_updates) for k in (1, 2)}
+        for _ in range(args.repeats)
+    ]
+    summary = {
+        str(k): {
+            "mb_per_s_median": statistics.median(r[k]["mb_per_s"] for r in rounds),
+            "mb_per_s_each": [r[k]["mb_per_s"] for r in rounds],
+        }
+        for k in (1, 2)
+    }
+    speedups = [r[2]["mb_per_s"] / r[1]["mb_per_s"] for r in rounds]
+    result = {
+        "label": args.label,
+        "model": args.capacity,
+        "layers": args.layers,
+        "updates_per_round": args.apply_updates,
+        "summary": summary,
+        "speedup_each": speedups,
+        "speedup_median": statistics.median(speedups),
+        "rounds": [{str(k): v for k, v in r.items()} for r in rounds],
+        "conditions": {
+            "cpus_visible": os.cpu_count(),
+            "torch": torch.__version__,
+            "load_average_1_5_15min_before_and_after": [load_before, os.getloadavg()],
+        },
+        "wall_s": time.time() - started,
+    }
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(result, indent=2))
+    for k in (1, 2):
+        print(f"server_shards={k}: {summary[str(k)]['mb_per_s_median']:.0f} MB/s of updates (median)")
+    print(f"speedup {result['speedup_median']:.2f}x ({', '.join(f'{x:.2f}' for x in speedups)}); wrote {args.json}")
+
+
 def summarise(runs: list[dict], label: str) -> dict:
     """Medians over repeats of one configuration for one variant."""
     mine = [r["variants"][label] for r in runs]
@@ -351,6 +429,9 @@ def main() -> None:
     )
     parser.add_argument("--strategy-kwargs", default="{}", help="train: JSON keyword arguments for AsyncPSStrategy")
     parser.add_argument("--apply-updates", type=int, default=30, help="updates timed per model for the server cost")
+    parser.add_argument(
+        "--capacity", default="", choices=["", *sorted(MODELS)], help="only: server capacity, 1 against 2 shards"
+    )
     parser.add_argument("--job-timeout-s", type=float, default=600)
     parser.add_argument("--label", default="", help="a note stored in the JSON (e.g. the code version)")
     parser.add_argument("--json", default=str(RESULTS), help="where to write the results")
@@ -367,6 +448,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.role == "train":
         train(args)
+        return
+    if args.capacity:
+        measure_capacity(args)
         return
 
     if args.configs:

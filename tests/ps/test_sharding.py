@@ -6,10 +6,10 @@ import torch
 from torch import nn
 
 from lightning_hetero.param_groups import hyperparameters
+from lightning_hetero.ps.bootstrap import flatten_model, shard_server
 from lightning_hetero.ps.compensation import AsynchronyCompensator
 from lightning_hetero.ps.layout import FlatLayout
 from lightning_hetero.ps.protocol import PushHeader, new_message, payload
-from lightning_hetero.ps.server import ParameterServer
 from lightning_hetero.ps.sharding import (
     check_server_shards,
     cut_optimizer_state,
@@ -78,26 +78,13 @@ def test_cutting_and_gathering_a_state_dict_are_inverse():
 
 def _servers(model, optimizer, plan, compensate):
     """One server per shard of ``plan``, as ``start_server`` builds them."""
-    params = list(model.parameters())
-    layout = FlatLayout.from_named_parameters(model.named_parameters())
-    flat = torch.cat([p.detach().reshape(-1) for p in params])
+    flat = flatten_model(model)
     servers = []
     for shard in plan:
-        mine = range(shard.first, shard.last)
         compensator = AsynchronyCompensator("auto", workers=2) if compensate else None
         if compensator is not None:
             compensator.apply([hyperparameters(group) for group in optimizer.param_groups])
-        servers.append(
-            ParameterServer(
-                shard.layout(layout),
-                flat[shard.start : shard.stop],
-                optimizer,
-                {id(params[i]): i - shard.first for i in mine},
-                world_size=2,
-                compensator=compensator,
-                foreign={id(p) for i, p in enumerate(params) if i not in mine},
-            )
-        )
+        servers.append(shard_server(flat, optimizer, shard, world_size=2, compensator=compensator))
     return servers
 
 

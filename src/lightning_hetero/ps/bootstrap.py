@@ -127,6 +127,37 @@ def connect_store(host: str, rank: int, timeout_s: float, broadcast: Callable[[A
     return store
 
 
+def shard_server(model: FlatModel, optimizer: Optimizer, shard: Shard, **kwargs: Any) -> ParameterServer:
+    """A parameter server over ``shard``'s parameters of ``model`` (all of them for a shard of the whole model).
+
+    Args:
+        model: the flat model (the server starts from its parameters).
+        optimizer: the user's optimizer (the server applies a clone over the shard's parameters).
+        shard: the shard (see :func:`~lightning_hetero.ps.sharding.plan_shards`).
+        kwargs: :class:`~lightning_hetero.ps.server.ParameterServer`'s other arguments (``world_size`` and on).
+
+    Example::
+
+        >>> import torch
+        >>> from lightning_hetero.ps.sharding import plan_shards
+        >>> flat = flatten_model(torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 2)))
+        >>> optimizer = torch.optim.SGD(flat.params, lr=0.1)
+        >>> shard = plan_shards(flat.layout, 2)[1]
+        >>> server = shard_server(flat, optimizer, shard, world_size=2)
+        >>> server.layout.names, server.params.numel(), len(server.optimizer.param_groups[0]["params"])
+        (('1.bias',), 2, 1)
+    """
+    mine = range(shard.first, shard.last)
+    return ParameterServer(
+        shard.layout(model.layout),
+        model.flat[shard.start : shard.stop],
+        optimizer,
+        {id(model.params[i]): i - shard.first for i in mine},
+        foreign={id(p) for i, p in enumerate(model.params) if i not in mine},
+        **kwargs,
+    )
+
+
 def start_server(
     model: FlatModel,
     optimizer: Optimizer,
@@ -163,18 +194,10 @@ def start_server(
         shards: the server's shards (``None``: one server); this rank hosts shard ``rank``.
     """
     shard = shards[rank] if shards is not None else Shard(0, 0, model.flat.numel(), 0, len(model.params))
-    mine = range(shard.first, shard.last)
-    server = ParameterServer(
-        shard.layout(model.layout),
-        model.flat[shard.start : shard.stop],
-        optimizer,
-        {id(model.params[i]): i - shard.first for i in mine},
-        world_size=world_size,
-        max_staleness=max_staleness,
-        lr_scaling=lr_scaling,
+    server = shard_server(
+        model, optimizer, shard, world_size=world_size, max_staleness=max_staleness, lr_scaling=lr_scaling,
         compensator=compensator,
-        foreign={id(p) for i, p in enumerate(model.params) if i not in mine},
-    )
+    )  # fmt: skip
     reason = unsupported_reason(optimizer) if compensator is not None else None
     if reason is not None:
         rank_zero_warn(f"AsyncPSStrategy(asynchrony_compensation={compensator.mode!r}): {reason}.")
