@@ -463,38 +463,48 @@ def main() -> None:
     variants = [parse_variant(text) for text in args.variant or ["asp={}"]]
     started, load_before = time.time(), os.getloadavg()
     runs: dict[str, list[dict]] = {name: [] for name in configs}
+
+    def write(costs: dict[str, dict], complete: bool) -> dict:
+        """Write what was measured so far (after every repeat, so that a run cut short leaves its repeats)."""
+        summary = {
+            name: {v["label"]: summarise(runs[name], v["label"]) for v in variants} for name in configs if runs[name]
+        }
+        result = {
+            "label": args.label,
+            "complete": complete,
+            "variants": variants,
+            "conditions": {
+                "host": platform.node(),
+                "cpus_visible": os.cpu_count(),
+                "torch_threads_per_process": 1,
+                "torch": torch.__version__,
+                "lightning": L.__version__,
+                "model": f"{args.layers} square linear layer(s) of the model's size in all, batch {BATCH}, SGD "
+                "momentum 0.9; equal workers; compute emulated by sleeping step_ms in training_step",
+                "epochs": f"{args.epochs}, the first not measured; ideal epochs of ~{args.epoch_s} s",
+                "note": "see load_average_1_5_15min_before_and_after for how busy the host was",
+                "load_average_1_5_15min_before_and_after": [load_before, os.getloadavg()],
+            },
+            "summary": summary,
+            "runs": runs,
+            "server_apply_cost_this_checkout": costs,
+            "wall_s": time.time() - started,
+        }
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2))
+        return result
+
     for repeat in range(args.repeats):
         for i, name in enumerate(configs):
             run = measure(args, parsed[name], variants, rotation=repeat + i)
             runs[name].append(run)
             ratios = ", ".join(f"{label} {v['asp_over_ideal']:.2f}" for label, v in run["variants"].items())
             print(f"repeat {repeat} {name}: ASP/ideal {ratios} ({run['uptime']['standalone']})", flush=True)
+            write({}, complete=False)
     models = sorted({parsed[name]["model"] for name in configs}, key=lambda m: MODELS[m])
     costs = {model: server_apply_cost(model, args.apply_updates) for model in models}
-    summary = {name: {v["label"]: summarise(runs[name], v["label"]) for v in variants} for name in configs}
-    result = {
-        "label": args.label,
-        "variants": variants,
-        "conditions": {
-            "host": platform.node(),
-            "cpus_visible": os.cpu_count(),
-            "torch_threads_per_process": 1,
-            "torch": torch.__version__,
-            "lightning": L.__version__,
-            "model": f"{args.layers} square linear layer(s) of the model's size in all, batch {BATCH}, SGD momentum "
-            "0.9; equal workers; compute emulated by sleeping step_ms in training_step",
-            "epochs": f"{args.epochs}, the first not measured; ideal epochs of ~{args.epoch_s} s",
-            "note": "see load_average_1_5_15min_before_and_after for how busy the host was",
-            "load_average_1_5_15min_before_and_after": [load_before, os.getloadavg()],
-        },
-        "summary": summary,
-        "runs": runs,
-        "server_apply_cost_this_checkout": costs,
-        "wall_s": time.time() - started,
-    }
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(result, indent=2))
-    print_table(summary, costs)
+    result = write(costs, complete=True)
+    print_table(result["summary"], costs)
     print(f"wrote {args.json} in {result['wall_s']:.0f} s")
 
 
