@@ -145,7 +145,7 @@ def shard_server(model: FlatModel, optimizer: Optimizer, shard: Shard, **kwargs:
         >>> shard = plan_shards(flat.layout, 2)[1]
         >>> server = shard_server(flat, optimizer, shard, world_size=2)
         >>> server.layout.names, server.params.numel(), len(server.optimizer.param_groups[0]["params"])
-        (('1.bias',), 2, 1)
+        (('0.bias', '1.weight', '1.bias'), 8, 3)
     """
     mine = range(shard.first, shard.last)
     return ParameterServer(
