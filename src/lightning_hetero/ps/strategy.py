@@ -3,13 +3,15 @@ Lightning strategy, switchable between epochs.
 
 Topology: launched like DDP (``devices=N`` processes, or several nodes through Lightning's cluster environments);
 all N processes are workers and the parameter server (PS) runs as threads inside global rank 0, one receiving
-thread per remote worker. See ``docs/async_ps.md`` for how steps, epochs, logging, checkpoints and faults work.
+thread per remote worker (with ``server_shards=k``, shard s in rank s). See ``docs/async_ps.md`` for how steps,
+epochs, logging, checkpoints and faults work.
 
 This module is the strategy's lifecycle and its Lightning hooks; each job lives in a module of its own:
 :mod:`~lightning_hetero.ps.bootstrap` (starting the server), :mod:`~lightning_hetero.ps.claiming` (the training
 loader's claim sampler), :mod:`~lightning_hetero.ps.asp_client` (a worker's round trips in ASP),
 :mod:`~lightning_hetero.ps.mode_switching` (BSP steps and mode switches), :mod:`~lightning_hetero.ps.collectives`
 (collectives inside asynchronous batches), :mod:`~lightning_hetero.ps.checkpointing`,
+:mod:`~lightning_hetero.ps.shard_hosting` (the server's shards),
 :mod:`~lightning_hetero.ps.fault_tolerance` and :mod:`~lightning_hetero.ps.reporting` (what it logs).
 """
 
