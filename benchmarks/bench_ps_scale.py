@@ -9,7 +9,7 @@ the configured size, on a batch of 2, so the gradient is dense and as large as t
   throughputs measured the same way (N single-process jobs with the same model, sleep and batch, run side by side so
   that they share the host as the ASP ranks do, plain Lightning with the same SGD optimizer).
 - **server busy**: the fraction of the measured window the server spent applying updates (``ParameterServer``'s
-  statistics; absent on code that does not keep them).
+  statistics; absent on code that does not keep them); with ``server_shards`` the busiest shard's.
 - **µs per MB**: the server's cost of one update (optimizer step on the pushed gradient and the reply copy),
   in-process, per MB of parameters, for each model size.
 
@@ -26,6 +26,11 @@ Usage::
     # variants side by side against the same standalone runs (an older checkout through its src/)
     python benchmarks/bench_ps_scale.py --quick --variant 'main={}@/tmp/main/src' --variant 'textbook={}' \
         --variant 'overlap={"overlap_round_trip": true}'
+    # one server against two shards (the model in 4 layers, since a shard holds whole tensors)
+    python benchmarks/bench_ps_scale.py --configs 2x17Mx5 --layers 4 --variant 'one={}' \
+        --variant 'shards2={"server_shards": 2}'
+    # the server's capacity alone, one against two shards (in process, a thread per shard)
+    python benchmarks/bench_ps_scale.py --capacity 17M --layers 4 --repeats 5 --json benchmarks/results/x.json
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -50,9 +56,11 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_hetero.ps import AsyncPSStrategy
+from lightning_hetero.ps.bootstrap import flatten_model, shard_server
 from lightning_hetero.ps.layout import FlatLayout
 from lightning_hetero.ps.protocol import PushHeader, new_message
 from lightning_hetero.ps.server import ParameterServer
+from lightning_hetero.ps.sharding import plan_shards
 
 RESULTS = Path(__file__).parent / "results" / "ps_scale.json"
 #: model name -> width of the square linear layer (``width * (width + 1)`` parameters)
@@ -65,16 +73,26 @@ BATCH = 2
 
 
 class ScaleModel(L.LightningModule):
-    """One ``width x width`` linear layer; ``training_step`` sleeps ``step_ms`` first (the emulated compute).
+    """``layers`` square linear layers of about as many parameters in all as one ``width x width`` layer;
+    ``training_step`` sleeps ``step_ms`` first (the emulated compute).
 
     Args:
-        width: the layer's width.
+        width: the width of the one-layer model.
         step_ms: the emulated compute per step, in milliseconds.
+        layers: the number of layers (each ``width / sqrt(layers)`` wide), e.g. 4 so that server shards, which
+            hold whole tensors, can be balanced.
+
+    Example::
+
+        >>> sum(p.numel() for p in ScaleModel(2073, 0.0, layers=4).parameters())  # "4.3M" in 4 layers
+        4297328
     """
 
-    def __init__(self, width: int, step_ms: float) -> None:
+    def __init__(self, width: int, step_ms: float, layers: int = 1) -> None:
         super().__init__()
-        self.layer = nn.Linear(width, width)
+        self.width = round(width / math.sqrt(layers))
+        stack = [nn.Linear(self.width, self.width) for _ in range(layers)]
+        self.layer = stack[0] if layers == 1 else nn.Sequential(*stack)
         self.step_s = step_ms / 1000
 
     def training_step(self, batch, batch_idx):
@@ -123,8 +141,8 @@ def train(args: argparse.Namespace) -> None:
     """One job (re-run by Lightning's launcher for the other ranks); each rank writes a JSON report."""
     torch.set_num_threads(1)
     L.seed_everything(0, verbose=False)
-    width = MODELS[args.model]
-    data = TensorDataset(torch.randn(args.samples, width), torch.randn(args.samples, width))
+    model = ScaleModel(MODELS[args.model], args.step_ms, args.layers)
+    data = TensorDataset(torch.randn(args.samples, model.width), torch.randn(args.samples, model.width))
     windows = EpochWindows()
     callbacks: list[Callback] = [windows]
     if args.start_together:
@@ -143,7 +161,7 @@ def train(args: argparse.Namespace) -> None:
         num_sanity_val_steps=0,
         limit_val_batches=0,
     )
-    trainer.fit(ScaleModel(width, args.step_ms), DataLoader(data, batch_size=BATCH, shuffle=True))
+    trainer.fit(model, DataLoader(data, batch_size=BATCH, shuffle=True))
     report = {"windows": windows.windows, "server_summary": getattr(trainer.strategy, "server_summary", None)}
     Path(args.out, f"rank{trainer.global_rank}.json").write_text(json.dumps(report))
     if dist.is_initialized():
@@ -212,7 +230,8 @@ def _uptime() -> str:
 def measure(args: argparse.Namespace, config: dict, variants: list[dict], rotation: int) -> dict:
     """One repeat of one configuration: N standalone workers side by side, and ASP with N workers for each variant,
     in an order rotated by ``rotation`` (so that no variant always runs first or last)."""
-    workers, common = config["workers"], {"model": config["model"], "step_ms": config["step_ms"]}
+    workers = config["workers"]
+    common = {"model": config["model"], "step_ms": config["step_ms"], "layers": args.layers}
     standalone_job = {**common, "strategy": "single", "devices": 1, "epochs": args.epochs}
     standalone_job["samples"] = _samples(config, args.epoch_s, 1)
     names = ["standalone"] + [variant["label"] for variant in variants]
@@ -242,6 +261,11 @@ def measure(args: argparse.Namespace, config: dict, variants: list[dict], rotati
         if stats:
             run["server_busy_fraction"] = stats["busy_fraction"]
             run["server_us_per_mb"] = stats["us_per_mb"]
+        shards = (run["server_summary"] or {}).get("shards")
+        if shards:  # server_shards > 1: the busiest shard, and each one's cost per MB of its own slice
+            run["server_busy_fraction"] = max(shard["busy_fraction"] for shard in shards)
+            run["shards_busy_fraction"] = [shard["busy_fraction"] for shard in shards]
+            run["shards_us_per_mb"] = [shard["us_per_mb"] for shard in shards]
     return result
 
 
@@ -270,6 +294,79 @@ def server_apply_cost(model: str, updates: int) -> dict:
         "us_per_update": per_update_us,
         "us_per_mb": per_update_us / megabytes,
     }
+
+
+def server_capacity(model: str, layers: int, shards: int, updates: int) -> dict:
+    """In-process: the model's server cut into ``shards`` shards as ``server_shards`` cuts it, each shard applying
+    ``updates`` pushed gradients in a thread of its own, all at once (torch's kernels release the GIL, so the shards
+    run on as many cores as there are); the updates per second and MB of updates per second they apply together
+    (SGD momentum 0.9). This is the server's capacity where it, not the workers, is the bottleneck."""
+    torch.set_num_threads(1)
+    flat = flatten_model(ScaleModel(MODELS[model], 0.0, layers))
+    template = torch.optim.SGD(flat.params, lr=1e-3, momentum=0.9)
+    plan = plan_shards(flat.layout, shards)
+    servers = [shard_server(flat, template, shard, world_size=2) for shard in plan]
+
+    def apply(server: ParameterServer, count: int) -> None:
+        grad, reply = torch.randn(server.layout.numel), new_message(server.layout.numel)
+        for _ in range(count):
+            server.apply(1, PushHeader(0, server.version, 0.5), grad, reply)
+
+    def run_all(count: int) -> float:
+        threads = [threading.Thread(target=apply, args=(server, count)) for server in servers]
+        start = time.perf_counter()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return time.perf_counter() - start
+
+    run_all(3)  # warm-up
+    wall = run_all(updates)
+    return {
+        "shards": shards,
+        "largest_shard_share": max(shard.numel for shard in plan) / flat.flat.numel(),
+        "updates_per_s": updates / wall,
+        "mb_per_s": updates * flat.flat.numel() * 4 / 1e6 / wall,
+    }
+
+
+def measure_capacity(args: argparse.Namespace) -> None:
+    """``--capacity MODEL``: one server against ``server_shards`` 2 (interleaved, ``--repeats`` times), medians."""
+    started, load_before = time.time(), os.getloadavg()
+    rounds = [
+        {k: server_capacity(args.capacity, args.layers, k, args.apply_updates) for k in (1, 2)}
+        for _ in range(args.repeats)
+    ]
+    summary = {
+        str(k): {
+            "mb_per_s_median": statistics.median(r[k]["mb_per_s"] for r in rounds),
+            "mb_per_s_each": [r[k]["mb_per_s"] for r in rounds],
+        }
+        for k in (1, 2)
+    }
+    speedups = [r[2]["mb_per_s"] / r[1]["mb_per_s"] for r in rounds]
+    result = {
+        "label": args.label,
+        "model": args.capacity,
+        "layers": args.layers,
+        "updates_per_round": args.apply_updates,
+        "summary": summary,
+        "speedup_each": speedups,
+        "speedup_median": statistics.median(speedups),
+        "rounds": [{str(k): v for k, v in r.items()} for r in rounds],
+        "conditions": {
+            "cpus_visible": os.cpu_count(),
+            "torch": torch.__version__,
+            "load_average_1_5_15min_before_and_after": [load_before, os.getloadavg()],
+        },
+        "wall_s": time.time() - started,
+    }
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(result, indent=2))
+    for k in (1, 2):
+        print(f"server_shards={k}: {summary[str(k)]['mb_per_s_median']:.0f} MB/s of updates (median)")
+    print(f"speedup {result['speedup_median']:.2f}x ({', '.join(f'{x:.2f}' for x in speedups)}); wrote {args.json}")
 
 
 def summarise(runs: list[dict], label: str) -> dict:
@@ -332,6 +429,9 @@ def main() -> None:
     )
     parser.add_argument("--strategy-kwargs", default="{}", help="train: JSON keyword arguments for AsyncPSStrategy")
     parser.add_argument("--apply-updates", type=int, default=30, help="updates timed per model for the server cost")
+    parser.add_argument(
+        "--capacity", default="", choices=["", *sorted(MODELS)], help="only: server capacity, 1 against 2 shards"
+    )
     parser.add_argument("--job-timeout-s", type=float, default=600)
     parser.add_argument("--label", default="", help="a note stored in the JSON (e.g. the code version)")
     parser.add_argument("--json", default=str(RESULTS), help="where to write the results")
@@ -342,11 +442,15 @@ def main() -> None:
     parser.add_argument("--step-ms", type=float, default=5.0)
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--samples", type=int, default=1024)
+    parser.add_argument("--layers", type=int, default=1, help="split the model in this many square layers")
     parser.add_argument("--start-together", default="", help="standalone jobs: a folder where they meet to start")
     parser.add_argument("--start-together-jobs", type=int, default=1)
     args = parser.parse_args()
     if args.role == "train":
         train(args)
+        return
+    if args.capacity:
+        measure_capacity(args)
         return
 
     if args.configs:
@@ -359,38 +463,48 @@ def main() -> None:
     variants = [parse_variant(text) for text in args.variant or ["asp={}"]]
     started, load_before = time.time(), os.getloadavg()
     runs: dict[str, list[dict]] = {name: [] for name in configs}
+
+    def write(costs: dict[str, dict], complete: bool) -> dict:
+        """Write what was measured so far (after every repeat, so that a run cut short leaves its repeats)."""
+        summary = {
+            name: {v["label"]: summarise(runs[name], v["label"]) for v in variants} for name in configs if runs[name]
+        }
+        result = {
+            "label": args.label,
+            "complete": complete,
+            "variants": variants,
+            "conditions": {
+                "host": platform.node(),
+                "cpus_visible": os.cpu_count(),
+                "torch_threads_per_process": 1,
+                "torch": torch.__version__,
+                "lightning": L.__version__,
+                "model": f"{args.layers} square linear layer(s) of the model's size in all, batch {BATCH}, SGD "
+                "momentum 0.9; equal workers; compute emulated by sleeping step_ms in training_step",
+                "epochs": f"{args.epochs}, the first not measured; ideal epochs of ~{args.epoch_s} s",
+                "note": "see load_average_1_5_15min_before_and_after for how busy the host was",
+                "load_average_1_5_15min_before_and_after": [load_before, os.getloadavg()],
+            },
+            "summary": summary,
+            "runs": runs,
+            "server_apply_cost_this_checkout": costs,
+            "wall_s": time.time() - started,
+        }
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2))
+        return result
+
     for repeat in range(args.repeats):
         for i, name in enumerate(configs):
             run = measure(args, parsed[name], variants, rotation=repeat + i)
             runs[name].append(run)
             ratios = ", ".join(f"{label} {v['asp_over_ideal']:.2f}" for label, v in run["variants"].items())
             print(f"repeat {repeat} {name}: ASP/ideal {ratios} ({run['uptime']['standalone']})", flush=True)
+            write({}, complete=False)
     models = sorted({parsed[name]["model"] for name in configs}, key=lambda m: MODELS[m])
     costs = {model: server_apply_cost(model, args.apply_updates) for model in models}
-    summary = {name: {v["label"]: summarise(runs[name], v["label"]) for v in variants} for name in configs}
-    result = {
-        "label": args.label,
-        "variants": variants,
-        "conditions": {
-            "host": platform.node(),
-            "cpus_visible": os.cpu_count(),
-            "torch_threads_per_process": 1,
-            "torch": torch.__version__,
-            "lightning": L.__version__,
-            "model": f"one square linear layer, batch {BATCH}, SGD momentum 0.9; equal workers; compute emulated "
-            "by sleeping step_ms in training_step",
-            "epochs": f"{args.epochs}, the first not measured; ideal epochs of ~{args.epoch_s} s",
-            "note": "see load_average_1_5_15min_before_and_after for how busy the host was",
-            "load_average_1_5_15min_before_and_after": [load_before, os.getloadavg()],
-        },
-        "summary": summary,
-        "runs": runs,
-        "server_apply_cost_this_checkout": costs,
-        "wall_s": time.time() - started,
-    }
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(result, indent=2))
-    print_table(summary, costs)
+    result = write(costs, complete=True)
+    print_table(result["summary"], costs)
     print(f"wrote {args.json} in {result['wall_s']:.0f} s")
 
 

@@ -1,4 +1,4 @@
-"""bench_ps_scale's pure parts: configuration and variant parsing, and the per-variant medians."""
+"""bench_ps_scale's pure parts: configuration and variant parsing, the per-variant medians, the server capacity."""
 
 from __future__ import annotations
 
@@ -34,3 +34,10 @@ def test_summary_takes_medians_per_variant_over_repeats():
     assert row["asp_over_ideal_median"] == 0.7 and row["asp_over_ideal_each"] == [0.5, 0.9, 0.7]
     assert row["ideal_samples_per_s_median"] == 200.0 and row["server_busy_fraction_median"] == pytest.approx(0.2)
     assert row["staleness_mean_median"] is None  # no server summary in any repeat
+
+
+def test_server_capacity_runs_every_shard_and_reports_its_rate():
+    for shards in (1, 2):
+        result = bench.server_capacity("0.25M", layers=4, shards=shards, updates=2)
+        assert result["shards"] == shards and result["mb_per_s"] > 0
+        assert result["largest_shard_share"] == pytest.approx(1 / shards, rel=0.01)

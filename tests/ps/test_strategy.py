@@ -22,6 +22,9 @@ def test_registered_and_exported():
         ({"startup_timeout_s": -1}, "startup_timeout_s"),
         ({"on_worker_lost": "ignore"}, "on_worker_lost"),
         ({"overlap_round_trip": "yes"}, "overlap_round_trip"),
+        ({"server_shards": 0}, "server_shards"),
+        ({"server_shards": 2.0}, "server_shards"),
+        ({"server_shards": 2, "on_worker_lost": "continue"}, r"server_shards=2\) does not support on_worker_lost"),
     ],
 )
 def test_bad_arguments_name_the_argument(kwargs, match):

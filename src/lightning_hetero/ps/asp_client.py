@@ -39,7 +39,6 @@ from lightning_hetero.ps.layout import flatten_grads_into
 from lightning_hetero.ps.protocol import (
     FLAG_LAST,
     FLAG_PULL_ONLY,
-    SERVER_RANK,
     STATUS_ABORTED,
     STATUS_OK,
     PeerLostError,
@@ -47,12 +46,14 @@ from lightning_hetero.ps.protocol import (
     new_message,
     payload,
     read_push_header,
+    request_report,
     send_done,
     start_push_and_pull,
     wait_push_and_pull,
     write_push_header,
 )
 from lightning_hetero.ps.server import ParameterServer
+from lightning_hetero.ps.sharding import Shard
 
 
 class RemoteStepOptimizer:
@@ -76,13 +77,13 @@ class RemoteStepOptimizer:
 
 
 class AsynchronousClient:
-    """Round trips to the parameter server; each reply's parameters land in ``flat``.
+    """Round trips to the parameter server (each of its shards); each reply's parameters land in ``flat``.
 
     Args:
         flat: the model's flat parameters (the parameters are views of it).
         rank: this worker's global rank.
-        server: the server when it lives in this process (rank 0), else ``None``.
-        group: the server's gloo process group (used by remote workers).
+        server: the server (shard) this rank hosts, if any: rank 0's, or with ``shards`` rank ``s``'s shard ``s``.
+        group: the server's gloo process group (used to reach servers in other ranks).
         timeout_s: how long a remote worker waits for the server (``fault_timeout_s``).
         lost_cause: maps a broken connection to the error to raise (the rank lost first, when known).
         recorded_fault: the first fault rank 0 recorded, waiting at most the given seconds (``None`` if none).
@@ -94,6 +95,9 @@ class AsynchronousClient:
             updates but the previous one: a bounded extra staleness of one own update (plus the other workers'
             updates applied while it was in flight). A push flagged ``FLAG_LAST``, :meth:`pull`, :meth:`leave` and
             :meth:`close` wait for the update in flight first, so an epoch ends on the server's parameters.
+        shards: the server's shards (:func:`~lightning_hetero.ps.sharding.plan_shards`; shard ``s`` lives in rank
+            ``s``); ``None``: one server in rank 0. Every push and pull goes to every shard with the shard's slice;
+            the reply's header has shard 0's version, the largest staleness and the worst status of the shards'.
 
     Example (``overlap=True``: the first update lands in ``flat`` at the second push)::
 
@@ -124,6 +128,7 @@ class AsynchronousClient:
         recorded_fault: Callable[[float], PeerLostError | None],
         pin_memory: bool = False,
         overlap: bool = False,
+        shards: Sequence[Shard] | None = None,
     ) -> None:
         self.flat = flat
         self.rank = rank
@@ -132,15 +137,15 @@ class AsynchronousClient:
         self.timeout = timedelta(seconds=timeout_s)
         self._lost_cause = lost_cause
         self._recorded_fault = recorded_fault
-        self._push = new_message(flat.numel(), pin_memory=pin_memory)
-        self._reply = new_message(flat.numel(), pin_memory=pin_memory)
         self.overlap = overlap
-        self._local = _LocalExchange(server, rank) if overlap and server is not None else None
-        # an exchange was started and its reply is not in ``flat`` yet: gloo's requests (a remote server), or the
-        # in-process server's answer (already there without overlap; the helper thread's to wait for with it)
+        self._sharded = shards is not None
+        plan = shards if shards is not None else [Shard(0, 0, flat.numel(), 0, 0)]
+        self._endpoints = [
+            _Endpoint(shard, flat, server if shards is None or shard.index == rank else None, pin_memory, overlap, rank)
+            for shard in plan
+        ]
+        # an exchange was started and its replies are not in ``flat`` yet
         self._pending = False
-        self._requests: tuple[dist.Work, dist.Work] | None = None
-        self._header: ReplyHeader | None = None
 
     def push(
         self,
@@ -156,14 +161,18 @@ class AsynchronousClient:
         Args:
             params: the parameters in layout order.
             flags: OR of the protocol's ``FLAG_*``.
-            base_version: the server version the gradients were computed on.
+            base_version: the server version the gradients were computed on (with shards, each shard's base is the
+                version of its slice the gradients were computed on, which the client keeps).
             share: this worker's batch share (``b_k / sum(b)``).
             epoch: the epoch of the gradients' batch.
             chunk: the batch's chunk of the epoch's order (-1 when unknown).
         """
+        bases = [endpoint.version if self._sharded else base_version for endpoint in self._endpoints]
         previous = self._complete()
-        flatten_grads_into(params, payload(self._push))
-        write_push_header(self._push, flags, base_version, share, epoch, chunk)
+        for endpoint, base in zip(self._endpoints, bases, strict=True):
+            mine = params[endpoint.shard.first : endpoint.shard.last] if self._sharded else params
+            flatten_grads_into(mine, payload(endpoint.push))
+            write_push_header(endpoint.push, flags, base, share, epoch, chunk)
         if not self.overlap or flags & FLAG_LAST:
             return self._exchange()
         self._start()
@@ -173,69 +182,140 @@ class AsynchronousClient:
     def pull(self, version: int, flags: int = 0) -> ReplyHeader:
         """Receive the latest parameters without pushing a gradient (``flags`` may add ``FLAG_JOIN``)."""
         self._complete()
-        write_push_header(self._push, FLAG_PULL_ONLY | flags, version, 0.0)
+        for endpoint in self._endpoints:
+            write_push_header(endpoint.push, FLAG_PULL_ONLY | flags, version, 0.0)
         return self._exchange()
 
-    def leave(self) -> None:
-        """Tell the server this (remote) worker leaves; its receiving thread ends."""
+    def report(self, shard: int) -> dict[str, Any]:
+        """Shard ``shard``'s :meth:`~lightning_hetero.ps.server.ParameterServer.report` (asked over the network when
+        another rank hosts it).
+
+        Args:
+            shard: the shard's number (0 without sharding).
+        """
+        self._complete()
+        endpoint = self._endpoints[shard]
+        if endpoint.server is not None:
+            return endpoint.server.report()
         assert self.group is not None
+        try:
+            return request_report(endpoint.push, endpoint.host, self.group, self.timeout)
+        except PeerLostError as err:
+            raise self._lost_cause(err) from err
+
+    def leave(self) -> None:
+        """Tell every server (shard) in another rank that this worker leaves (their receiving threads for it end)."""
         self.close()
-        send_done(self._push, SERVER_RANK, self.group, self.timeout)
+        for endpoint in self._endpoints:
+            if endpoint.server is None:
+                assert self.group is not None
+                send_done(endpoint.push, endpoint.host, self.group, self.timeout)
 
     def close(self) -> None:
-        """Absorb the update in flight, if any, and end the local helper thread (``overlap=True`` on rank 0)."""
+        """Absorb the update in flight, if any, and end the local helper thread (``overlap=True`` in a server's
+        rank)."""
         self._complete()
-        if self._local is not None:
-            self._local.close()
-            self._local = None
+        for endpoint in self._endpoints:
+            endpoint.close()
 
     def _exchange(self) -> ReplyHeader:
-        """Send the filled push message to the server and absorb the reply."""
+        """Send the filled push messages to the server(s) and absorb the replies."""
         self._start()
         header = self._complete()
         assert header is not None
         return header
 
     def _start(self) -> None:
-        """Send the filled push message; the reply is absorbed by :meth:`_complete`."""
-        if self._local is not None:
-            self._local.start(self._push, self._reply)
-        elif self.server is not None:
-            self._header = self.server.apply(self.rank, read_push_header(self._push), payload(self._push), self._reply)
-        else:
-            assert self.group is not None
-            try:
-                self._requests = start_push_and_pull(self._push, self._reply, SERVER_RANK, self.group)
-            except PeerLostError as err:
-                raise self._lost_cause(err) from err
+        """Send the filled push messages (the remote ones first); the replies are absorbed by :meth:`_complete`."""
+        for endpoint in sorted(self._endpoints, key=lambda e: e.server is not None):
+            if endpoint.local is not None:
+                endpoint.local.start(endpoint.push, endpoint.reply)
+            elif endpoint.server is not None:
+                endpoint.header = endpoint.server.apply(
+                    self.rank, read_push_header(endpoint.push), payload(endpoint.push), endpoint.reply
+                )
+            else:
+                assert self.group is not None
+                try:
+                    endpoint.requests = start_push_and_pull(endpoint.push, endpoint.reply, endpoint.host, self.group)
+                except PeerLostError as err:
+                    raise self._lost_cause(err) from err
         self._pending = True
 
     def _complete(self) -> ReplyHeader | None:
-        """Wait for the exchange in flight and write its parameters into ``flat``; its header (``None`` if none)."""
+        """Wait for the exchange in flight and write its parameters into ``flat``; its (combined) header, ``None`` if
+        none."""
         if not self._pending:
             return None
         self._pending = False
-        if self._local is not None:
-            header = self._local.wait()
-        elif self._requests is not None:
-            requests, self._requests = self._requests, None
+        headers = [self._wait(endpoint) for endpoint in self._endpoints]
+        for header in headers:
+            if header.status == STATUS_ABORTED:
+                lost = self.server.lost if self.server is not None else None
+                if lost is not None:
+                    raise PeerLostError(lost.rank, lost.role, lost.cause)
+                recorded = self._recorded_fault(LOST_WORKER_GRACE_S)
+                if recorded is not None and recorded.rank == header.lost_rank:
+                    raise recorded
+                raise PeerLostError(header.lost_rank, "worker", "reported by the parameter server")
+        for endpoint, header in zip(self._endpoints, headers, strict=True):
+            endpoint.flat.copy_(payload(endpoint.reply), non_blocking=endpoint.reply.is_pinned())
+            endpoint.version = header.version
+        return ReplyHeader(
+            max(header.status for header in headers), headers[0].version, max(h.staleness for h in headers), -1
+        )
+
+    def _wait(self, endpoint: _Endpoint) -> ReplyHeader:
+        if endpoint.local is not None:
+            return endpoint.local.wait()
+        if endpoint.requests is not None:
+            requests, endpoint.requests = endpoint.requests, None
             try:
-                header = wait_push_and_pull(requests, self._reply, SERVER_RANK, self.timeout)
+                return wait_push_and_pull(requests, endpoint.reply, endpoint.host, self.timeout)
             except PeerLostError as err:
                 raise self._lost_cause(err) from err
-        else:
-            assert self._header is not None
-            header = self._header
-        if header.status == STATUS_ABORTED:
-            lost = self.server.lost if self.server is not None else None
-            if lost is not None:
-                raise PeerLostError(lost.rank, lost.role, lost.cause)
-            recorded = self._recorded_fault(LOST_WORKER_GRACE_S)
-            if recorded is not None and recorded.rank == header.lost_rank:
-                raise recorded
-            raise PeerLostError(header.lost_rank, "worker", "reported by the parameter server")
-        self.flat.copy_(payload(self._reply), non_blocking=self._reply.is_pinned())
-        return header
+        assert endpoint.header is not None
+        return endpoint.header
+
+
+class _Endpoint:
+    """One server shard as a worker sees it: its slice of ``flat``, its two messages, and the in-process server (the
+    shard this rank hosts) or the rank hosting it.
+
+    Args:
+        shard: the shard.
+        flat: the model's flat parameters.
+        server: the shard's server when it lives in this process, else ``None``.
+        pin_memory: page-locked messages.
+        overlap: whether a helper thread applies this rank's own pushes to an in-process server.
+        rank: this worker's global rank.
+    """
+
+    def __init__(
+        self,
+        shard: Shard,
+        flat: torch.Tensor,
+        server: ParameterServer | None,
+        pin_memory: bool,
+        overlap: bool,
+        rank: int,
+    ) -> None:
+        self.shard = shard
+        self.host = shard.index
+        self.flat = flat[shard.start : shard.stop]
+        self.server = server
+        self.push = new_message(shard.numel, pin_memory=pin_memory)
+        self.reply = new_message(shard.numel, pin_memory=pin_memory)
+        self.local = _LocalExchange(server, rank) if overlap and server is not None else None
+        self.requests: tuple[dist.Work, dist.Work] | None = None  # gloo's, for a remote shard
+        self.header: ReplyHeader | None = None  # the in-process server's answer, without overlap
+        #: the shard's version of the parameters in ``flat``'s slice
+        self.version = 0
+
+    def close(self) -> None:
+        if self.local is not None:
+            self.local.close()
+            self.local = None
 
 
 class _LocalExchange:

@@ -13,7 +13,7 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -42,6 +42,7 @@ from lightning_hetero.ps.faults import FaultBoard, Membership
 from lightning_hetero.ps.layout import FlatLayout, bind_parameters_to_flat
 from lightning_hetero.ps.protocol import SERVER_RANK, PeerLostError
 from lightning_hetero.ps.server import ParameterServer, ServerLoop
+from lightning_hetero.ps.sharding import Shard, check_server_shards, plan_shards
 
 # The server's threads block in receives for as long as their worker is alive (it may validate, or the strategy may
 # train synchronously for many epochs); a dead worker breaks the connection at once, so no timeout is needed there.
@@ -126,6 +127,37 @@ def connect_store(host: str, rank: int, timeout_s: float, broadcast: Callable[[A
     return store
 
 
+def shard_server(model: FlatModel, optimizer: Optimizer, shard: Shard, **kwargs: Any) -> ParameterServer:
+    """A parameter server over ``shard``'s parameters of ``model`` (all of them for a shard of the whole model).
+
+    Args:
+        model: the flat model (the server starts from its parameters).
+        optimizer: the user's optimizer (the server applies a clone over the shard's parameters).
+        shard: the shard (see :func:`~lightning_hetero.ps.sharding.plan_shards`).
+        kwargs: :class:`~lightning_hetero.ps.server.ParameterServer`'s other arguments (``world_size`` and on).
+
+    Example::
+
+        >>> import torch
+        >>> from lightning_hetero.ps.sharding import plan_shards
+        >>> flat = flatten_model(torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 2)))
+        >>> optimizer = torch.optim.SGD(flat.params, lr=0.1)
+        >>> shard = plan_shards(flat.layout, 2)[1]
+        >>> server = shard_server(flat, optimizer, shard, world_size=2)
+        >>> server.layout.names, server.params.numel(), len(server.optimizer.param_groups[0]["params"])
+        (('0.bias', '1.weight', '1.bias'), 8, 3)
+    """
+    mine = range(shard.first, shard.last)
+    return ParameterServer(
+        shard.layout(model.layout),
+        model.flat[shard.start : shard.stop],
+        optimizer,
+        {id(model.params[i]): i - shard.first for i in mine},
+        foreign={id(p) for i, p in enumerate(model.params) if i not in mine},
+        **kwargs,
+    )
+
+
 def start_server(
     model: FlatModel,
     optimizer: Optimizer,
@@ -139,9 +171,11 @@ def start_server(
     on_update: Callable[[int], None],
     on_lost: Callable[[PeerLostError], None],
     tolerate_lost_workers: bool,
+    rank: int = SERVER_RANK,
+    shards: Sequence[Shard] | None = None,
 ) -> tuple[ParameterServer, ServerLoop]:
-    """Rank 0: build the parameter server from the model and the user's optimizer and start one receiving thread per
-    remote worker.
+    """Rank 0 (with shards, rank ``s`` for shard ``s``): build the parameter server (shard) from the model and the
+    user's optimizer and start one receiving thread per other worker.
 
     Args:
         model: the flat model (the server starts from its parameters).
@@ -156,17 +190,14 @@ def start_server(
         on_update: called with each new version (steps LR schedulers).
         on_lost: called with each lost rank's error.
         tolerate_lost_workers: go on without lost workers (elastic ASP).
+        rank: this global rank.
+        shards: the server's shards (``None``: one server); this rank hosts shard ``rank``.
     """
-    server = ParameterServer(
-        model.layout,
-        model.flat,
-        optimizer,
-        {id(p): i for i, p in enumerate(model.params)},
-        world_size=world_size,
-        max_staleness=max_staleness,
-        lr_scaling=lr_scaling,
+    shard = shards[rank] if shards is not None else Shard(0, 0, model.flat.numel(), 0, len(model.params))
+    server = shard_server(
+        model, optimizer, shard, world_size=world_size, max_staleness=max_staleness, lr_scaling=lr_scaling,
         compensator=compensator,
-    )
+    )  # fmt: skip
     reason = unsupported_reason(optimizer) if compensator is not None else None
     if reason is not None:
         rank_zero_warn(f"AsyncPSStrategy(asynchrony_compensation={compensator.mode!r}): {reason}.")
@@ -174,8 +205,9 @@ def start_server(
     server.on_update = on_update
     server.tolerate_lost_workers = tolerate_lost_workers
     server.on_lost = on_lost
-    workers = [rank for rank in range(world_size) if rank != SERVER_RANK]
-    loop = ServerLoop(server, workers, group, timedelta(seconds=timeout_s))
+    workers = [worker for worker in range(world_size) if worker != rank]
+    hosts = range(len(shards)) if shards is not None else ()
+    loop = ServerLoop(server, workers, group, timedelta(seconds=timeout_s), shard_hosts=hosts)
     loop.start()
     return server, loop
 
@@ -201,8 +233,13 @@ class ServerBootstrap:
     _flat_model: FlatModel | None
     _client: AsynchronousClient | None
     overlap_round_trip: bool
+    server_shards: int
     _server: ParameterServer | None
     _loop: ServerLoop | None
+    _shard_server: ParameterServer | None
+    _shard_loop: ServerLoop | None
+    _shards: list[Shard] | None
+    _group_indices: list[list[int]]
     _store: dist.Store | None
     _membership: Membership | None
     _step_schedules: CountedLRSchedulers
@@ -254,8 +291,20 @@ class ServerBootstrap:
         self._store = connect_store(
             self.cluster_environment.main_address, self.global_rank, self.fault_timeout_s, self.broadcast
         )
-        if self.global_rank == SERVER_RANK:
-            self._server, self._loop = start_server(
+        check_server_shards(self.server_shards, self.world_size)
+        self._shards = plan_shards(model.layout, self.server_shards) if self.server_shards > 1 else None
+        if self._shards is not None:
+            largest = max(shard.numel for shard in self._shards)
+            if largest > 1.5 * model.flat.numel() / self.server_shards:
+                rank_zero_warn(
+                    f"AsyncPSStrategy(server_shards={self.server_shards}): the largest shard holds "
+                    f"{largest / model.flat.numel():.0%} of the parameters (a shard holds whole tensors), and the "
+                    "busiest shard bounds the server's speed; a model in more, smaller tensors balances better."
+                )
+        index_of = {id(p): i for i, p in enumerate(model.params)}
+        self._group_indices = [[index_of.get(id(p), -1) for p in g["params"]] for g in self.optimizers[0].param_groups]
+        if self.global_rank < self.server_shards:
+            server, loop = start_server(
                 model,
                 self.optimizers[0],
                 group,
@@ -268,17 +317,24 @@ class ServerBootstrap:
                 on_update=self._step_schedules.step_at,
                 on_lost=self._on_rank_lost,
                 tolerate_lost_workers=self._tolerates_lost_workers(),
+                rank=self.global_rank,
+                shards=self._shards,
             )
+            if self.global_rank == SERVER_RANK:
+                self._server, self._loop = server, loop
+            else:
+                self._shard_server, self._shard_loop = server, loop
         self._client = AsynchronousClient(
             model.flat,
             self.global_rank,
-            self._server,
+            self._server if self._server is not None else self._shard_server,
             group,
             self.fault_timeout_s,
             lost_cause=self._lost_cause,
             recorded_fault=self._recorded_fault,
             pin_memory=self.root_device.type == "cuda",
             overlap=self.overlap_round_trip,
+            shards=self._shards,
         )
         self._launched = list(launched_processes(self.launcher) or [])
         self._validation_members = list(range(self.world_size))
@@ -299,5 +355,6 @@ class ServerBootstrap:
     def teardown(self) -> None:
         self._active = False
         self._loop = None
+        self._shard_loop = None
         self._store = None
         super().teardown()

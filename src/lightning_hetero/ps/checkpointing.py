@@ -1,6 +1,7 @@
 """Checkpoints of ``AsyncPSStrategy``: in ASP the model and optimizer saved are the parameter server's (rank 0's
 worker holds only the parameters of its last pull), with the server's version and the mode; a restored checkpoint
-is loaded into the server too.
+is loaded into the server too. With ``server_shards > 1`` rank 0 gathers the shards' states and every host loads its
+cut, through :mod:`~lightning_hetero.ps.shard_hosting`: the file is the same whatever the number of shards.
 
 A mixin of :class:`~lightning_hetero.ps.strategy.AsyncPSStrategy`: these are Lightning's ``Strategy`` checkpoint
 hooks, which the Trainer's checkpoint connector calls on the strategy itself.
@@ -8,6 +9,7 @@ hooks, which the Trainer's checkpoint connector calls on the strategy itself.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from torch.optim import Optimizer
@@ -16,8 +18,6 @@ from typing_extensions import override
 from lightning_hetero.param_groups import hyperparameters
 
 if TYPE_CHECKING:
-    import torch
-
     from lightning_hetero.ps.bootstrap import FlatModel
     from lightning_hetero.ps.server import ParameterServer
 
@@ -36,6 +36,8 @@ class Checkpointing:
     _server: ParameterServer | None
     _flat_model: FlatModel | None
     _snapshot: dict[str, Any] | None  # the server's state while a checkpoint is being saved
+    _server_state: Callable[[], dict[str, Any]]  # ShardHosting
+    _load_hosted: Callable[[dict[str, Any] | None, int], None]  # ShardHosting
     _restored: dict[str, Any] | None  # this strategy's state from the checkpoint being restored
 
     @override
@@ -46,7 +48,7 @@ class Checkpointing:
         if self._server is None or self._mode != "asp" or not self._active:
             return state
         assert self._flat_model is not None
-        self._snapshot = self._server.state_dict()
+        self._snapshot = self._server_state()
         layout = self._flat_model.layout
         for name, value in zip(layout.names, layout.views(self._snapshot["params"]), strict=True):
             state[name] = value.to(dtype=state[name].dtype)
@@ -98,7 +100,4 @@ class Checkpointing:
         self._load_server(checkpoint["optimizer_states"][0])
 
     def _load_server(self, optimizer_state: dict[str, Any] | None) -> None:
-        if self._server is not None:
-            assert self._flat_model is not None
-            flat: torch.Tensor = self._flat_model.flat
-            self._server.load(flat, optimizer_state, self.version)
+        self._load_hosted(optimizer_state, self.version)

@@ -51,6 +51,8 @@ class FaultTolerance:
     _active: bool
     _server: ParameterServer | None
     _loop: ServerLoop | None
+    _shard_server: ParameterServer | None
+    _shard_loop: ServerLoop | None
     _store: dist.Store | None
     _membership: Membership | None
     _needs_meeting: bool
@@ -215,6 +217,9 @@ class FaultTolerance:
             self._server.tolerate_lost_workers = False
             self._server.fail(error)
             self._loop.join(self.fault_timeout_s + LINGER_MARGIN_S)
+        elif self._shard_server is not None and self._shard_loop is not None:  # a shard's host answers aborts too
+            self._shard_server.fail(error)
+            self._shard_loop.join(self.fault_timeout_s + LINGER_MARGIN_S)
         self._active = False
 
     def _reshard_validation(self, trainer: pl.Trainer) -> None:

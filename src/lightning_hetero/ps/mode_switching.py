@@ -2,8 +2,8 @@
 
 In BSP every rank all-reduces its batch-weighted gradient (:mod:`lightning_hetero.batch_weighting`) and steps its own
 copy of the optimizer, as DDP does. :meth:`ModeSwitching.set_mode` switches at an epoch's end, in process: entering
-BSP gives every rank the server's parameters, optimizer state and version; entering ASP loads rank 0's into the
-server.
+BSP gives every rank the server's parameters, optimizer state and version (gathered from the shards with
+``server_shards > 1``); entering ASP loads rank 0's into the server (each shard's host its cut).
 
 A mixin of :class:`~lightning_hetero.ps.strategy.AsyncPSStrategy` (it moves the strategy's optimizer, schedulers and
 step counter, and broadcasts with Lightning's collectives).
@@ -56,6 +56,8 @@ class ModeSwitching:
     _flat_model: FlatModel | None
     _attached_trainer: pl.Trainer | None
     _step_schedules: CountedLRSchedulers
+    _server_state: Callable[[], dict[str, Any]]  # ShardHosting
+    _load_hosted: Callable[[dict[str, Any] | None, int], None]  # ShardHosting
 
     def set_mode(self, mode: Mode) -> None:
         """Switch between ``"asp"``, ``"bsp"`` and ``"local"``; call on every rank with the same value at an epoch's end (e.g. from
@@ -87,7 +89,7 @@ class ModeSwitching:
         if mode == "local":
             self._enter_local()
         self._mode = mode
-        if self._server is not None:
+        if self._server is not None:  # elastic ASP is unsharded: rank 0's server is the only one
             self._server.tolerate_lost_workers = self._tolerates_lost_workers()
         self.last_switch_s = time.perf_counter() - start
 
@@ -124,7 +126,7 @@ class ModeSwitching:
         assert trainer is not None and self._flat_model is not None
         schedulers = [config.scheduler for config in trainer.lr_scheduler_configs]
         if self._server is not None:
-            state = self._server.state_dict()
+            state = self._server_state()
             self._flat_model.flat.copy_(state["params"])
             # the server's hyper-parameters date from its last update; rank 0's are the schedules' current ones
             current = [hyperparameters(group) for group in optimizer.param_groups]
@@ -146,10 +148,8 @@ class ModeSwitching:
     def _enter_asp(self) -> None:
         self._joined = False
         self._take_over_step_schedules()
-        if self._server is not None:
-            assert self._flat_model is not None
-            self._server.load(self._flat_model.flat, copy.deepcopy(self.optimizers[0].state_dict()), self.version)
-            self._announce_compensation()
+        self._load_hosted(copy.deepcopy(self.optimizers[0].state_dict()), self.version)
+        self._announce_compensation()
         self._meet()
 
     def _broadcast_unguarded(self, obj: Any, src: int) -> Any:

@@ -17,8 +17,9 @@ Example::
 
 from __future__ import annotations
 
+import io
 from datetime import timedelta
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -28,12 +29,14 @@ HEADER_SLOTS = 6
 SERVER_RANK = 0
 TAG_PUSH = 71
 TAG_REPLY = 72
+TAG_REPORT = 73
 
 #: push flags
 FLAG_LAST = 1  # the worker's last update of the epoch: it stops holding others back
 FLAG_PULL_ONLY = 2  # no gradient: just send the latest parameters
 FLAG_DONE = 4  # the worker leaves; the server's thread for it ends
 FLAG_JOIN = 8  # with FLAG_PULL_ONLY: the worker starts an epoch and counts for the staleness bound from now on
+FLAG_REPORT = 16  # no gradient: the server answers with its report (state and statistics) as a pickled object
 
 #: reply statuses
 STATUS_OK = 0
@@ -239,6 +242,57 @@ def send_reply(msg: torch.Tensor, worker_rank: int, group: dist.ProcessGroup, ti
     """
     try:
         dist.isend(msg, dst=worker_rank, group=group, tag=TAG_REPLY).wait(timeout)
+    except RuntimeError as err:
+        raise PeerLostError(worker_rank, "worker", str(err).splitlines()[0]) from err
+
+
+def request_report(
+    push_msg: torch.Tensor, server_rank: int, group: dist.ProcessGroup, timeout: timedelta
+) -> dict[str, Any]:
+    """Ask a remote server (shard) for its report: a push flagged :data:`FLAG_REPORT`, answered with a size and then
+    the pickled object (:func:`send_report`).
+
+    Args:
+        push_msg: a push-sized message for that server (its payload is ignored).
+        server_rank: the server's global rank.
+        group: the server's process group.
+        timeout: how long each transfer may take.
+
+    Raises:
+        PeerLostError: the server's connection broke or it did not answer in time.
+    """
+    write_push_header(push_msg, FLAG_PULL_ONLY | FLAG_REPORT, 0, 0.0)
+    size = torch.zeros(1, dtype=torch.int64)
+    try:
+        dist.isend(push_msg, dst=server_rank, group=group, tag=TAG_PUSH).wait(timeout)
+        dist.irecv(size, src=server_rank, group=group, tag=TAG_REPORT).wait(timeout)
+        data = torch.empty(int(size), dtype=torch.uint8)
+        dist.irecv(data, src=server_rank, group=group, tag=TAG_REPORT).wait(timeout)
+    except RuntimeError as err:
+        raise PeerLostError(server_rank, "parameter server", str(err).splitlines()[0]) from err
+    return torch.load(io.BytesIO(data.numpy().tobytes()), weights_only=False)
+
+
+def send_report(report: dict[str, Any], worker_rank: int, group: dist.ProcessGroup, timeout: timedelta) -> None:
+    """Server side: answer :func:`request_report` with ``report`` (pickled).
+
+    Args:
+        report: the server's report.
+        worker_rank: the asking worker's global rank.
+        group: the server's process group.
+        timeout: how long each send may take.
+
+    Raises:
+        PeerLostError: the worker's connection broke.
+    """
+    buffer = io.BytesIO()
+    torch.save(report, buffer)
+    data = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+    try:
+        dist.isend(torch.tensor([data.numel()], dtype=torch.int64), dst=worker_rank, group=group, tag=TAG_REPORT).wait(
+            timeout
+        )
+        dist.isend(data, dst=worker_rank, group=group, tag=TAG_REPORT).wait(timeout)
     except RuntimeError as err:
         raise PeerLostError(worker_rank, "worker", str(err).splitlines()[0]) from err
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -25,6 +25,7 @@ from lightning_hetero.ps.protocol import (
     FLAG_JOIN,
     FLAG_LAST,
     FLAG_PULL_ONLY,
+    FLAG_REPORT,
     STATUS_ABORTED,
     STATUS_OK,
     STATUS_STOPPED,
@@ -35,6 +36,7 @@ from lightning_hetero.ps.protocol import (
     payload,
     receive_push,
     send_reply,
+    send_report,
     write_reply_header,
 )
 from lightning_hetero.ps.server_optimizer import IMPLEMENTATION_KEYS, fast_clone_optimizer
@@ -58,6 +60,9 @@ class ParameterServer:
         compensator: rewrites the hyper-parameters copied from the template before each update so that the
             asynchronous dynamics match the synchronous ones, see :mod:`~lightning_hetero.ps.compensation`
             (``None``: the template's values as they are); :attr:`compensator` may be replaced under :attr:`cond`.
+        foreign: ``id`` of the template's parameters that other server shards hold (see
+            :mod:`~lightning_hetero.ps.sharding`); ``layout``, ``initial`` and ``index_of`` then describe this
+            shard's parameters only.
 
     Example::
 
@@ -87,13 +92,14 @@ class ParameterServer:
         max_staleness: int | None = None,
         lr_scaling: str = "none",
         compensator: AsynchronyCompensator | None = None,
+        foreign: Collection[int] = frozenset(),
     ) -> None:
         staleness_lr_factor(0, lr_scaling)  # validates the rule name
         self.layout = layout
         self.params = initial.detach().to(device="cpu", dtype=torch.float32).clone()
         self._views = layout.views(self.params)
         self._template = template
-        self.optimizer, self.implementation = fast_clone_optimizer(template, self._views, index_of)
+        self.optimizer, self.implementation = fast_clone_optimizer(template, self._views, index_of, foreign)
         self._implementation_keys = [
             {key: value for key, value in group.items() if key in IMPLEMENTATION_KEYS}
             for group in self.optimizer.param_groups
@@ -316,6 +322,11 @@ class ParameterServer:
                 "version": self.version,
             }
 
+    def report(self) -> dict[str, Any]:
+        """What a remote worker asks for with ``FLAG_REPORT`` (rank 0 gathering the shards): ``state``
+        (:meth:`state_dict`), ``summary`` (the staleness tracker's) and ``statistics`` (:meth:`statistics`)."""
+        return {"state": self.state_dict(), "summary": self.tracker.summary(), "statistics": self.statistics()}
+
     def load(self, params: torch.Tensor, optimizer_state: dict[str, Any] | None, version: int) -> None:
         """Replace the server's state (resume, or a switch from synchronous training).
 
@@ -347,14 +358,21 @@ class ServerLoop:
         worker_ranks: remote workers' global ranks.
         group: the server's gloo process group.
         reply_timeout: how long sending a reply may take before its worker is declared lost.
+        shard_hosts: the ranks that host server shards (a lost one is named as a parameter server, not a worker).
     """
 
     def __init__(
-        self, server: ParameterServer, worker_ranks: Sequence[int], group: dist.ProcessGroup, reply_timeout: timedelta
+        self,
+        server: ParameterServer,
+        worker_ranks: Sequence[int],
+        group: dist.ProcessGroup,
+        reply_timeout: timedelta,
+        shard_hosts: Collection[int] = (),
     ) -> None:
         self.server = server
         self.group = group
         self.reply_timeout = reply_timeout
+        self.shard_hosts = frozenset(shard_hosts)
         self._threads = [
             threading.Thread(target=self._serve, args=(rank,), name=f"ps-worker-{rank}", daemon=True)
             for rank in worker_ranks
@@ -384,7 +402,12 @@ class ServerLoop:
                 header = receive_push(push, worker, self.group)
                 if header.flags & FLAG_DONE:
                     return
+                if header.flags & FLAG_REPORT:
+                    send_report(self.server.report(), worker, self.group, self.reply_timeout)
+                    continue
                 self.server.apply(worker, header, grad, reply)
                 send_reply(reply, worker, self.group, self.reply_timeout)
         except PeerLostError as err:
+            if err.rank in self.shard_hosts:
+                err = PeerLostError(err.rank, "parameter server", err.cause)
             self.server.fail(err)

@@ -5,7 +5,7 @@ with the fastest step implementation torch offers for it (fused, else foreach).
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import torch
@@ -23,6 +23,7 @@ def clone_optimizer(
     params: Sequence[torch.Tensor],
     index_of: dict[int, int],
     overrides: dict[str, Any] | None = None,
+    foreign: Collection[int] = frozenset(),
 ) -> Optimizer:
     """A fresh optimizer of ``template``'s class and hyper-parameters over ``params`` (the server's copies).
 
@@ -31,6 +32,8 @@ def clone_optimizer(
         params: the server's parameter tensors, in layout order.
         index_of: ``id(model_parameter) -> layout index`` for the template's parameters.
         overrides: hyper-parameters to set in every group instead of the template's (e.g. ``{"fused": True}``).
+        foreign: ``id`` of the template's parameters that other server shards hold (left out; a group may end up
+            empty, and keeps its place so that groups match the template's one to one).
 
     Example::
 
@@ -44,7 +47,8 @@ def clone_optimizer(
     """
     groups = []
     for group in template.param_groups:
-        missing = [p for p in group["params"] if id(p) not in index_of]
+        mine = [p for p in group["params"] if id(p) not in foreign]
+        missing = [p for p in mine if id(p) not in index_of]
         if missing:
             raise ValueError(
                 "AsyncPSStrategy: the optimizer holds parameters that are not trainable parameters of the model "
@@ -54,7 +58,7 @@ def clone_optimizer(
             {
                 **hyperparameters(group),
                 **(overrides or {}),
-                "params": [params[index_of[id(p)]] for p in group["params"]],
+                "params": [params[index_of[id(p)]] for p in mine],
             }
         )
     # ``defaults`` may hold entries the constructor does not take (AdamW's ``decoupled_weight_decay``); each group
@@ -73,7 +77,10 @@ def clone_optimizer(
 
 
 def fast_clone_optimizer(
-    template: Optimizer, params: Sequence[torch.Tensor], index_of: dict[int, int]
+    template: Optimizer,
+    params: Sequence[torch.Tensor],
+    index_of: dict[int, int],
+    foreign: Collection[int] = frozenset(),
 ) -> tuple[Optimizer, str]:
     """:func:`clone_optimizer` with the fastest implementation torch offers for the class on the server's CPU
     parameters: ``fused`` (one kernel per parameter, a single pass over its memory), else ``foreach``, else the
@@ -83,6 +90,7 @@ def fast_clone_optimizer(
         template: the optimizer ``configure_optimizers`` returned.
         params: the server's parameter tensors (CPU, float32), in layout order.
         index_of: ``id(model_parameter) -> layout index`` for the template's parameters.
+        foreign: see :func:`clone_optimizer`.
 
     Example::
 
@@ -100,7 +108,7 @@ def fast_clone_optimizer(
             if not set(overrides) <= set(accepted):
                 continue
             try:
-                return clone_optimizer(template, params, index_of, overrides), implementation
+                return clone_optimizer(template, params, index_of, overrides, foreign), implementation
             except (ValueError, RuntimeError):
                 continue  # the class does not offer it for these parameters (dtype, device or other settings)
-    return clone_optimizer(template, params, index_of), "default"
+    return clone_optimizer(template, params, index_of, foreign=foreign), "default"

@@ -3,13 +3,15 @@ Lightning strategy, switchable between epochs.
 
 Topology: launched like DDP (``devices=N`` processes, or several nodes through Lightning's cluster environments);
 all N processes are workers and the parameter server (PS) runs as threads inside global rank 0, one receiving
-thread per remote worker. See ``docs/async_ps.md`` for how steps, epochs, logging, checkpoints and faults work.
+thread per remote worker (with ``server_shards=k``, shard s in rank s). See ``docs/async_ps.md`` for how steps,
+epochs, logging, checkpoints and faults work.
 
 This module is the strategy's lifecycle and its Lightning hooks; each job lives in a module of its own:
 :mod:`~lightning_hetero.ps.bootstrap` (starting the server), :mod:`~lightning_hetero.ps.claiming` (the training
 loader's claim sampler), :mod:`~lightning_hetero.ps.asp_client` (a worker's round trips in ASP),
 :mod:`~lightning_hetero.ps.mode_switching` (BSP steps and mode switches), :mod:`~lightning_hetero.ps.collectives`
 (collectives inside asynchronous batches), :mod:`~lightning_hetero.ps.checkpointing`,
+:mod:`~lightning_hetero.ps.shard_hosting` (the server's shards),
 :mod:`~lightning_hetero.ps.fault_tolerance` and :mod:`~lightning_hetero.ps.reporting` (what it logs).
 """
 
@@ -56,6 +58,8 @@ from lightning_hetero.ps.reporting import (
 )
 from lightning_hetero.ps.sampler import ClaimSampler
 from lightning_hetero.ps.server import ParameterServer, ServerLoop
+from lightning_hetero.ps.shard_hosting import ShardHosting
+from lightning_hetero.ps.sharding import Shard, check_server_shards
 from lightning_hetero.ps.staleness import staleness_lr_factor
 
 if TYPE_CHECKING:
@@ -72,6 +76,7 @@ class AsyncPSStrategy(
     DataClaiming,
     CollectiveGating,
     Checkpointing,
+    ShardHosting,
     DDPStrategy,
 ):
     """Asynchronous parameter-server training (``mode="asp"``), synchronous all-reduce (``mode="bsp"``) or local SGD
@@ -113,6 +118,12 @@ class AsyncPSStrategy(
             and computed, so the round trip leaves the critical path; each gradient is then computed on parameters
             that hold all of the worker's own updates but the previous one (a bounded extra staleness of one own
             update). The last batch of an epoch, validation and mode switches wait for the update in flight.
+        server_shards: split the parameter server into this many shards, each a contiguous run of whole parameter
+            tensors of about equal size, hosted by ranks ``0 .. server_shards - 1`` (threads, as rank 0's server is
+            with 1); every push and pull goes to every shard with its slice, so each shard's CPU applies
+            ``1/server_shards`` of every update. Checkpoints hold the unsharded state (a checkpoint resumes with any
+            number of shards); ``max_staleness`` holds at each shard; losing a shard's host ends the job naming it.
+            At most the world size; not with ``on_worker_lost="continue"``. See ``docs/async_ps.md`` (Sharding).
         accelerator: see :class:`~lightning.pytorch.strategies.DDPStrategy`.
         parallel_devices: see :class:`~lightning.pytorch.strategies.DDPStrategy`.
         cluster_environment: see :class:`~lightning.pytorch.strategies.DDPStrategy`.
@@ -148,6 +159,7 @@ class AsyncPSStrategy(
         outer_optimizer: Callable[..., torch.optim.Optimizer] | None = None,
         outer_optimizer_kwargs: dict[str, Any] | None = None,
         overlap_round_trip: bool = False,
+        server_shards: int = 1,
         accelerator: pl.accelerators.Accelerator | None = None,
         parallel_devices: list[torch.device] | None = None,
         cluster_environment: Any = None,
@@ -170,6 +182,12 @@ class AsyncPSStrategy(
         self._init_local(round_samples, round_s, local_steps, outer_optimizer, outer_optimizer_kwargs)
         if not isinstance(overlap_round_trip, bool):
             raise ValueError(f"overlap_round_trip must be True or False, got {overlap_round_trip!r}")
+        check_server_shards(server_shards)
+        if server_shards > 1 and on_worker_lost == "continue":
+            raise ValueError(
+                f"AsyncPSStrategy(server_shards={server_shards}) does not support on_worker_lost='continue' (elastic "
+                "ASP): a lost rank may host a shard. Use server_shards=1 or on_worker_lost='fail'."
+            )
         super().__init__(
             accelerator=accelerator,
             parallel_devices=parallel_devices,
@@ -188,11 +206,13 @@ class AsyncPSStrategy(
         self.startup_timeout_s = startup_timeout_s
         self.on_worker_lost = on_worker_lost
         self.overlap_round_trip = overlap_round_trip
+        self.server_shards = server_shards
         #: seconds the last effective :meth:`set_mode` took (``None`` before any switch)
         self.last_switch_s: float | None = None
         #: updates applied to the model so far (the server's version in ASP, the step count in BSP)
         self.version = 0
-        #: the server's statistics (rank 0, after fitting): updates, per-worker updates, staleness mean and max
+        #: the server's statistics (rank 0, after fitting): updates, per-worker updates, staleness mean and max,
+        #: ``"server"`` (the cost of shard 0, or of the only server) and with shards ``"shards"`` (each one's cost)
         self.server_summary: dict[str, Any] | None = None
         self._compute_timer: ComputeEndMark | None = None
         self._batch_share: Callable[[], float] | None = None
@@ -206,6 +226,10 @@ class AsyncPSStrategy(
         self._client: AsynchronousClient | None = None
         self._server: ParameterServer | None = None
         self._loop: ServerLoop | None = None
+        self._shard_server: ParameterServer | None = None
+        self._shard_loop: ServerLoop | None = None
+        self._shards: list[Shard] | None = None
+        self._group_indices: list[list[int]] = []
         self._step_schedules = CountedLRSchedulers()
         self._store: dist.Store | None = None
         self._membership: Membership | None = None
@@ -240,9 +264,10 @@ class AsyncPSStrategy(
     def asynchrony_compensation(self, mode: str | None) -> None:
         check_compensation_mode(mode)
         self._compensation_mode = mode
-        if self._server is not None:
-            with self._server.cond:
-                self._server.compensator = self._new_compensator()
+        server = self._hosted_server
+        if server is not None:
+            with server.cond:
+                server.compensator = self._new_compensator()
 
     def _new_compensator(self) -> AsynchronyCompensator | None:
         if self._compensation_mode is None:
@@ -317,14 +342,8 @@ class AsyncPSStrategy(
             self._average_buffers()
         self._step_schedules.release()
         if self._server is not None:
-            self.server_summary = {**self._server.tracker.summary(), "server": self._server.statistics()}
-        if self.global_rank == SERVER_RANK:
-            assert self._loop is not None and self._client is not None
-            self._client.close()
-            self._loop.join(self.fault_timeout_s)
-        else:
-            assert self._client is not None
-            self._client.leave()
+            self.server_summary = self._server_summary()
+        self._leave_servers()
         self._active = False
 
     # ------------------------------------------------------------------ stepping
