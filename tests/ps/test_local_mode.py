@@ -21,6 +21,8 @@ from lightning_hetero.ps import AsyncPSStrategy
         ({"outer_optimizer": torch.optim.SGD, "outer_optimizer_kwargs": {"lr": 0.7, "betas": (0.9, 0.9)}}, "betas"),
         ({"outer_optimizer": torch.optim.Adam, "outer_optimizer_kwargs": {"lr": -1.0}}, "outer_optimizer=Adam"),
         ({"outer_optimizer": "sgd"}, "outer_optimizer must be a torch.optim.Optimizer class"),
+        ({"pseudo_gradient_weighting": "steps"}, "pseudo_gradient_weighting must be one of"),
+        ({"on_worker_lost": "continue"}, r"mode='local'\) cannot honour on_worker_lost='continue'"),
     ],
 )
 def test_bad_local_settings_fail_at_construction_naming_the_setting(kwargs, match):
@@ -38,7 +40,13 @@ def test_defaults_are_dilocos_outer_optimizer_and_speed_proportional_steps():
     strategy = AsyncPSStrategy(mode="local")
     assert strategy.mode == "local" and strategy.local_steps == "proportional"
     assert strategy._outer.description == "SGD(lr=0.7, momentum=0.9, nesterov=True)"
+    assert strategy.pseudo_gradient_weighting == "mean"
     assert AsyncPSStrategy(mode="local", round_s=2.5)._round_description() == "2.5 s"
+
+
+def test_continue_is_accepted_when_local_sgd_is_only_switched_into():
+    # the ASP phases of a schedule are elastic; a loss in a local phase ends the job (tests/ps/test_local_training.py)
+    AsyncPSStrategy(mode="asp", on_worker_lost="continue").set_mode("local")
 
 
 def test_set_mode_accepts_local_before_training():

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from lightning_hetero._lightning_internals import is_last_batch, optimizers_to_device
 from lightning_hetero.measurement import BusyTimer
-from lightning_hetero.ps.local_sgd import LOCAL_STEPS, LocalRounds, RoundBudget
+from lightning_hetero.ps.local_sgd import LOCAL_STEPS, LocalRounds, RoundBudget, check_weighting
 from lightning_hetero.ps.outer_optimizer import OuterOptimizer
 
 if TYPE_CHECKING:
@@ -57,15 +57,18 @@ class LocalSGDMode:
         local_steps: str,
         outer_optimizer: Callable[..., torch.optim.Optimizer] | None,
         outer_optimizer_kwargs: dict[str, Any] | None,
+        pseudo_gradient_weighting: str,
     ) -> None:
         """Validate the local mode's settings at construction (whatever the starting mode, since a switch may enter
         it later)."""
         if local_steps not in LOCAL_STEPS:
             raise ValueError(f"local_steps must be one of {LOCAL_STEPS}, got {local_steps!r}")
+        check_weighting(pseudo_gradient_weighting)
         self._round_budget = (
             None if round_samples is None and round_s is None else RoundBudget(samples=round_samples, seconds=round_s)
         )
         self.local_steps = local_steps
+        self.pseudo_gradient_weighting = pseudo_gradient_weighting
         self._outer = OuterOptimizer(outer_optimizer, outer_optimizer_kwargs)
         #: the local mode's round state (``None`` before setup); its ``plans``, ``rounds`` and ``bytes_sent`` tell
         #: what happened
@@ -79,7 +82,14 @@ class LocalSGDMode:
         budget = self._round_budget
         if budget is None:
             budget = RoundBudget(samples=DEFAULT_STEPS_PER_ROUND * self.world_size * (batch_size or 1))
-        self.local_rounds = LocalRounds(budget, self.global_rank, self.world_size, self._outer, self.local_steps)
+        self.local_rounds = LocalRounds(
+            budget,
+            self.global_rank,
+            self.world_size,
+            self._outer,
+            self.local_steps,
+            weighting=self.pseudo_gradient_weighting,
+        )
         if self._restored_local is not None:
             self.local_rounds.load_state_dict(self._restored_local)
             self._restored_local = None
@@ -173,7 +183,7 @@ class LocalSGDMode:
     def _announce_local(self) -> None:
         rank_zero_info(
             f"AsyncPSStrategy: local SGD, rounds of {self._round_description()}, local_steps={self.local_steps!r}, "
-            f"outer optimizer {self._outer.description}"
+            f"pseudo_gradient_weighting={self.pseudo_gradient_weighting!r}, outer optimizer {self._outer.description}"
         )
 
     def _leave_local(self) -> None:
