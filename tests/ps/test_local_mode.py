@@ -1,5 +1,6 @@
 """AsyncPSStrategy(mode="local"): settings validated at construction, naming the setting."""
 
+import logging
 import math
 
 import pytest
@@ -55,3 +56,15 @@ def test_set_mode_accepts_local_before_training():
     assert strategy.mode == "local"
     with pytest.raises(ValueError, match="mode must be one of"):
         strategy.set_mode("sync")
+
+
+def test_the_local_mode_is_announced_once_per_phase(caplog):
+    strategy = AsyncPSStrategy(mode="local", round_samples=256, pseudo_gradient_weighting="samples")
+    with caplog.at_level(logging.INFO):
+        strategy._enter_local()  # SyncSwitchCallback's switch at train start
+        strategy._enter_local()  # the strategy's own on_train_start
+    announcements = [r.getMessage() for r in caplog.records if "local SGD, rounds of" in r.getMessage()]
+    assert announcements == [
+        "AsyncPSStrategy: local SGD, rounds of 256 samples, local_steps='proportional', "
+        "pseudo_gradient_weighting='samples', outer optimizer SGD(lr=0.7, momentum=0.9, nesterov=True)"
+    ]

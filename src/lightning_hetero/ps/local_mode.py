@@ -74,6 +74,7 @@ class LocalSGDMode:
         #: what happened
         self.local_rounds: LocalRounds | None = None
         self._round_open = False
+        self._local_announced = False
         self._busy_timer = BusyTimer()
         self._restored_local: dict[str, Any] | None = None
 
@@ -181,6 +182,11 @@ class LocalSGDMode:
         self._announce_local()
 
     def _announce_local(self) -> None:
+        """Say once per local phase, on rank 0, how local SGD runs (a switch by ``SyncSwitchCallback`` before the
+        strategy's own ``on_train_start`` enters the mode twice)."""
+        if self._local_announced:
+            return
+        self._local_announced = True
         rank_zero_info(
             f"AsyncPSStrategy: local SGD, rounds of {self._round_description()}, local_steps={self.local_steps!r}, "
             f"pseudo_gradient_weighting={self.pseudo_gradient_weighting!r}, outer optimizer {self._outer.description}"
@@ -190,6 +196,7 @@ class LocalSGDMode:
         """At an epoch's end (the ranks' parameters agree after the epoch's last round): the inner optimizers' states
         differ per rank, so rank 0's is given to all (BSP steps identical copies; ASP's server takes rank 0's)."""
         self._round_open = False
+        self._local_announced = False
         optimizer = self.optimizers[0]
         state = self._broadcast_unguarded(copy.deepcopy(optimizer.state_dict()) if self.global_rank == 0 else None, 0)
         optimizer.load_state_dict(state)
