@@ -31,7 +31,7 @@ an epoch to the last rank's end of its training, validation excluded) and its ra
 to the summed standalone bound; payload bytes each rank hands to the collective or the server per training sample
 (measured for local SGD, from the parameter count for the others: 4P per step for an all-reduce, 8P for an ASP push +
 pull); accuracy after the same epochs (differences to ddp paired by seed); time to reach ddp's final accuracy minus
-0.5 points (the seed's ddp run), on a clock finer than epochs: rank 0 keeps a copy of the parameters every ranks
+0.5 points (the seed's ddp run), on a clock finer than epochs: rank 0 keeps a copy of the parameters all ranks
 agree on, with its training time (in local SGD after every round end, in ddp and hetero every ``--curve-steps``
 steps), and evaluates them on the validation set after training (untimed); ASP, whose ranks never agree inside an
 epoch, is timed at epoch ends.
