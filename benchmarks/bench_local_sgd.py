@@ -7,11 +7,18 @@ as the inner optimizer by local SGD) side by side, cell by cell:
 - ``hetero``: DDP + ``HeteroBatchCallback`` (per-rank batch sizes proportional to speed, BSP);
 - ``asp``: ``AsyncPSStrategy(mode="asp")`` (default asynchrony compensation);
 - ``local_equal``: ``AsyncPSStrategy(mode="local", local_steps="equal")`` (DiLoCo: the same local steps per rank);
-- ``local_prop``: ``AsyncPSStrategy(mode="local")`` (local steps proportional to measured speed).
+- ``local_prop``: ``AsyncPSStrategy(mode="local")`` (local steps proportional to measured speed, pseudo-gradients
+  combined as a plain mean over the ranks, the default);
+- ``local_prop_samples``: the same with ``pseudo_gradient_weighting="samples"`` (weighted by the samples each rank
+  trained in the round, so the fast ranks dominate).
 
 Local SGD rounds are ``--round-steps`` local steps per rank on average (``round_samples = round_steps x N x 32``)
 with plain averaging as the outer step by default (``SGD(lr=1.0)``; DiLoCo's Nesterov SGD: ``--outer-lr 0.7
 --outer-momentum 0.9``, which overshoots in runs this short, see docs/results.md).
+
+Data: ``make_classification`` with ``--classes`` Gaussian clusters (default 4, noise 4: a task this MLP learns in
+its first epoch; ``--classes 256 --noise 1.5`` keeps rising for three epochs and separates the methods' speed of
+learning).
 
 Workers: N processes on this host; heterogeneity level HL slows rank k by ``HL ** (k / (N - 1))`` with
 ``SlowdownEmulator`` (sleeps). Models: ``light`` is a 32-512-512-4 MLP (0.28M parameters) with no extra compute (a
@@ -24,11 +31,15 @@ an epoch to the last rank's end of its training, validation excluded) and its ra
 to the summed standalone bound; payload bytes each rank hands to the collective or the server per training sample
 (measured for local SGD, from the parameter count for the others: 4P per step for an all-reduce, 8P for an ASP push +
 pull); accuracy after the same epochs (differences to ddp paired by seed); time to reach ddp's final accuracy minus
-0.5 points (the seed's ddp run; training time at the first epoch end that reaches it).
+0.5 points (the seed's ddp run), on a clock finer than epochs: rank 0 keeps a copy of the parameters all ranks
+agree on, with its training time (in local SGD after every round end, in ddp and hetero every ``--curve-steps``
+steps), and evaluates them on the validation set after training (untimed); ASP, whose ranks never agree inside an
+epoch, is timed at epoch ends.
 
 Usage:
     python benchmarks/bench_local_sgd.py [--quick] [--workers 2,4,8] [--hl 1,4,8] [--models light,heavy]
-        [--seeds 0,1,2] [--configs ddp,hetero,asp,local_equal,local_prop] [--budget-s 1800]
+        [--seeds 0,1,2] [--configs ddp,hetero,asp,local_equal,local_prop,local_prop_samples] [--classes 4]
+        [--budget-s 1800]
 
 Writes ``benchmarks/results/local_sgd.json`` (``--out``; ``--quick``: ``local_sgd_quick.json``, 2 workers, HL4, light,
 seed 0, 2 epochs) and prints a table. ``--budget-s`` starts no new cell after that many seconds; the JSON lists the
@@ -60,9 +71,9 @@ from lightning_hetero.synthetic import make_classification
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-CONFIGS = ("ddp", "hetero", "asp", "local_equal", "local_prop")
+CONFIGS = ("ddp", "hetero", "asp", "local_equal", "local_prop", "local_prop_samples")
 MODELS = ("light", "heavy")
-FEATURES, HIDDEN, CLASSES, BATCH = 32, 512, 4, 32
+FEATURES, HIDDEN, BATCH = 32, 512, 32
 
 
 def slowdown_factors(workers: int, hl: float) -> list[float]:
@@ -78,22 +89,42 @@ def slowdown_factors(workers: int, hl: float) -> list[float]:
     return [hl ** (rank / (workers - 1)) for rank in range(workers)]
 
 
-def time_to_target(epochs: list[dict[str, Any]], target: float) -> float | None:
-    """Cumulative training seconds at the first epoch end whose validation accuracy reaches ``target``.
+def time_to_target(
+    epochs: list[dict[str, Any]], target: float, curve: list[tuple[float, float]] | None = None
+) -> float | None:
+    """Training seconds until the validation accuracy first reaches ``target``: the first ``(train_s, acc)`` point
+    of ``curve`` that does, or without a curve the cumulative training time at the first epoch end that does.
 
     Example::
 
-        >>> time_to_target([{"train_s": 2.0, "val_acc": 0.8}, {"train_s": 3.0, "val_acc": 0.9}], 0.85)
-        5.0
-        >>> time_to_target([{"train_s": 2.0, "val_acc": 0.8}], 0.85) is None
-        True
+        >>> epochs = [{"train_s": 2.0, "val_acc": 0.8}, {"train_s": 3.0, "val_acc": 0.9}]
+        >>> time_to_target(epochs, 0.85), time_to_target(epochs, 0.95) is None
+        (5.0, True)
+        >>> time_to_target(epochs, 0.85, curve=[(0.5, 0.7), (2.6, 0.86), (5.0, 0.9)])
+        2.6
     """
+    if curve:
+        return next((train_s for train_s, acc in curve if acc >= target), None)
     elapsed = 0.0
     for epoch in epochs:
         elapsed += epoch["train_s"]
         if epoch["val_acc"] is not None and epoch["val_acc"] >= target:
             return elapsed
     return None
+
+
+def curve_times(epochs: list[dict[str, Any]], snapshots: list[tuple[int, float]]) -> list[float]:
+    """Training seconds at which each ``(epoch, wall time)`` snapshot was taken: the earlier epochs' training time plus
+    the time since its epoch's start (``epochs[i]["start"]``: the first rank's, in wall time), so that validation
+    between epochs does not count.
+
+    Example::
+
+        >>> curve_times([{"start": 100.0, "train_s": 2.0}, {"start": 103.0, "train_s": 2.0}], [(0, 101.0), (1, 104.5)])
+        [1.0, 3.5]
+    """
+    before = [sum(e["train_s"] for e in epochs[:i]) for i in range(len(epochs))]
+    return [before[epoch] + wall - epochs[epoch]["start"] for epoch, wall in snapshots]
 
 
 def median_or_none(values: list[float | None]) -> float | None:
@@ -109,13 +140,13 @@ def median_or_none(values: list[float | None]) -> float | None:
 
 
 class BenchMLP(L.LightningModule):
-    """A 32-512-512-4 tanh MLP, SGD; the training step sleeps ``cost_s`` per sample (emulated compute)."""
+    """A 32-512-512-C tanh MLP, SGD; the training step sleeps ``cost_s`` per sample (emulated compute)."""
 
-    def __init__(self, cost_s: float, lr: float, momentum: float) -> None:
+    def __init__(self, cost_s: float, lr: float, momentum: float, classes: int) -> None:
         super().__init__()
         self.cost_s, self.lr, self.momentum = cost_s, lr, momentum
         self.net = nn.Sequential(
-            nn.Linear(FEATURES, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, CLASSES)
+            nn.Linear(FEATURES, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, classes)
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -163,11 +194,49 @@ class EpochRecorder(Callback):
         self.epochs.append(
             {
                 "epoch": trainer.current_epoch,
+                "start": float(times[:, 0].min()),
                 "train_s": float(times[:, 1].max() - times[:, 0].min()),
                 "val_acc": None if acc is None else float(acc),
                 "samples": self.samples_per_epoch,
             }
         )
+
+
+class CurveRecorder(Callback):
+    """Rank 0 keeps copies of the parameters that every rank holds, with the epoch and wall time: in local SGD after
+    each round end (the combined parameters), with DDP every ``every`` steps and at each epoch's last step (identical
+    on every rank). Evaluated after training, untimed (:func:`evaluate_curve`)."""
+
+    def __init__(self, every: int) -> None:
+        self.every = every
+        self.snapshots: list[tuple[int, float, torch.Tensor]] = []
+        self._rounds = 0
+        self._steps = 0
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, *_: Any):
+        if not trainer.is_global_zero:
+            return
+        self._steps += 1
+        strategy = trainer.strategy
+        if isinstance(strategy, AsyncPSStrategy):  # local SGD after a round end; ASP never (its ranks differ)
+            if strategy.local_rounds is None or strategy.local_rounds.rounds == self._rounds:
+                return
+            self._rounds = strategy.local_rounds.rounds
+        elif self._steps % self.every and not trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
+            return
+        flat = torch.nn.utils.parameters_to_vector(pl_module.parameters()).detach().clone()
+        self.snapshots.append((trainer.current_epoch, time.time(), flat))
+
+
+@torch.no_grad()
+def evaluate_curve(model: L.LightningModule, snapshots: list[torch.Tensor], val: TensorDataset) -> list[float]:
+    """Validation accuracy of each flat parameter snapshot (loaded into ``model``)."""
+    x, y = val.tensors
+    accs = []
+    for flat in snapshots:
+        torch.nn.utils.vector_to_parameters(flat, model.parameters())
+        accs.append(float((model(x).argmax(-1) == y).float().mean()))
+    return accs
 
 
 class StandaloneMeter(Callback):
@@ -188,7 +257,9 @@ class StandaloneMeter(Callback):
 
 
 def datasets(args: argparse.Namespace) -> tuple[TensorDataset, TensorDataset]:
-    data = make_classification(args.samples + args.val_samples, FEATURES, CLASSES, seed=args.seed, noise=args.noise)
+    data = make_classification(
+        args.samples + args.val_samples, FEATURES, args.classes, seed=args.seed, noise=args.noise
+    )
     x, y = data.tensors
     return TensorDataset(x[: args.samples], y[: args.samples]), TensorDataset(x[args.samples :], y[args.samples :])
 
@@ -213,12 +284,15 @@ def run_one(args: argparse.Namespace) -> None:
             logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
             limit_val_batches=0,
         )  # fmt: skip
-        trainer.fit(BenchMLP(cost_s, args.lr, args.momentum), DataLoader(train, batch_size=BATCH, shuffle=True))
+        trainer.fit(
+            BenchMLP(cost_s, args.lr, args.momentum, args.classes), DataLoader(train, batch_size=BATCH, shuffle=True)
+        )
         rate = meter.samples / (meter.end - meter.start) if meter.start is not None and meter.end > meter.start else 0
         Path(args.out).write_text(json.dumps({"samples_per_s": rate, "batches": meter.batches}))
         return
     recorder = EpochRecorder(args.samples)
-    callbacks = [recorder]
+    curve = CurveRecorder(args.curve_steps)
+    callbacks = [recorder, curve]
     if slowed:
         callbacks.append(SlowdownEmulator(factors=slowed))
     if args.config in ("ddp", "hetero"):
@@ -232,6 +306,7 @@ def run_one(args: argparse.Namespace) -> None:
             mode="local",
             round_samples=args.round_steps * args.n * BATCH,
             local_steps="equal" if args.config == "local_equal" else "proportional",
+            pseudo_gradient_weighting="samples" if args.config == "local_prop_samples" else "mean",
             outer_optimizer=torch.optim.SGD,
             outer_optimizer_kwargs={
                 "lr": args.outer_lr,
@@ -245,7 +320,7 @@ def run_one(args: argparse.Namespace) -> None:
         logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         num_sanity_val_steps=0,
     )  # fmt: skip
-    model = BenchMLP(cost_s, args.lr, args.momentum)
+    model = BenchMLP(cost_s, args.lr, args.momentum, args.classes)
     params = sum(p.numel() for p in model.parameters())
     trainer.fit(
         model,
@@ -254,8 +329,11 @@ def run_one(args: argparse.Namespace) -> None:
     )
     if trainer.is_global_zero:
         rounds = getattr(strategy, "local_rounds", None)
+        times = curve_times(recorder.epochs, [(epoch, wall) for epoch, wall, _ in curve.snapshots])
+        accs = evaluate_curve(model, [flat for *_, flat in curve.snapshots], val)
         result = {
             "epochs": recorder.epochs,
+            "curve": list(zip(times, accs, strict=True)),
             "params": params,
             "factors": factors,
             "local_bytes_sent_rank0": rounds.bytes_sent if rounds is not None else None,
@@ -276,7 +354,8 @@ def child_command(args: argparse.Namespace, config: str, model: str, n: int, lev
         "--momentum", str(args.momentum), "--heavy-cost-s", str(args.heavy_cost_s),
         "--round-steps", str(args.round_steps), "--standalone-s", str(args.standalone_s),
         "--outer-lr", str(args.outer_lr), "--outer-momentum", str(args.outer_momentum),
-        "--barrier", str(args.barrier), "--barrier-n", str(args.barrier_n),
+        "--barrier", str(args.barrier), "--barrier-n", str(args.barrier_n), "--classes", str(args.classes),
+        "--curve-steps", str(args.curve_steps),
     ]  # fmt: skip
 
 
@@ -335,6 +414,7 @@ def launch(args: argparse.Namespace, config: str, model: str, n: int, level: flo
         "seed": seed,
         "final_acc": epochs[-1]["val_acc"],
         "acc_per_epoch": [e["val_acc"] for e in epochs],
+        "curve": result["curve"],
         "train_s_per_epoch": [e["train_s"] for e in epochs],
         "epochs": epochs,
         "throughput": throughput,
@@ -366,7 +446,7 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if reference is None:
                 continue
             diffs.append(100 * (run["final_acc"] - reference["final_acc"]))
-            times.append(time_to_target(run["epochs"], reference["final_acc"] - 0.005))
+            times.append(time_to_target(run["epochs"], reference["final_acc"] - 0.005, run.get("curve")))
         throughput = statistics.median(r["throughput"] for r in group)
         rows.append(
             {
@@ -422,6 +502,10 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=4096)
     parser.add_argument("--val-samples", type=int, default=2048)
     parser.add_argument("--noise", type=float, default=4.0)
+    parser.add_argument("--classes", type=int, default=4, help="classes of the synthetic task (the model's outputs)")
+    parser.add_argument(
+        "--curve-steps", type=int, default=4, help="ddp/hetero: steps between the parameter copies timed for accuracy"
+    )
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--momentum", type=float, default=0.9)
     parser.add_argument("--heavy-cost-s", type=float, default=0.001, help="emulated compute s/sample (heavy)")
@@ -496,7 +580,7 @@ def main() -> None:
             },
             "out": str(args.out),
             "models": {
-                "light": f"MLP {FEATURES}-{HIDDEN}-{HIDDEN}-{CLASSES} (tanh), no emulated compute",
+                "light": f"MLP {FEATURES}-{HIDDEN}-{HIDDEN}-{args.classes} (tanh), no emulated compute",
                 "heavy": f"the same MLP, training step sleeps {args.heavy_cost_s} s per sample",
             },
             "recipe": f"SGD lr {args.lr} momentum {args.momentum}, batch {BATCH} per rank; local SGD: outer "

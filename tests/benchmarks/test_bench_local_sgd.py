@@ -33,6 +33,17 @@ def test_time_to_target_counts_training_time_up_to_the_first_epoch_reaching_it()
     assert bench.time_to_target(epochs, 0.99) is None
 
 
+def test_time_to_target_uses_the_finer_curve_when_there_is_one():
+    epochs = [{"train_s": 2.0, "val_acc": 0.9}]
+    assert bench.time_to_target(epochs, 0.9, curve=[(0.4, 0.5), (1.2, 0.91), (2.0, 0.9)]) == 1.2
+    assert bench.time_to_target(epochs, 0.9, curve=[]) == 2.0  # ASP keeps no curve: epoch ends
+
+
+def test_curve_times_leave_out_the_time_between_epochs():
+    epochs = [{"start": 10.0, "train_s": 1.0}, {"start": 20.0, "train_s": 1.5}]  # validation from 11 to 20
+    assert bench.curve_times(epochs, [(0, 10.5), (0, 11.0), (1, 20.5), (1, 21.5)]) == [0.5, 1.0, 1.5, 2.5]
+
+
 def test_summary_pairs_accuracy_and_time_to_accuracy_with_the_seeds_ddp_run():
     runs = [
         _run("ddp", 0, [0.80, 0.90]),
@@ -47,3 +58,9 @@ def test_summary_pairs_accuracy_and_time_to_accuracy_with_the_seeds_ddp_run():
     assert local["time_to_ddp_acc_all"] == [1.0, None] and local["reached_ddp_acc"] == 1
     assert local["of_standalone_bound"] == pytest.approx(0.925)
     assert rows["ddp"]["time_to_ddp_acc_all"] == [2.0, 2.0]
+
+
+def test_summary_times_accuracy_on_the_curve():
+    runs = [_run("ddp", 0, [0.80, 0.90]), _run("local_prop", 0, [0.89, 0.91], train_s=0.5)]
+    runs[1]["curve"] = [(0.25, 0.80), (0.5, 0.89), (0.7, 0.897), (1.0, 0.91)]
+    assert bench.summarise(runs)[1]["time_to_ddp_acc_all"] == [0.7]

@@ -1,5 +1,6 @@
 """AsyncPSStrategy(mode="local"): settings validated at construction, naming the setting."""
 
+import logging
 import math
 
 import pytest
@@ -21,6 +22,8 @@ from lightning_hetero.ps import AsyncPSStrategy
         ({"outer_optimizer": torch.optim.SGD, "outer_optimizer_kwargs": {"lr": 0.7, "betas": (0.9, 0.9)}}, "betas"),
         ({"outer_optimizer": torch.optim.Adam, "outer_optimizer_kwargs": {"lr": -1.0}}, "outer_optimizer=Adam"),
         ({"outer_optimizer": "sgd"}, "outer_optimizer must be a torch.optim.Optimizer class"),
+        ({"pseudo_gradient_weighting": "steps"}, "pseudo_gradient_weighting must be one of"),
+        ({"on_worker_lost": "continue"}, r"mode='local'\) cannot honour on_worker_lost='continue'"),
     ],
 )
 def test_bad_local_settings_fail_at_construction_naming_the_setting(kwargs, match):
@@ -38,7 +41,13 @@ def test_defaults_are_dilocos_outer_optimizer_and_speed_proportional_steps():
     strategy = AsyncPSStrategy(mode="local")
     assert strategy.mode == "local" and strategy.local_steps == "proportional"
     assert strategy._outer.description == "SGD(lr=0.7, momentum=0.9, nesterov=True)"
+    assert strategy.pseudo_gradient_weighting == "mean"
     assert AsyncPSStrategy(mode="local", round_s=2.5)._round_description() == "2.5 s"
+
+
+def test_continue_is_accepted_when_local_sgd_is_only_switched_into():
+    # the ASP phases of a schedule are elastic; a loss in a local phase ends the job (tests/ps/test_local_training.py)
+    AsyncPSStrategy(mode="asp", on_worker_lost="continue").set_mode("local")
 
 
 def test_set_mode_accepts_local_before_training():
@@ -47,3 +56,15 @@ def test_set_mode_accepts_local_before_training():
     assert strategy.mode == "local"
     with pytest.raises(ValueError, match="mode must be one of"):
         strategy.set_mode("sync")
+
+
+def test_the_local_mode_is_announced_once_per_phase(caplog):
+    strategy = AsyncPSStrategy(mode="local", round_samples=256, pseudo_gradient_weighting="samples")
+    with caplog.at_level(logging.INFO):
+        strategy._enter_local()  # SyncSwitchCallback's switch at train start
+        strategy._enter_local()  # the strategy's own on_train_start
+    announcements = [r.getMessage() for r in caplog.records if "local SGD, rounds of" in r.getMessage()]
+    assert announcements == [
+        "AsyncPSStrategy: local SGD, rounds of 256 samples, local_steps='proportional', "
+        "pseudo_gradient_weighting='samples', outer optimizer SGD(lr=0.7, momentum=0.9, nesterov=True)"
+    ]

@@ -12,7 +12,7 @@ def averaging() -> OuterOptimizer:
     return OuterOptimizer(torch.optim.SGD, {"lr": 1.0})
 
 
-def make_ranks(world_size, budget=None, outer=averaging, local_steps="proportional", warmup=0):
+def make_ranks(world_size, budget=None, outer=averaging, local_steps="proportional", warmup=0, weighting="mean"):
     ranks = [
         LocalRounds(
             budget or RoundBudget(samples=8),
@@ -21,6 +21,7 @@ def make_ranks(world_size, budget=None, outer=averaging, local_steps="proportion
             outer(),
             local_steps,
             ThroughputMeter(smoothing=1.0, warmup_steps=warmup),
+            weighting,
         )
         for rank in range(world_size)
     ]
@@ -95,24 +96,53 @@ def test_unknown_local_steps_policy_is_refused():
 # ---------------------------------------------------------------- LocalRounds
 
 
-def test_pseudo_gradients_are_combined_weighted_by_samples():
-    ranks = make_ranks(3)
+def finish_round(ranks, params, ends, samples):
     start = torch.tensor([1.0, 2.0])
-    params = [start.clone() for _ in ranks]
-    for r, p in zip(ranks, params, strict=True):
-        r.begin(p, batch_size=1)
-    ends = [torch.tensor([0.0, 2.0]), torch.tensor([1.0, 5.0]), torch.tensor([4.0, -1.0])]
-    samples = [1, 2, 5]
     for r, p, end, n in zip(ranks, params, ends, samples, strict=True):
+        p.copy_(start)
+        r.begin(p, batch_size=1)
         p.copy_(end)
         r.samples_in_round = n
         r.steps_in_round = 1
-    outcomes = all_reduce(ranks, params)
-    expected = sum(n * e for n, e in zip(samples, ends, strict=True)) / sum(samples)
+    return all_reduce(ranks, params)
+
+
+ENDS = [torch.tensor([0.0, 2.0]), torch.tensor([1.0, 5.0]), torch.tensor([4.0, -1.0])]
+
+
+def test_pseudo_gradients_are_combined_weighted_by_samples():
+    ranks = make_ranks(3, weighting="samples")
+    params = [torch.zeros(2) for _ in ranks]
+    samples = [1, 2, 5]
+    outcomes = finish_round(ranks, params, ENDS, samples)
+    expected = sum(n * e for n, e in zip(samples, ENDS, strict=True)) / sum(samples)
     for p in params:
         assert torch.allclose(p, expected)
     assert outcomes[0].samples == 8 and outcomes[0].steps == 3 and not outcomes[0].all_done
     assert all(r.rounds == 1 and r.steps_total == 3 for r in ranks)
+
+
+def test_pseudo_gradients_are_combined_as_a_plain_mean_by_default():
+    ranks = make_ranks(3)
+    assert ranks[0].weighting == "mean"
+    params = [torch.zeros(2) for _ in ranks]
+    outcomes = finish_round(ranks, params, ENDS, [1, 2, 5])  # the fast rank's 5 samples weigh as the slow one's 1
+    for p in params:
+        assert torch.allclose(p, sum(ENDS) / 3)
+    assert outcomes[0].samples == 8
+
+
+def test_a_rank_without_samples_is_left_out_of_the_mean():
+    ranks = make_ranks(3)
+    params = [torch.zeros(2) for _ in ranks]
+    finish_round(ranks, params, ENDS, [1, 0, 5])  # rank 1's share of the epoch is done: it only meets the others
+    for p in params:
+        assert torch.allclose(p, (ENDS[0] + ENDS[2]) / 2)
+
+
+def test_unknown_weighting_is_refused_naming_the_setting():
+    with pytest.raises(ValueError, match="pseudo_gradient_weighting must be one of"):
+        make_ranks(1, weighting="steps")
 
 
 def test_outer_nesterov_step_is_applied_to_the_start_of_round_parameters():
@@ -132,7 +162,7 @@ def test_outer_nesterov_step_is_applied_to_the_start_of_round_parameters():
 
 
 def test_buffers_are_averaged_weighted_by_samples():
-    ranks = make_ranks(2)
+    ranks = make_ranks(2, weighting="samples")
     params = [torch.zeros(1), torch.zeros(1)]
     buffers = [torch.tensor([2.0, 0.0]), torch.tensor([6.0, 4.0])]
     for r, p in zip(ranks, params, strict=True):
@@ -207,7 +237,7 @@ def test_bytes_sent_count_every_round_end_message():
         r.begin(p, batch_size=1)
     all_reduce(ranks, params)
     all_reduce(ranks, params)
-    assert ranks[0].bytes_sent == 2 * (10 + 3 + 2) * 4
+    assert ranks[0].bytes_sent == 2 * (10 + 4 + 2) * 4
 
 
 def test_state_dict_resumes_rounds_rates_and_outer_momentum():

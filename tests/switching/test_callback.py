@@ -112,9 +112,11 @@ def test_fixed_schedule_yields_the_planned_modes_and_logs_them(tmp_path):
     assert [model.lrs[e] for e in range(5)] == pytest.approx([0.05, 0.1, 0.1, 0.05, 0.05])
     metrics = (tmp_path / "lightning_logs" / "version_0" / "metrics.csv").read_text().splitlines()
     header = metrics[0].split(",")
-    column = header.index("sync_switch/bsp")
-    logged = [float(row.split(",")[column]) for row in metrics[1:] if row.split(",")[column]]
-    assert logged == [0.0, 1.0, 1.0, 0.0, 0.0]
+    logged = {}
+    for name in ("bsp", "asp", "local"):
+        column = header.index(f"sync_switch/{name}")
+        logged[name] = [float(row.split(",")[column]) for row in metrics[1:] if row.split(",")[column]]
+    assert logged == {"bsp": [0, 1, 1, 0, 0], "asp": [1, 0, 0, 1, 1], "local": [0] * 5}  # one-hot per epoch
 
 
 def test_summary_lists_phases_and_switch_costs(caplog):

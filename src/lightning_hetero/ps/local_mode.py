@@ -20,7 +20,7 @@ from torch import Tensor
 
 from lightning_hetero._lightning_internals import is_last_batch, optimizers_to_device
 from lightning_hetero.measurement import BusyTimer
-from lightning_hetero.ps.local_sgd import LOCAL_STEPS, LocalRounds, RoundBudget
+from lightning_hetero.ps.local_sgd import LOCAL_STEPS, LocalRounds, RoundBudget, check_weighting
 from lightning_hetero.ps.outer_optimizer import OuterOptimizer
 
 if TYPE_CHECKING:
@@ -57,20 +57,24 @@ class LocalSGDMode:
         local_steps: str,
         outer_optimizer: Callable[..., torch.optim.Optimizer] | None,
         outer_optimizer_kwargs: dict[str, Any] | None,
+        pseudo_gradient_weighting: str,
     ) -> None:
         """Validate the local mode's settings at construction (whatever the starting mode, since a switch may enter
         it later)."""
         if local_steps not in LOCAL_STEPS:
             raise ValueError(f"local_steps must be one of {LOCAL_STEPS}, got {local_steps!r}")
+        check_weighting(pseudo_gradient_weighting)
         self._round_budget = (
             None if round_samples is None and round_s is None else RoundBudget(samples=round_samples, seconds=round_s)
         )
         self.local_steps = local_steps
+        self.pseudo_gradient_weighting = pseudo_gradient_weighting
         self._outer = OuterOptimizer(outer_optimizer, outer_optimizer_kwargs)
         #: the local mode's round state (``None`` before setup); its ``plans``, ``rounds`` and ``bytes_sent`` tell
         #: what happened
         self.local_rounds: LocalRounds | None = None
         self._round_open = False
+        self._local_announced = False
         self._busy_timer = BusyTimer()
         self._restored_local: dict[str, Any] | None = None
 
@@ -79,7 +83,14 @@ class LocalSGDMode:
         budget = self._round_budget
         if budget is None:
             budget = RoundBudget(samples=DEFAULT_STEPS_PER_ROUND * self.world_size * (batch_size or 1))
-        self.local_rounds = LocalRounds(budget, self.global_rank, self.world_size, self._outer, self.local_steps)
+        self.local_rounds = LocalRounds(
+            budget,
+            self.global_rank,
+            self.world_size,
+            self._outer,
+            self.local_steps,
+            weighting=self.pseudo_gradient_weighting,
+        )
         if self._restored_local is not None:
             self.local_rounds.load_state_dict(self._restored_local)
             self._restored_local = None
@@ -171,15 +182,21 @@ class LocalSGDMode:
         self._announce_local()
 
     def _announce_local(self) -> None:
+        """Say once per local phase, on rank 0, how local SGD runs (a switch by ``SyncSwitchCallback`` before the
+        strategy's own ``on_train_start`` enters the mode twice)."""
+        if self._local_announced:
+            return
+        self._local_announced = True
         rank_zero_info(
             f"AsyncPSStrategy: local SGD, rounds of {self._round_description()}, local_steps={self.local_steps!r}, "
-            f"outer optimizer {self._outer.description}"
+            f"pseudo_gradient_weighting={self.pseudo_gradient_weighting!r}, outer optimizer {self._outer.description}"
         )
 
     def _leave_local(self) -> None:
         """At an epoch's end (the ranks' parameters agree after the epoch's last round): the inner optimizers' states
         differ per rank, so rank 0's is given to all (BSP steps identical copies; ASP's server takes rank 0's)."""
         self._round_open = False
+        self._local_announced = False
         optimizer = self.optimizers[0]
         state = self._broadcast_unguarded(copy.deepcopy(optimizer.state_dict()) if self.global_rank == 0 else None, 0)
         optimizer.load_state_dict(state)

@@ -1,10 +1,13 @@
 """Local SGD with an outer optimizer (DiLoCo), with each rank's local steps set by its measured speed.
 
 Every rank trains its own copy of the model with its own (inner) optimizer for a *round*; at the round's end the
-ranks meet in one all-reduce, combine their pseudo-gradients (start-of-round minus end-of-round parameters) weighted
-by the samples each processed, and an :class:`~lightning_hetero.ps.outer_optimizer.OuterOptimizer` applies the result
-to the start-of-round parameters, which every rank then continues from. Floating-point module buffers (BatchNorm
-running statistics) are averaged in the same all-reduce, weighted the same way.
+ranks meet in one all-reduce, combine their pseudo-gradients (start-of-round minus end-of-round parameters) and an
+:class:`~lightning_hetero.ps.outer_optimizer.OuterOptimizer` applies the result to the start-of-round parameters,
+which every rank then continues from. The pseudo-gradients are combined as a plain mean over the ranks that trained
+in the round (``weighting="mean"``, the default) or weighted by the samples each trained (``"samples"``): with
+speed-proportional local steps the sample-weighted mean lets the fastest ranks' longer trajectories dominate, which
+cost accuracy in this package's benchmark (docs/results.md). Floating-point module buffers (BatchNorm running
+statistics) are averaged in the same all-reduce, weighted the same way.
 
 A round is a budget of samples over all ranks (``round_samples``) or of seconds (``round_s``). With
 ``local_steps="proportional"`` each rank's share of it follows its measured throughput
@@ -35,6 +38,23 @@ from lightning_hetero.ps.outer_optimizer import OuterOptimizer
 
 #: How the ranks' local steps in a round are set.
 LOCAL_STEPS = ("proportional", "equal")
+#: How the ranks' pseudo-gradients are combined: a plain mean over the ranks that trained, or weighted by samples.
+WEIGHTINGS = ("mean", "samples")
+
+
+def check_weighting(weighting: str) -> None:
+    """Refuse an unknown pseudo-gradient weighting, naming the setting.
+
+    Example::
+
+        >>> check_weighting("samples")
+        >>> check_weighting("steps")
+        Traceback (most recent call last):
+        ...
+        ValueError: pseudo_gradient_weighting must be one of ('mean', 'samples'), got 'steps'
+    """
+    if weighting not in WEIGHTINGS:
+        raise ValueError(f"pseudo_gradient_weighting must be one of {WEIGHTINGS}, got {weighting!r}")
 
 
 @dataclass(frozen=True)
@@ -135,11 +155,15 @@ class LocalRounds:
         outer: the outer optimizer (default DiLoCo's Nesterov SGD).
         local_steps: ``"proportional"`` or ``"equal"`` (see :func:`plan_local_steps`).
         meter: this rank's throughput meter (samples per second of its local steps).
+        weighting: ``"mean"``: the combined pseudo-gradient is the plain mean over the ranks that trained in the
+            round; ``"samples"``: weighted by the samples each trained.
 
     Example: two ranks, simulated in one process (the all-reduce is a sum of the two messages)::
 
         >>> budget = RoundBudget(samples=4)
-        >>> ranks = [LocalRounds(budget, rank, 2, OuterOptimizer(torch.optim.SGD, {"lr": 1.0})) for rank in (0, 1)]
+        >>> def averaging():
+        ...     return OuterOptimizer(torch.optim.SGD, {"lr": 1.0})
+        >>> ranks = [LocalRounds(budget, rank, 2, averaging(), weighting="samples") for rank in (0, 1)]
         >>> params = [torch.zeros(2), torch.zeros(2)]
         >>> for rounds, flat in zip(ranks, params):
         ...     rounds.begin(flat, batch_size=1)
@@ -154,6 +178,8 @@ class LocalRounds:
         RoundOutcome(all_done=False, samples=4, steps=2)
         >>> params[0], params[1]  # the sample-weighted mean of the two ends (outer SGD with lr 1 = averaging)
         (tensor([0.7500, 0.2500]), tensor([0.7500, 0.2500]))
+
+    With ``weighting="mean"`` the same round ends at the plain mean, ``[0.5, 0.5]``.
     """
 
     def __init__(
@@ -164,9 +190,11 @@ class LocalRounds:
         outer: OuterOptimizer | None = None,
         local_steps: str = "proportional",
         meter: ThroughputMeter | None = None,
+        weighting: str = "mean",
     ) -> None:
         if local_steps not in LOCAL_STEPS:
             raise ValueError(f"local_steps must be one of {LOCAL_STEPS}, got {local_steps!r}")
+        check_weighting(weighting)
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
         self.budget = budget
@@ -174,6 +202,7 @@ class LocalRounds:
         self.world_size = world_size
         self.outer = outer if outer is not None else OuterOptimizer()
         self.local_steps = local_steps
+        self.weighting = weighting
         self.meter = meter if meter is not None else ThroughputMeter()
         #: each rank's throughput as of the last round's end (``None`` while unknown)
         self.rates: list[float | None] = [None] * world_size
@@ -219,40 +248,43 @@ class LocalRounds:
         return self.steps_in_round >= self.target_steps
 
     def message(self, flat: Tensor, buffers: Tensor | None = None, done: bool = False) -> Tensor:
-        """This rank's contribution to the round-end SUM all-reduce, in ``flat``'s dtype and device: ``[n * (anchor -
-        flat), n * buffers, n, steps, done, rate at this rank's slot]`` with ``n`` the samples it trained in the round
-        (sample counts stay exact in float32 up to 2**24 per round)."""
+        """This rank's contribution to the round-end SUM all-reduce, in ``flat``'s dtype and device: ``[w * (anchor -
+        flat), w * buffers, n, w, steps, done, rate at this rank's slot]`` with ``n`` the samples it trained in the
+        round and ``w`` its weight (``"samples"``: ``n``; ``"mean"``: 1 if it trained, else 0). Sample counts stay exact
+        in float32 up to 2**24 per round."""
         anchor = self.outer.anchor
         if anchor is None:
             raise RuntimeError("LocalRounds.message before begin")
         n = float(self.samples_in_round)
+        weight = n if self.weighting == "samples" else float(n > 0)
         dtype, device = flat.dtype, flat.device
-        parts = [(anchor - flat.detach()).mul_(n).reshape(-1)]
+        parts = [(anchor - flat.detach()).mul_(weight).reshape(-1)]
         if buffers is not None:
-            parts.append(buffers.detach().reshape(-1).to(dtype) * n)
+            parts.append(buffers.detach().reshape(-1).to(dtype) * weight)
         rates = torch.zeros(self.world_size, dtype=dtype, device=device)
         rates[self.rank] = self.meter.value or 0.0
-        counts = torch.tensor([n, float(self.steps_in_round), 1.0 if done else 0.0], dtype=dtype, device=device)
+        counts = torch.tensor([n, weight, float(self.steps_in_round), 1.0 if done else 0.0], dtype=dtype, device=device)
         message = torch.cat([*parts, counts, rates])
         self.bytes_sent += message.numel() * message.element_size()
         return message
 
     def apply(self, summed: Tensor, flat: Tensor, buffers: Tensor | None = None) -> RoundOutcome:
         """Apply the all-reduced messages: the outer step on the anchor, ``flat`` (and ``buffers``) overwritten with
-        the combined parameters (and the sample-weighted mean buffers), the next round planned."""
+        the combined parameters (and the weighted mean buffers), the next round planned."""
         numel = flat.numel()
         buffer_numel = 0 if buffers is None else buffers.numel()
         tail = summed[numel + buffer_numel :].cpu()
-        samples, steps, done = (round(float(v)) for v in tail[:3])
+        samples, steps, done = (round(float(tail[i])) for i in (0, 2, 3))
+        weight = float(tail[1])
         anchor = self.outer.anchor
         assert anchor is not None
         if samples > 0:
-            self.outer.step((summed[:numel] / samples).to(flat.dtype))
+            self.outer.step((summed[:numel] / weight).to(flat.dtype))
             if buffers is not None:
-                buffers.copy_((summed[numel : numel + buffer_numel] / samples).to(buffers.dtype))
+                buffers.copy_((summed[numel : numel + buffer_numel] / weight).to(buffers.dtype))
             self.rounds += 1
         flat.detach().copy_(anchor)
-        for rank, rate in enumerate(tail[3:].tolist()):
+        for rank, rate in enumerate(tail[4:].tolist()):
             if rate > 0:
                 self.rates[rank] = rate
         self.steps_total += steps

@@ -105,7 +105,7 @@ class AsyncPSStrategy(
         on_worker_lost: ``"fail"`` ends the job when any rank is lost; ``"continue"`` (elastic ASP) lets the other
             workers train on without a lost non-server rank while in ASP (its unfinished batches go to rank 0 at the
             epoch's end, so every epoch still covers every sample once). Losing rank 0, or any rank in BSP, ends
-            the job either way (and so does any loss in local SGD).
+            the job either way (and so does any loss in local SGD; ``mode="local"`` with ``"continue"`` is refused).
         round_samples: local SGD: a round lasts this many training samples over all ranks.
         round_s: local SGD: or this many seconds (give at most one; neither: 16 local steps per rank on average).
         local_steps: local SGD: ``"proportional"`` (each rank's local steps follow its measured throughput) or
@@ -113,6 +113,9 @@ class AsyncPSStrategy(
         outer_optimizer: local SGD: the outer optimizer's class (default ``torch.optim.SGD``).
         outer_optimizer_kwargs: its arguments (default DiLoCo's ``lr=0.7, momentum=0.9, nesterov=True``). The local
             SGD settings are validated at construction whatever the starting mode.
+        pseudo_gradient_weighting: local SGD: ``"mean"`` (default) combines the ranks' pseudo-gradients as a plain
+            mean over the ranks that trained in the round; ``"samples"`` weights each by the samples it trained
+            (with speed-proportional steps the fast ranks then dominate; see ``docs/local_sgd.md``).
         overlap_round_trip: ``False`` (default): textbook ASP, each worker waits for the server's reply to its
             gradient before its next batch. ``True``: the push and the reply travel while the next batch is fetched
             and computed, so the round trip leaves the critical path; each gradient is then computed on parameters
@@ -158,6 +161,7 @@ class AsyncPSStrategy(
         local_steps: str = "proportional",
         outer_optimizer: Callable[..., torch.optim.Optimizer] | None = None,
         outer_optimizer_kwargs: dict[str, Any] | None = None,
+        pseudo_gradient_weighting: str = "mean",
         overlap_round_trip: bool = False,
         server_shards: int = 1,
         accelerator: pl.accelerators.Accelerator | None = None,
@@ -179,7 +183,15 @@ class AsyncPSStrategy(
             raise ValueError(f"startup_timeout_s must be positive, got {startup_timeout_s}")
         if on_worker_lost not in ON_WORKER_LOST:
             raise ValueError(f"on_worker_lost must be one of {ON_WORKER_LOST}, got {on_worker_lost!r}")
-        self._init_local(round_samples, round_s, local_steps, outer_optimizer, outer_optimizer_kwargs)
+        if mode == "local" and on_worker_lost == "continue":
+            raise ValueError(
+                "AsyncPSStrategy(mode='local') cannot honour on_worker_lost='continue': every round ends in an "
+                "all-reduce over all ranks, so losing one ends the job. Use on_worker_lost='fail' and resume from the "
+                "last checkpoint, or start in mode='asp' (on_worker_lost='continue' applies to ASP phases only)."
+            )
+        self._init_local(
+            round_samples, round_s, local_steps, outer_optimizer, outer_optimizer_kwargs, pseudo_gradient_weighting
+        )
         if not isinstance(overlap_round_trip, bool):
             raise ValueError(f"overlap_round_trip must be True or False, got {overlap_round_trip!r}")
         check_server_shards(server_shards)

@@ -21,7 +21,7 @@ from typing_extensions import override
 
 from lightning_hetero._deprecation import renamed_argument
 from lightning_hetero._validation import check_finite
-from lightning_hetero.contracts import CompensatedStrategy, Mode, SwitchableStrategy
+from lightning_hetero.contracts import MODES, CompensatedStrategy, Mode, SwitchableStrategy
 from lightning_hetero.lr_schedules import CountedLRSchedulers
 from lightning_hetero.measurement import ComputeTimer, ThroughputMeter, close_compute_window
 from lightning_hetero.switching.hyperparams import LRScheduleClock, PhaseHyperparamController, PhaseHyperparams
@@ -113,7 +113,8 @@ class SyncSwitchCallback(Callback):
           otherwise.
         - Throughput comes from ``throughput_meter`` when given, otherwise from this callback's own compute window
           (batch start to the end of backward).
-        - Each epoch's mode is logged as ``sync_switch/bsp`` (1 for BSP, 0 for ASP), with ``sync_switch/epoch_time_s``
+        - Each epoch's mode is logged one-hot as ``sync_switch/bsp``, ``sync_switch/asp`` and ``sync_switch/local``
+          (1 for the epoch's mode, 0 for the others), with ``sync_switch/epoch_time_s``
           (training only, validation excluded) and ``sync_switch/throughput`` (samples/s over all ranks).
         - Step-interval LR schedulers (not ``ReduceLROnPlateau``) are stepped by this callback instead of Lightning,
           by a fixed number of steps per epoch whatever the mode, so ASP epochs (where ranks make different numbers
@@ -320,7 +321,7 @@ class SyncSwitchCallback(Callback):
         self.epochs.append({"epoch": epoch, "mode": mode, "time_s": elapsed_s, "samples": samples})
         self.history.append(mode)
         metrics = {
-            "sync_switch/bsp": 1.0 if mode == "bsp" else 0.0,
+            **{f"sync_switch/{name}": float(name == mode) for name in MODES},
             "sync_switch/epoch_time_s": elapsed_s,
             "sync_switch/throughput": samples / elapsed_s if elapsed_s > 0 else 0.0,
             "sync_switch/straggler": float(self.straggler),
