@@ -361,6 +361,7 @@ class HeteroBatchCallback(Callback):
             measured,
             trimmed(self.period.sync_walls),
             trimmed(period_walls),
+            self.cost.relative_error(current[self._rank]),
         )
         seen = read_rows(gather_rows(trainer.strategy, local, self.busy))
         if any(seen.changed):
@@ -381,6 +382,7 @@ class HeteroBatchCallback(Callback):
             self.sync_step_s,
             known_sizes=seen.known_sizes,
             sync_steps=seen.sync_steps,
+            relative_errors=seen.relative_errors,
         )
         predicted = self.predicted_step_s()  # at the split measured, before the decision
         if decision.apply:

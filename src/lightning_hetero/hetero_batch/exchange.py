@@ -32,6 +32,7 @@ FIELDS = (
     "sync_steps",
     "newest_sync_step_s",
     "newest_sync_steps",
+    "relative_error",
 )
 
 
@@ -58,14 +59,17 @@ def own_row(
     busy_s: float,
     walls: list[float],
     newest_walls: list[float],
+    relative_error: float,
 ) -> torch.Tensor:
     """This rank's row: its fit ``(overhead_s, per_sample_s or None, known sizes)`` as it stands and restarted from
-    the newest period, whether it saw a change, its loader position, its mean busy seconds at its current size, and
-    the synchronous step's (trimmed) wall times since the split came into force and in the newest period only.
+    the newest period, whether it saw a change, its loader position, its mean busy seconds at its current size, the
+    synchronous step's (trimmed) wall times since the split came into force and in the newest period only, and the
+    relative standard error of its busy level at its current size
+    (:meth:`~lightning_hetero.hetero_batch.cost_model.PeriodCostModel.relative_error`).
 
     Example::
 
-        >>> row = own_row((0.002, 0.001, 2), (0.003, None, 1), False, 640, 0.034, [0.035, 0.036], [0.036])
+        >>> row = own_row((0.002, 0.001, 2), (0.003, None, 1), False, 640, 0.034, [0.035, 0.036], [0.036], 0.01)
         >>> fields = dict(zip(FIELDS, row.tolist()))
         >>> round(fields["sync_step_s"], 6), fields["sync_steps"], math.isnan(fields["latest_per_sample_s"])
         (0.0355, 2.0, True)
@@ -84,6 +88,7 @@ def own_row(
         len(walls),
         _mean(newest_walls),
         len(newest_walls),
+        relative_error,
     )
     return torch.tensor([float(v) for v in values], dtype=torch.float64)
 
@@ -102,6 +107,8 @@ class Exchanged:
     sync_steps: int
     #: every rank's mean busy seconds per step at its current size (NaN where unmeasured)
     busy_s: tuple[float, ...]
+    #: every rank's relative standard error of its busy level at its current size (NaN where unmeasured)
+    relative_errors: tuple[float, ...]
     #: which ranks saw their speed change; if any did, every rank restarts from its newest period
     changed: tuple[bool, ...]
     #: the furthest any rank's loader got (a new split starts after it)
@@ -113,8 +120,8 @@ def read_rows(rows: torch.Tensor) -> Exchanged:
 
     Example::
 
-        >>> a = own_row((0.002, 0.001, 2), (0.002, 0.001, 2), False, 10, 0.034, [0.035], [0.035])
-        >>> b = own_row((0.004, 0.002, 2), (0.009, 0.003, 1), True, 12, 0.070, [0.071, 0.5], [0.071])
+        >>> a = own_row((0.002, 0.001, 2), (0.002, 0.001, 2), False, 10, 0.034, [0.035], [0.035], 0.01)
+        >>> b = own_row((0.004, 0.002, 2), (0.009, 0.003, 1), True, 12, 0.070, [0.071, 0.5], [0.071], 0.02)
         >>> seen = read_rows(torch.stack([a, b]))
         >>> seen.costs, seen.changed, seen.position, seen.sync_step_s
         (((0.002, 0.001), (0.004, 0.002)), (False, True), 12, 0.071)
@@ -133,6 +140,7 @@ def read_rows(rows: torch.Tensor) -> Exchanged:
         sync_step_s=max(walls) if len(walls) == len(rows) else None,
         sync_steps=int(rows[:, 10].min().item()),
         busy_s=tuple(float(b) for b in rows[:, 4]),
+        relative_errors=tuple(float(e) for e in rows[:, 13]),
         changed=tuple(bool(c) for c in changed.tolist()),
         position=int(rows[:, 6].max().item()),
     )
