@@ -75,7 +75,9 @@ class HeteroBatchCallback(Callback):
         max_batch_size: largest per-rank batch (an int, one per rank, or ``None``).
         memory_caps: optional per-rank largest batch that fits in memory.
         deadband: apply a new split only when it is predicted to shorten the synchronous step by more than this
-            fraction (a cluster-wide decision).
+            fraction (a cluster-wide decision); a smaller gain beyond 2% and the measurement noise, proposed at two
+            adjustments in a row, is applied too (a refinement, see
+            :class:`~lightning_hetero.hetero_batch.controller.AdjustmentPolicy`).
         smoothing: EWMA weight of the newest compute-window throughput in ``meter`` (which
             :class:`~lightning_hetero.switching.SyncSwitchCallback` reads); the split itself follows busy times.
         warmup_steps: measurements discarded at the start of fit (and one after each change of split).
