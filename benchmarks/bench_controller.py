@@ -115,6 +115,21 @@ def static_candidates(factors: list[float]) -> list[list[int]]:
     return candidates
 
 
+def rotating_order(arms: list[dict], repeats: int) -> list[dict]:
+    """Each repeat runs every arm back to back; which arm goes first rotates from one repeat to the next."""
+    return [arms[(i + j) % len(arms)] for i in range(repeats) for j in range(len(arms))]
+
+
+def arm_runs(results: list[dict], arm: dict) -> list[dict]:
+    """The results of ``arm``'s runs, in the order they ran (the i-th is repeat i)."""
+    return [r for r in results if r["run"] == arm]
+
+
+def paired_ratios(ours: list[float], reference: list[float]) -> list[float]:
+    """Per-repeat ratios of two arms' throughputs (both lists in repeat order)."""
+    return [o / r for o, r in zip(ours, reference, strict=True)]
+
+
 def static_scenario(name: str, factors: list[float], throttle: str, args: argparse.Namespace) -> dict:
     candidates = static_candidates(factors)
     runs = [{"kind": "hetero"}] + [{"kind": "static", "split": split} for split in candidates]
@@ -147,18 +162,13 @@ def static_scenario(name: str, factors: list[float], throttle: str, args: argpar
         arms = [{"kind": "hetero"}, {"kind": "static", "split": list(best_split)}]
         if args.ablate_refine:
             arms.append({"kind": "hetero", "refine": False})
-        order = [arms[(i + j) % len(arms)] for i in range(args.paired) for j in range(len(arms))]
-        paired = launch(factors, order, throttle, args.steps)
-
-        def arm_runs(arm: dict) -> list[dict]:
-            return [r for r in paired if r["run"] == arm]
-
-        ours_runs, best_runs = ([throughput(r, skip) for r in arm_runs(arm)] for arm in arms[:2])
-        ratios = [o / b for o, b in zip(ours_runs, best_runs, strict=True)]
-        hetero = arm_runs(arms[0])
+        paired = launch(factors, rotating_order(arms, args.paired), throttle, args.steps)
+        ours_runs, best_runs = ([throughput(r, skip) for r in arm_runs(paired, arm)] for arm in arms[:2])
+        ratios = paired_ratios(ours_runs, best_runs)
+        hetero = arm_runs(paired, arms[0])
         if args.ablate_refine:
-            plain = arm_runs(arms[2])
-            plain_ratios = [throughput(r, skip) / b for r, b in zip(plain, best_runs, strict=True)]
+            plain = arm_runs(paired, arms[2])
+            plain_ratios = paired_ratios([throughput(r, skip) for r in plain], best_runs)
             row["without_refinement"] = {
                 "fraction_of_best_static": statistics.median(plain_ratios),
                 "paired_ratios": plain_ratios,

@@ -143,7 +143,7 @@ class PeriodCostModel:
             for size, times in busy.items()
         }
         variances = {
-            size: statistics.pvariance([max(b, f) for b, f in zip(times, floors[size], strict=True)])
+            size: _variance([max(b, f) for b, f in zip(times, floors[size], strict=True)])
             for size, times in busy.items()
         }
         newest = max(means, key=lambda size: means[size][1])  # the size most of the period ran at
@@ -310,3 +310,9 @@ class PeriodCostModel:
         fitted = self.overhead_s, self.per_sample_s
         self.identified = bool(self.sizes) and self._fit()
         self.overhead_s, self.per_sample_s = fitted
+
+
+def _variance(values: list[float]) -> float:
+    """Population variance in plain floats (``statistics.pvariance`` computes in exact fractions: slower)."""
+    mean = sum(values) / len(values)
+    return sum((v - mean) ** 2 for v in values) / len(values)
