@@ -126,23 +126,28 @@ def read_rows(rows: torch.Tensor) -> Exchanged:
         >>> seen.costs, seen.changed, seen.position, seen.sync_step_s
         (((0.002, 0.001), (0.004, 0.002)), (False, True), 12, 0.071)
     """
-    rows = rows.clone()
-    changed = rows[:, 5].bool()
-    if bool(changed.any()):
+    # plain Python on one list: a dozen torch ops on a 2 x 14 tensor cost about 0.2 ms per adjustment
+    table = [dict(zip(FIELDS, row, strict=True)) for row in rows.tolist()]
+    changed = tuple(bool(row["changed"]) for row in table)
+    if any(changed):
         # a rank that saw a change already restarted; the others read their fit restarted from the newest period
-        rows[:, :3] = torch.where(changed[:, None], rows[:, :3], rows[:, 7:10])
-        rows[:, [3, 10]] = rows[:, [11, 12]]
-    costs = None if torch.isnan(rows[:, :2]).any() else tuple((float(a), float(c)) for a, c in rows[:, :2].tolist())
-    walls = [w for w in rows[:, 3].tolist() if math.isfinite(w)]
+        for row, restarted in zip(table, changed, strict=True):
+            if not restarted:
+                for name in ("overhead_s", "per_sample_s", "known_sizes"):
+                    row[name] = row[f"latest_{name}"]
+            row["sync_step_s"], row["sync_steps"] = row["newest_sync_step_s"], row["newest_sync_steps"]
+    fits = [(row["overhead_s"], row["per_sample_s"]) for row in table]
+    costs = None if any(math.isnan(v) for fit in fits for v in fit) else tuple(fits)
+    walls = [row["sync_step_s"] for row in table if math.isfinite(row["sync_step_s"])]
     return Exchanged(
         costs=costs,
-        known_sizes=[int(n) for n in rows[:, 2].tolist()],
-        sync_step_s=max(walls) if len(walls) == len(rows) else None,
-        sync_steps=int(rows[:, 10].min().item()),
-        busy_s=tuple(float(b) for b in rows[:, 4]),
-        relative_errors=tuple(float(e) for e in rows[:, 13]),
-        changed=tuple(bool(c) for c in changed.tolist()),
-        position=int(rows[:, 6].max().item()),
+        known_sizes=[int(row["known_sizes"]) for row in table],
+        sync_step_s=max(walls) if len(walls) == len(table) else None,
+        sync_steps=int(min(row["sync_steps"] for row in table)),
+        busy_s=tuple(row["busy_s"] for row in table),
+        relative_errors=tuple(row["relative_error"] for row in table),
+        changed=changed,
+        position=int(max(row["position"] for row in table)),
     )
 
 
