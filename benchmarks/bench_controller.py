@@ -8,6 +8,11 @@ Scenarios (2 and 4 DDP ranks on gloo, global batch 64, adjustments every 8 steps
 Each launch of N ranks runs the controller and every static candidate one after another, ``--repeats`` times
 interleaved (4-rank static scenarios one time fewer), so that all of them see the same machine load; medians over
 repeats are reported. Static candidates are splits proportional to speed**gamma (6 for 2 ranks, 3 for 4 ranks).
+The sweep's best median is the maximum of several noisy figures, biased upwards, so it only *picks* the best static
+split: a second launch then runs the controller and that split in ``--paired`` pairs (which goes first alternates),
+and the fraction of the best static split is the median of the per-pair ratios (``--ablate-refine`` adds a third arm,
+the controller without refinements below the deadband). The sweep's maximum and the fraction against it stay in the
+JSON (``sweep_best_samples_per_s``, ``fraction_of_sweep_max``).
 
 Figures: throughput (global samples per second of wall time over steps after the first two adjustment periods),
 fraction of the best static split, split changes, worst inversion (samples by which a slower rank's batch exceeded
@@ -15,7 +20,8 @@ a faster rank's, against the emulated truth), and after a speed change the settl
 the split stays within 10% of the global batch of its final value) and overshoot (the largest move beyond the
 final split, as a fraction of that rank's final batch).
 
-Usage: python benchmarks/bench_controller.py [--quick] [--repeats 3]; JSON to benchmarks/results/controller.json.
+Usage: python benchmarks/bench_controller.py [--quick] [--repeats 3] [--paired 5] [--ablate-refine]; JSON to
+benchmarks/results/controller.json.
 """
 
 from __future__ import annotations
@@ -109,36 +115,89 @@ def static_candidates(factors: list[float]) -> list[list[int]]:
     return candidates
 
 
+def rotating_order(arms: list[dict], repeats: int) -> list[dict]:
+    """Each repeat runs every arm back to back; which arm goes first rotates from one repeat to the next."""
+    return [arms[(i + j) % len(arms)] for i in range(repeats) for j in range(len(arms))]
+
+
+def arm_runs(results: list[dict], arm: dict) -> list[dict]:
+    """The results of ``arm``'s runs, in the order they ran (the i-th is repeat i)."""
+    return [r for r in results if r["run"] == arm]
+
+
+def paired_ratios(ours: list[float], reference: list[float]) -> list[float]:
+    """Per-repeat ratios of two arms' throughputs (both lists in repeat order)."""
+    return [o / r for o, r in zip(ours, reference, strict=True)]
+
+
 def static_scenario(name: str, factors: list[float], throttle: str, args: argparse.Namespace) -> dict:
     candidates = static_candidates(factors)
     runs = [{"kind": "hetero"}] + [{"kind": "static", "split": split} for split in candidates]
     repeats = args.repeats if len(factors) == 2 else max(1, args.repeats - 1)  # 4 ranks: one repeat fewer (time)
     results = launch(factors, runs * repeats, throttle, args.steps)
     skip = 2 * PERIOD
-    hetero = [r for r in results if r["run"]["kind"] == "hetero"]
     static = {
         tuple(split): statistics.median(
             throughput(r, skip) for r in results if r["run"].get("split") == split and r["run"]["kind"] == "static"
         )
         for split in candidates
     }
-    best_split, best = max(static.items(), key=lambda item: item[1])
-    ours = statistics.median(throughput(r, skip) for r in hetero)
-    return {
+    best_split, sweep_best = max(static.items(), key=lambda item: item[1])
+    sweep_ours = statistics.median(throughput(r, skip) for r in results if r["run"]["kind"] == "hetero")
+    row = {
         "scenario": name,
         "ranks": len(factors),
         "factors": factors,
         "throttle": throttle,
-        "controller_samples_per_s": ours,
-        "controller_runs": [throughput(r, skip) for r in hetero],
         "best_static_split": list(best_split),
-        "best_static_samples_per_s": best,
+        "sweep_best_samples_per_s": sweep_best,
+        "sweep_controller_samples_per_s": sweep_ours,
         "static_sweep": {str(list(k)): v for k, v in static.items()},
-        "fraction_of_best_static": ours / best,
+        "fraction_of_sweep_max": sweep_ours / sweep_best,
+    }
+    hetero = [r for r in results if r["run"]["kind"] == "hetero"]
+    if args.paired:
+        # re-measure the sweep's pick side by side with the controller (and the ablation): the arms of each repeat
+        # run back to back, their order rotating from one repeat to the next
+        arms = [{"kind": "hetero"}, {"kind": "static", "split": list(best_split)}]
+        if args.ablate_refine:
+            arms.append({"kind": "hetero", "refine": False})
+        paired = launch(factors, rotating_order(arms, args.paired), throttle, args.steps)
+        ours_runs, best_runs = ([throughput(r, skip) for r in arm_runs(paired, arm)] for arm in arms[:2])
+        ratios = paired_ratios(ours_runs, best_runs)
+        hetero = arm_runs(paired, arms[0])
+        if args.ablate_refine:
+            plain = arm_runs(paired, arms[2])
+            plain_ratios = paired_ratios([throughput(r, skip) for r in plain], best_runs)
+            row["without_refinement"] = {
+                "fraction_of_best_static": statistics.median(plain_ratios),
+                "paired_ratios": plain_ratios,
+                "split_changes": statistics.median(len(r["history"]) for r in plain),
+                "final_splits": [list(splits_per_step(r)[-1]) for r in plain],
+                "changes": [[(h["step"], list(h["to"]), h["reason"]) for h in r["history"]] for r in plain],
+            }
+        row |= {
+            "paired_repeats": args.paired,
+            "controller_runs": ours_runs,
+            "best_static_runs": best_runs,
+            "paired_ratios": ratios,
+            "controller_samples_per_s": statistics.median(ours_runs),
+            "best_static_samples_per_s": statistics.median(best_runs),
+            "fraction_of_best_static": statistics.median(ratios),
+        }
+    else:
+        row |= {
+            "controller_runs": [throughput(r, skip) for r in hetero],
+            "controller_samples_per_s": sweep_ours,
+            "best_static_samples_per_s": sweep_best,
+            "fraction_of_best_static": sweep_ours / sweep_best,
+        }
+    return row | {
         "split_changes": statistics.median(len(r["history"]) for r in hetero),
         "rollbacks": statistics.median(sum(h["reason"] == "rollback" for h in r["history"]) for r in hetero),
         "worst_inversion": max(worst_inversion(splits_per_step(r), factors) for r in hetero),
         "final_splits": [list(splits_per_step(r)[-1]) for r in hetero],
+        "changes": [[(h["step"], list(h["to"]), h["reason"]) for h in r["history"]] for r in hetero],
     }
 
 
@@ -204,13 +263,17 @@ def print_table(args: argparse.Namespace, results: list[dict]) -> None:
         f"{os.getloadavg()[0]:.1f}; global batch {GLOBAL_BATCH}; adjust every {PERIOD} steps; {args.repeats} "
         f"interleaved repeats, medians)"
     )
-    print(f"{'scenario':<24} {'ctrl/s':>7} {'best static':>18} {'fraction':>8} {'changes':>7} {'inversion':>9}")
+    print(
+        f"{'scenario':<24} {'ctrl/s':>7} {'best static':>18} {'fraction':>8} {'vs sweep max':>12} {'changes':>7} "
+        f"{'inversion':>9}"
+    )
     for row in results:
         if "fraction_of_best_static" in row:
             best = f"{row['best_static_samples_per_s']:.0f} {row['best_static_split']}"
             print(
                 f"{row['title']:<24} {row['controller_samples_per_s']:>7.0f} {best:>18} "
-                f"{row['fraction_of_best_static']:>8.3f} {row['split_changes']:>7} {row['worst_inversion']:>9}"
+                f"{row['fraction_of_best_static']:>8.3f} {row['fraction_of_sweep_max']:>12.3f} "
+                f"{row['split_changes']:>7} {row['worst_inversion']:>9}"
             )
     for row in results:
         if "settled_periods" in row:
@@ -237,6 +300,8 @@ def write(args: argparse.Namespace, results: list[dict], started: float) -> None
         "adjust_every_n_steps": PERIOD,
         "steps": args.steps,
         "repeats": args.repeats,
+        "paired_repeats": args.paired,
+        "ablate_refine": args.ablate_refine,
         "quick": args.quick,
         "load_average": os.getloadavg(),
         "wall_s": time.time() - started,
@@ -246,14 +311,20 @@ def write(args: argparse.Namespace, results: list[dict], started: float) -> None
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="2-rank scenarios only, 1 repeat, 64 steps")
+    parser.add_argument("--quick", action="store_true", help="2-rank scenarios only, 1 repeat, 1 pair, 64 steps")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=96)
+    parser.add_argument(
+        "--paired", type=int, default=5, help="controller / best-static pairs per static scenario (0: sweep only)"
+    )
+    parser.add_argument(
+        "--ablate-refine", action="store_true", help="paired runs also run the controller without refinements"
+    )
     parser.add_argument("--only", default="", help="semicolon-separated scenario titles to run (default: all)")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "controller.json")
     args = parser.parse_args()
     if args.quick:
-        args.repeats, args.steps = 1, 64
+        args.repeats, args.steps, args.paired = 1, 64, 1
     started = time.time()
     plan: list[tuple[str, object]] = []
     for level, factors in TWO_RANKS.items():

@@ -127,13 +127,13 @@ def static_splits(standalone: list[float], global_batch: int) -> list[list[int]]
 class Cluster:
     """Worker containers with unique names on their own network, a shared run directory, and the emulator."""
 
-    def __init__(self, workers: int, run_dir: Path, model: str = "mlp") -> None:
+    def __init__(self, workers: int, run_dir: Path, model: str = "mlp", image: str = IMAGE) -> None:
         tag = uuid.uuid4().hex[:6]
         self.names = [f"lh-bench-{tag}-w{i}" for i in range(workers)]
         self.run_dir = run_dir
         self.base = [
             f"containers=[{','.join(self.names)}]",
-            f"cluster.image={IMAGE}",
+            f"cluster.image={image}",
             f"cluster.network=lh-bench-{tag}",
             f"progress_dir={run_dir}",
             "allocation=quota",
@@ -234,7 +234,7 @@ class Cluster:
 
 
 def run_workers(workers: int, args: argparse.Namespace, run_dir: Path) -> tuple[list[dict[str, Any]], dict]:
-    cluster = Cluster(workers, run_dir, args.model)
+    cluster = Cluster(workers, run_dir, args.model, args.image)
     rows = []
     try:
         used = [*args.levels, *(name for _, name in SCHEDULE if args.schedule)]
@@ -406,6 +406,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="HL4, DDP and HeteroBatch, 3 epochs, no schedule")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "docker.json")
     parser.add_argument(
+        "--image", default=IMAGE, help=f"worker image to build from this checkout and run (default {IMAGE})"
+    )
+    parser.add_argument(
         "--plot-only",
         type=Path,
         nargs="+",
@@ -420,7 +423,7 @@ def main() -> None:
         print("note: matplotlib is not installed (pip install -e '.[plots]'): the plot will be skipped")
     if args.quick:
         args.levels, args.methods, args.epochs, args.schedule = ["HL4"], ["ddp", "hetero"], 3, False
-    build = subprocess.run([str(ROOT / "docker" / "build-image.sh"), "--tag", IMAGE])
+    build = subprocess.run([str(ROOT / "docker" / "build-image.sh"), "--tag", args.image])
     if build.returncode != 0:
         sys.exit("bench_docker: the worker image could not be built (above)")
     rows, standalone = [], {}

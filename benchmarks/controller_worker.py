@@ -2,8 +2,9 @@
 script for the other ranks, and the fits share the process group (start-up is paid once, and the fits of one launch
 see the same machine load).
 
-Each run is one of: ``hetero`` (HeteroBatchCallback adjusting every ``--adjust-every`` steps), ``static`` (the
-callback's batch-weighted DDP with a fixed split) or ``ddp`` (plain DDP, equal batches). Slowdowns come from
+Each run is one of: ``hetero`` (HeteroBatchCallback adjusting every ``--adjust-every`` steps; with
+``"refine": false`` its policy never refines below the deadband, for an ablation), ``static`` (the callback's
+batch-weighted DDP with a fixed split) or ``ddp`` (plain DDP, equal batches). Slowdowns come from
 ``SlowdownEmulator``: The model's compute is a sleep of ``--overhead-s + --cost-s x batch`` (so ranks do not compete for this host's
 cores) plus a small MLP. ``--throttle sleep`` stretches it by the rank's factor; ``--throttle cfs`` gives the rank a
 CFS quota of ``1 / factor`` CPUs per 100 ms, charged its CPU time plus the emulated (slept) compute. Rank 0 writes, per run, every step's start time, global and local sizes,
@@ -41,6 +42,17 @@ class SleepCostModel(MLPClassifier):
         time.sleep(seconds)
         self.emulated_cpu_s += seconds
         return super().forward(x)
+
+
+class NoRefinement(Callback):
+    """Turns off the policy's refinements below the deadband (the policy is built with the train loader)."""
+
+    def __init__(self, hetero: HeteroBatchCallback) -> None:
+        self.hetero = hetero
+
+    def on_train_start(self, trainer, pl_module):
+        assert self.hetero.policy is not None
+        self.hetero.policy.refine_gain = None
 
 
 class StepClock(Callback):
@@ -81,6 +93,8 @@ def one_run(args: argparse.Namespace, run: dict, world: int) -> dict | None:
         if run["kind"] == "static":
             hetero._adjust = lambda *args, **kwargs: None  # a fixed split: the callback only splits and weights
         callbacks.insert(0, hetero)
+        if run.get("refine") is False:
+            callbacks.append(NoRefinement(hetero))
     trainer = L.Trainer(
         accelerator="cpu",
         devices=world,
@@ -114,7 +128,7 @@ def one_run(args: argparse.Namespace, run: dict, world: int) -> dict | None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path)
-    parser.add_argument("--runs", required=True, help="JSON list of {kind, split?, options?}")
+    parser.add_argument("--runs", required=True, help="JSON list of {kind, split?, options?, refine?}")
     parser.add_argument("--factors", default="1,4")
     parser.add_argument("--factors-after", default="")
     parser.add_argument("--switch-step", type=int, default=0)

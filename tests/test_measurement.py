@@ -75,6 +75,12 @@ def test_busy_timer_ignores_a_wait_with_no_ready_mark_and_records_cpu():
     assert timer.last_cpu_s == 0.25
 
 
+def test_busy_timer_without_a_cpu_clock_reads_no_cpu_time():
+    timer = BusyTimer(clock=iter([0.0, 0.5]).__next__, cpu_clock=None)
+    timer.step_start()
+    assert timer.step_start() == 0.5 and timer.last_cpu_s is None
+
+
 def test_sustained_step_is_cpu_time_at_the_quota_rate_when_longer():
     assert sustained_step_s(0.010, cpu_s=0.009, quota_cpus=0.25) == pytest.approx(0.036)
     assert sustained_step_s(0.050, cpu_s=0.009, quota_cpus=0.25) == 0.050

@@ -71,7 +71,8 @@ class BusyTimer:
     gradient all-reduce after the rank's own backward, DDP's buffer broadcast, ``sync_dist`` logging, barriers).
     Everything else in the step, including a CPU quota's throttling wherever it lands, data loading and the
     optimizer step, is the rank's own cost. A step can be excluded with :meth:`skip` (an epoch boundary, a
-    validation run).
+    validation run). ``cpu_clock=None`` reads no CPU time (``last_cpu_s`` stays ``None``): without a CPU quota it is
+    not needed, and the process CPU clock can cost tens of microseconds per read in a VM whose other threads run.
 
     Example::
 
@@ -86,11 +87,11 @@ class BusyTimer:
         0.07
     """
 
-    def __init__(self, clock: Any = time.perf_counter, cpu_clock: Any = time.process_time) -> None:
+    def __init__(self, clock: Any = time.perf_counter, cpu_clock: Any | None = time.process_time) -> None:
         self.clock = clock
         self.cpu_clock = cpu_clock
         self._start: float | None = None
-        self._cpu_start = 0.0
+        self._cpu_start: float | None = 0.0
         self._ready: float | None = None
         self._wait_s = 0.0
         #: wall seconds of the last measured step (the synchronous step time, the same on every rank)
@@ -100,12 +101,12 @@ class BusyTimer:
 
     def step_start(self) -> float | None:
         """Close the open step (returning its busy seconds, or ``None`` if none was open) and open a new one."""
-        now, cpu = self.clock(), self.cpu_clock()
+        now, cpu = self.clock(), None if self.cpu_clock is None else self.cpu_clock()
         busy = None
         self.last_wall_s = self.last_cpu_s = None
         if self._start is not None:
             self.last_wall_s = now - self._start
-            self.last_cpu_s = cpu - self._cpu_start
+            self.last_cpu_s = None if cpu is None or self._cpu_start is None else cpu - self._cpu_start
             busy = max(0.0, self.last_wall_s - self._wait_s)
         self._start, self._cpu_start = now, cpu
         self._ready = None

@@ -67,13 +67,14 @@ def run_controller(
     period_steps: int = 8,
     change_at: int | None = None,
     change: dict | None = None,
+    **policy_options: object,
 ) -> dict:
     """Closed loop as in HeteroBatchCallback: per-rank PeriodCostModels fed each period's steps (the first step at a
     new split discarded; all restart from the newest period when one sees a change), one AdjustmentPolicy decision
     per period, applied from the next step; the synchronous step is measured over the steps at the split in force
     since it came into force, or this period's when a rank saw a change)."""
     world = len(ranks.overhead_s)
-    policy = AdjustmentPolicy(BatchSizeController(global_batch, world))
+    policy = AdjustmentPolicy(BatchSizeController(global_batch, world), **policy_options)  # type: ignore[arg-type]
     models = [PeriodCostModel() for _ in range(world)]
     split = policy.controller.equal_split()
     splits, walls, decisions = [], [], []
@@ -104,7 +105,10 @@ def run_controller(
         sync_walls = period_walls if any(changed) else (sync_walls + period_walls)[-32:]
         kept = sorted(sync_walls)[: max(1, len(sync_walls) - 1)]  # without the longest step, as the callback does
         sizes_known = [len(m.sizes) for m in models]
-        decision = policy.decide(split, costs, sum(kept) / len(kept), sizes_known, sync_steps=len(kept))
+        errors = [m.relative_error(b) for m, b in zip(models, split, strict=True)]
+        decision = policy.decide(
+            split, costs, sum(kept) / len(kept), sizes_known, sync_steps=len(kept), relative_errors=errors
+        )
         decisions.append(decision)
         if decision.apply:
             split = decision.sizes

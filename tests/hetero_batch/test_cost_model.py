@@ -1,7 +1,7 @@
 import math
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from lightning_hetero.hetero_batch.cost_model import PeriodCostModel
@@ -72,6 +72,7 @@ def test_close_sizes_do_not_fit_an_intercept():
         max_size=8,
     )
 )
+@example([[(1, 1.0), (1, 0.375), (1, 0.0625), (4, 0.5)], [(11, 1.0), (10, 0.5)]])  # rescaled share over the ceiling
 def test_the_fit_stays_physically_plausible(periods):
     """Whatever the measurements, 0 <= overhead <= 0.9 x the smallest size's measured mean and the slope is positive,
     so no rank can be predicted to need more time than measured at its smallest size just for showing up."""
@@ -92,7 +93,7 @@ def test_state_round_trip_and_validation():
     other = PeriodCostModel()
     other.load_state_dict(model.state_dict())
     assert other.step_time_s(30) == pytest.approx(model.step_time_s(30))
-    assert other.sizes == model.sizes
+    assert other.sizes == model.sizes and other.variances == model.variances
     for kwargs, message in [
         ({"change_tolerance": 0.0}, "change_tolerance"),
         ({"min_spread": float("nan")}, "min_spread"),
@@ -134,3 +135,19 @@ def test_right_after_a_change_a_miss_at_a_new_size_is_a_change_again():
     assert report.changed and len(model.sizes) == 1
     assert model.update([(30, 0.031)] * 6).changed is False  # then the band applies again: a second size ...
     assert model.identified and model.overhead_s == pytest.approx(0.001, abs=1e-4)  # ... pins the overhead
+
+
+def test_relative_error_is_the_standard_error_of_a_size_level_over_its_merged_periods():
+    model = PeriodCostModel()
+    model.update([(32, 0.008), (32, 0.012)] * 4)  # one step: 2 ms either side of 10 ms, 8 steps
+    assert model.relative_error(32) == pytest.approx(0.002 / math.sqrt(8) / 0.010)
+    model.update([(32, 0.010)] * 8)  # steady steps halve the pooled variance over twice the steps
+    assert model.relative_error(32) == pytest.approx(math.sqrt(0.002**2 / 2 / 16) / 0.010)
+    assert math.isnan(model.relative_error(16))
+    # a change of speed forgets the older periods' spread with their sizes
+    model.update([(32, 0.040)] * 8)
+    assert model.relative_error(32) == 0.0
+    # restarting from the newest period takes its spread
+    model.update([(32, 0.038), (32, 0.042)] * 4)
+    model.restart_from_latest()
+    assert model.relative_error(32) == pytest.approx(0.002 / math.sqrt(8) / 0.040)

@@ -7,8 +7,8 @@ from lightning_hetero.hetero_batch.exchange import FIELDS, gather_rows, own_row,
 from lightning_hetero.measurement import BusyTimer
 
 
-def _row(fit, latest, changed=False, position=0, busy=0.03, walls=(0.031,), newest=(0.031,)):
-    return own_row(fit, latest, changed, position, busy, list(walls), list(newest))
+def _row(fit, latest, changed=False, position=0, busy=0.03, walls=(0.031,), newest=(0.031,), error=0.01):
+    return own_row(fit, latest, changed, position, busy, list(walls), list(newest), error)
 
 
 def test_a_row_has_every_field_in_order():
@@ -19,6 +19,7 @@ def test_a_row_has_every_field_in_order():
     assert fields["sync_step_s"] == pytest.approx(0.05) and fields["sync_steps"] == 2
     assert fields["newest_sync_step_s"] == pytest.approx(0.06) and fields["newest_sync_steps"] == 1
     assert fields["position"] == 7 and fields["busy_s"] == 0.05 and fields["changed"] == 0
+    assert fields["relative_error"] == 0.01
 
 
 def test_a_change_seen_by_one_rank_restarts_every_rank_from_its_newest_period():

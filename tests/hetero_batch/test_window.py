@@ -81,3 +81,12 @@ def test_the_quota_comes_from_a_cfs_emulator_else_the_cgroup(monkeypatch):
     assert quota_source([SlowdownEmulator({1: 4.0})], BusyTimer())() == 0.5  # a sleep emulator has no quota
     emulator = SlowdownEmulator({0: 4.0}, throttle="cfs")
     assert quota_source([emulator], BusyTimer())() is emulator.cpu_quota
+
+
+def test_without_a_quota_no_cpu_clock_is_read(monkeypatch):
+    monkeypatch.setattr("lightning_hetero.hetero_batch.window.cgroup_cpu_quota", lambda: None)
+    busy = BusyTimer()
+    assert quota_source([SlowdownEmulator({1: 4.0})], busy)() is None and busy.cpu_clock is None
+    monkeypatch.setattr("lightning_hetero.hetero_batch.window.cgroup_cpu_quota", lambda: 0.5)
+    busy = BusyTimer()
+    assert quota_source([], busy)() == 0.5 and busy.cpu_clock is not None

@@ -75,7 +75,9 @@ class HeteroBatchCallback(Callback):
         max_batch_size: largest per-rank batch (an int, one per rank, or ``None``).
         memory_caps: optional per-rank largest batch that fits in memory.
         deadband: apply a new split only when it is predicted to shorten the synchronous step by more than this
-            fraction (a cluster-wide decision).
+            fraction (a cluster-wide decision); a smaller gain beyond 2% and the measurement noise, proposed at two
+            adjustments in a row, is applied too (a refinement, see
+            :class:`~lightning_hetero.hetero_batch.controller.AdjustmentPolicy`).
         smoothing: EWMA weight of the newest compute-window throughput in ``meter`` (which
             :class:`~lightning_hetero.switching.SyncSwitchCallback` reads); the split itself follows busy times.
         warmup_steps: measurements discarded at the start of fit (and one after each change of split).
@@ -361,6 +363,7 @@ class HeteroBatchCallback(Callback):
             measured,
             trimmed(self.period.sync_walls),
             trimmed(period_walls),
+            self.cost.relative_error(current[self._rank]),
         )
         seen = read_rows(gather_rows(trainer.strategy, local, self.busy))
         if any(seen.changed):
@@ -381,6 +384,7 @@ class HeteroBatchCallback(Callback):
             self.sync_step_s,
             known_sizes=seen.known_sizes,
             sync_steps=seen.sync_steps,
+            relative_errors=seen.relative_errors,
         )
         predicted = self.predicted_step_s()  # at the split measured, before the decision
         if decision.apply:

@@ -152,10 +152,11 @@ class Decision:
     """The controller's answer: the proposed split, its predicted gain, and whether it is worth applying.
 
     ``predicted_gain`` is the fraction by which the synchronous step is predicted to shorten (``0.25``: a quarter).
-    ``reason`` says why: ``"balance"`` (equalise the predicted step times), ``"rollback"`` (the last change made the
-    measured synchronous step slower: return to the split before it), ``"explore"`` (try a rank that sat at its
-    minimum one notch higher, to learn its cost at another size) or ``"hold"`` (keep the split until the last
-    change has been measured on enough steps).
+    ``reason`` says why: ``"balance"`` (equalise the predicted step times), ``"refine"`` (a balancing move whose
+    predicted gain is under the deadband but was proposed at two adjustments in a row), ``"rollback"`` (the last
+    change made the measured synchronous step slower: return to the split before it), ``"explore"`` (try a rank
+    that sat at its minimum one notch higher, to learn its cost at another size) or ``"hold"`` (keep the split until
+    the last change has been measured on enough steps).
     """
 
     sizes: tuple[int, ...]
@@ -264,6 +265,12 @@ class AdjustmentPolicy:
 
     - **Balance**: the min-max split of the fitted costs, never inverted (:func:`order_by_speed`), applied when its
       predicted gain clears the deadband.
+    - **Refine**: a balancing split whose predicted gain is under the deadband is still applied when the gain
+      exceeds ``refine_gain`` and twice the noise of the comparison (``2 x sqrt(2) x`` the largest relative
+      standard error of a rank's measured level), the adjustment before proposed the same split (``refine_after``
+      adjustments in a row), and it is not the split the last change left (no A -> B -> A). Near the balance point
+      one sample can be worth 2-5% of the step (a rank at 20 samples of a 64-sample global batch): the deadband
+      alone stops one sample short, and the noise gate and persistence keep noise from moving the split.
     - **Rollback**: each applied change is a trial. Once the synchronous step at the new split rests on at least
       ``min_sync_steps`` steps, it is compared with the one measured before the change; if it is slower by more
       than ``rollback_tolerance``, the previous split comes back (unless that split is now inverted, i.e. the ranks'
@@ -281,6 +288,8 @@ class AdjustmentPolicy:
         reject_periods: adjustments during which a rolled-back split is not proposed again.
         explore_after: adjustments at the lower bound (with one known size) before exploring; ``None``: never.
         min_sync_steps: steps a synchronous-step measurement needs to judge a trial (when the caller gives counts).
+        refine_gain: smallest predicted gain of a refinement (below the controller's deadband); ``None``: never refine.
+        refine_after: adjustments in a row that must propose the same refinement before it is applied.
 
     Example::
 
@@ -301,6 +310,8 @@ class AdjustmentPolicy:
         reject_periods: int = 3,
         explore_after: int | None = 3,
         min_sync_steps: int = 3,
+        refine_gain: float | None = 0.02,
+        refine_after: int = 2,
     ) -> None:
         if not math.isfinite(rollback_tolerance) or rollback_tolerance < 0:
             raise ValueError(f"rollback_tolerance must be a finite number >= 0, got {rollback_tolerance!r}")
@@ -310,15 +321,24 @@ class AdjustmentPolicy:
             raise ValueError(f"explore_after must be >= 1 or None, got {explore_after}")
         if min_sync_steps < 1:
             raise ValueError(f"min_sync_steps must be >= 1, got {min_sync_steps}")
+        if refine_gain is not None and (not math.isfinite(refine_gain) or refine_gain < 0):
+            raise ValueError(f"refine_gain must be a finite number >= 0 or None, got {refine_gain!r}")
+        if refine_after < 1:
+            raise ValueError(f"refine_after must be >= 1, got {refine_after}")
         self.controller = controller
         self.min_sync_steps = min_sync_steps
         self.rollback_tolerance = rollback_tolerance
         self.reject_periods = reject_periods
         self.explore_after = explore_after
+        self.refine_gain = refine_gain
+        self.refine_after = refine_after
         #: (split before the last change, synchronous step measured at it, its steps); None when no trial is pending
         self._trial: tuple[tuple[int, ...], float | None, int | None] | None = None
         self._rejected: dict[tuple[int, ...], int] = {}
         self._at_floor = [0] * controller.world_size
+        #: the refinement proposed at the last adjustment, and at how many adjustments in a row
+        self._proposed: tuple[tuple[int, ...], int] | None = None
+        self._left: tuple[int, ...] | None = None  # the split the last applied change left
 
     def decide(
         self,
@@ -327,11 +347,14 @@ class AdjustmentPolicy:
         sync_step_s: float | None = None,
         known_sizes: Sequence[int] | None = None,
         sync_steps: int | None = None,
+        relative_errors: Sequence[float] | None = None,
     ) -> Decision:
         """Decide from every rank's ``(overhead_s, per_sample_s)`` and the synchronous step measured at ``current``.
 
         ``known_sizes``: how many distinct batch sizes each rank's cost model rests on (for exploration).
         ``sync_steps``: how many steps ``sync_step_s`` rests on (``None``: enough).
+        ``relative_errors``: each rank's relative standard error of its measured level at ``current`` (for
+        refinements; ``None``: not known, no noise gate; NaN: unmeasured, no refinement).
 
         Example::
 
@@ -368,11 +391,24 @@ class AdjustmentPolicy:
                 if self.reject_periods:
                     self._rejected[current] = self.reject_periods
                 assert sync_step_s is not None and before_s is not None
+                self._left, self._proposed = current, None
                 return Decision(before, (before_s - sync_step_s) / sync_step_s, apply=True, reason="rollback")
 
         decision = controller.decide(current, rates, overheads)
         reason = "balance"
         proposed = decision.sizes
+        refinable = (
+            self.refine_gain is not None
+            and not decision.apply
+            and proposed != current
+            and proposed != self._left
+            and decision.predicted_gain > self.refine_gain
+            and decision.predicted_gain > 2 * math.sqrt(2) * _largest(relative_errors or [0.0])
+        )
+        in_a_row = self._proposed[1] + 1 if refinable and self._proposed and self._proposed[0] == proposed else 1
+        if refinable and in_a_row >= self.refine_after:
+            reason = "refine"
+        self._proposed = (proposed, in_a_row) if refinable and reason != "refine" else None
         self._at_floor = [
             n + 1 if b <= lo else 0 for n, b, lo in zip(self._at_floor, current, controller.lower, strict=True)
         ]
@@ -384,7 +420,7 @@ class AdjustmentPolicy:
             and proposed[k] <= controller.lower[k]
             and (known_sizes is None or known_sizes[k] <= 1)
         ]
-        if explorable and not decision.apply:
+        if explorable and not decision.apply and reason != "refine":
             k = explorable[0]
             donors = [j for j in range(controller.world_size) if j != k and proposed[j] > controller.lower[j]]
             if donors and proposed[k] < controller.upper[k]:
@@ -395,21 +431,35 @@ class AdjustmentPolicy:
                 explored[donor] -= explored[k] - proposed[k]
                 proposed, reason = tuple(explored), "explore"
                 self._at_floor[k] = 0
-        apply = proposed != current and proposed not in self._rejected and (decision.apply or reason == "explore")
+        apply = proposed != current and proposed not in self._rejected and (decision.apply or reason != "balance")
         if apply:
             self._trial = (current, sync_step_s, sync_steps)
+            self._left, self._proposed = current, None
         now = step_time_s(current, rates, overheads)
         gain = (now - step_time_s(proposed, rates, overheads)) / now
         return Decision(proposed, gain, apply=apply, reason=reason)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"rejected": [[list(split), left] for split, left in self._rejected.items()], "at_floor": self._at_floor}
+        return {
+            "rejected": [[list(split), left] for split, left in self._rejected.items()],
+            "at_floor": self._at_floor,
+            "proposed": None if self._proposed is None else [list(self._proposed[0]), self._proposed[1]],
+            "left": None if self._left is None else list(self._left),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._rejected = {tuple(split): int(left) for split, left in state.get("rejected", [])}
         at_floor = list(state.get("at_floor", []))
         if len(at_floor) == self.controller.world_size:
             self._at_floor = at_floor
+        proposed = state.get("proposed")
+        self._proposed = None if proposed is None else (tuple(proposed[0]), int(proposed[1]))
+        self._left = None if state.get("left") is None else tuple(state["left"])
+
+
+def _largest(values: Sequence[float]) -> float:
+    """The largest value, infinite if any is NaN (unmeasured)."""
+    return max(values) if all(math.isfinite(v) for v in values) else math.inf
 
 
 def _per_rank(name: str, value: int | Sequence[int] | None, world_size: int, default: int) -> list[int]:

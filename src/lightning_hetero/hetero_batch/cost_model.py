@@ -95,14 +95,17 @@ class PeriodCostModel:
         self.max_overhead_share = max_overhead_share
         #: size -> (mean busy seconds, steps), newest last
         self.sizes: dict[int, tuple[float, int]] = {}
+        #: size -> variance of one step's busy seconds (pooled within periods, merged like the means)
+        self.variances: dict[int, float] = {}
         self.overhead_s = 0.0
         self.per_sample_s: float | None = None
         #: the fit rests on sizes far enough apart to tell the overhead from the per-sample cost
         self.identified = False
         #: the last period reported (or followed another rank's) change of speed
         self._restarted = False
-        #: the newest period's (size means, most-run size, overhead share before it), for restart_from_latest
-        self._latest: tuple[dict[int, tuple[float, int]], int, float] | None = None
+        #: the newest period's (size means, variances, most-run size, overhead share before it), for
+        #: restart_from_latest
+        self._latest: tuple[dict[int, tuple[float, int]], dict[int, float], int, float] | None = None
 
     @property
     def ready(self) -> bool:
@@ -139,6 +142,10 @@ class PeriodCostModel:
             size: (max(sum(times) / len(times), sum(floors[size]) / len(times)), len(times))
             for size, times in busy.items()
         }
+        variances = {
+            size: _variance([max(b, f) for b, f in zip(times, floors[size], strict=True)])
+            for size, times in busy.items()
+        }
         newest = max(means, key=lambda size: means[size][1])  # the size most of the period ran at
         error = None
         changed = False
@@ -152,7 +159,7 @@ class PeriodCostModel:
             tolerance = 1 + self.change_tolerance
             changed = typical > high * tolerance or typical < low / tolerance
         share = self.overhead_s / self.step_time_s(newest) if self.ready else 0.0
-        self._latest = (means, newest, share)
+        self._latest = (means, variances, newest, share)
         self._restarted = changed
         if changed:
             self.sizes = {}
@@ -164,8 +171,11 @@ class PeriodCostModel:
                 (kept * old_mean_s + count * mean_s) / (kept + count),
                 min(kept + count, self.memory_steps),
             )
+            old_variance = self.variances.get(size, 0.0) if old_count else 0.0
+            self.variances[size] = (kept * old_variance + count * variances[size]) / (kept + count)
         while len(self.sizes) > self.max_sizes:
             del self.sizes[next(iter(self.sizes))]
+        self.variances = {size: self.variances[size] for size in self.sizes}
         self._refit(newest, share)
         return PeriodReport(changed=changed, prediction_error=error)
 
@@ -190,10 +200,30 @@ class PeriodCostModel:
         """
         if self._latest is None:
             return
-        means, newest, share = self._latest
+        means, variances, newest, share = self._latest
         self.sizes = {size: means[size] for size in sorted(means, key=lambda size: size == newest)}
+        self.variances = dict(variances)
         self._refit(newest, share)
         self._restarted = True
+
+    def relative_error(self, batch: int) -> float:
+        """The standard error of the mean busy time measured at ``batch``, as a fraction of that mean (NaN when
+        ``batch`` was not measured): how far apart two ranks' levels can look by chance.
+
+        Example::
+
+            >>> model = PeriodCostModel()
+            >>> _ = model.update([(32, 0.009), (32, 0.011)] * 4)  # 10% spread per step, 8 steps
+            >>> round(model.relative_error(32), 4), math.isnan(model.relative_error(16))
+            (0.0354, True)
+            >>> _ = model.update([(32, 0.009), (32, 0.011)] * 4)  # twice the steps at the same size
+            >>> round(model.relative_error(32), 4)
+            0.025
+        """
+        if batch not in self.sizes:
+            return math.nan
+        mean_s, count = self.sizes[batch]
+        return math.sqrt(self.variances.get(batch, 0.0) / count) / mean_s
 
     def latest_fit(self) -> tuple[float, float | None, int]:
         """``(overhead_s, per_sample_s, sizes)`` as :meth:`restart_from_latest` would leave them, without restarting.
@@ -237,9 +267,10 @@ class PeriodCostModel:
     def _refit(self, newest: int, share: float) -> None:
         self.identified = self._fit()
         if not self.identified:
-            # One size (or sizes too close to tell an intercept): keep the overhead's share, rescale to the newest.
+            # One size (or sizes too close to tell an intercept): keep the overhead's share, rescale to the newest,
+            # within the plausible ceiling (a smaller size remembered at a lower level bounds it too).
             mean_s = self.sizes[newest][0]
-            self.overhead_s = share * mean_s
+            self.overhead_s = min(share * mean_s, self.max_overhead_share * self.sizes[min(self.sizes)][0])
             self.per_sample_s = (mean_s - self.overhead_s) / newest
 
     def _fit(self) -> bool:
@@ -269,11 +300,19 @@ class PeriodCostModel:
             "overhead_s": self.overhead_s,
             "per_sample_s": self.per_sample_s,
             "sizes": [[size, mean_s, count] for size, (mean_s, count) in self.sizes.items()],
+            "variances": [[size, variance] for size, variance in self.variances.items()],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.overhead_s, self.per_sample_s = state["overhead_s"], state["per_sample_s"]
         self.sizes = {int(size): (float(mean_s), int(count)) for size, mean_s, count in state.get("sizes", [])}
+        self.variances = {int(size): float(v) for size, v in state.get("variances", [])}
         fitted = self.overhead_s, self.per_sample_s
         self.identified = bool(self.sizes) and self._fit()
         self.overhead_s, self.per_sample_s = fitted
+
+
+def _variance(values: list[float]) -> float:
+    """Population variance in plain floats (``statistics.pvariance`` computes in exact fractions: slower)."""
+    mean = sum(values) / len(values)
+    return sum((v - mean) ** 2 for v in values) / len(values)

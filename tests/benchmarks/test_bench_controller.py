@@ -1,0 +1,35 @@
+"""bench_controller's pure parts: the paired re-measurement of the best static split, inversions, settling."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_controller.py"
+spec = importlib.util.spec_from_file_location("bench_controller", SCRIPT)
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+
+
+def test_paired_runs_rotate_which_arm_goes_first_and_pair_by_repeat():
+    ours, best, plain = {"kind": "hetero"}, {"kind": "static", "split": [44, 20]}, {"kind": "hetero", "refine": False}
+    order = bench.rotating_order([ours, best, plain], repeats=3)
+    assert order == [ours, best, plain, best, plain, ours, plain, ours, best]
+    assert bench.rotating_order([ours, best], repeats=2) == [ours, best, best, ours]
+    results = [{"run": run, "value": i} for i, run in enumerate(order)]
+    assert [r["value"] for r in bench.arm_runs(results, ours)] == [0, 5, 7]
+    assert [r["value"] for r in bench.arm_runs(results, plain)] == [2, 4, 6]  # refine=False is another arm
+    assert bench.paired_ratios([990.0, 1010.0], [1000.0, 1000.0]) == pytest.approx([0.99, 1.01])
+
+
+def test_throughput_counts_samples_after_the_skipped_steps():
+    result = {"starts": [0.0, 1.0, 2.0, 3.0, 4.0], "local_sizes": [[10, 10, 10, 10, 10], [6, 6, 6, 6, 6]]}
+    # steps 2 and 3 counted (the last step has no end), from the start of step 2 to the start of step 4
+    assert bench.throughput(result, skip=2) == pytest.approx(32 / 2.0)
+
+
+def test_an_inversion_is_a_truly_slower_rank_with_more_samples():
+    assert bench.worst_inversion([(40, 24), (30, 34)], factors=[1.0, 2.0]) == 4
+    assert bench.worst_inversion([(40, 24)], factors=[1.0, 1.02]) == 0  # within 5%: not slower
