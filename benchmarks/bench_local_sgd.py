@@ -69,6 +69,9 @@ from torch.utils.data import DataLoader, TensorDataset
 from lightning_hetero import AsyncPSStrategy, HeteroBatchCallback, SlowdownEmulator
 from lightning_hetero.synthetic import make_classification
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from local_sgd_breakdown import BreakdownRecorder, collect, format_breakdown  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 CONFIGS = ("ddp", "hetero", "asp", "local_equal", "local_prop", "local_prop_samples")
@@ -315,6 +318,8 @@ def run_one(args: argparse.Namespace) -> None:
             },
             fault_timeout_s=300,
         )
+        if args.breakdown:
+            callbacks.append(BreakdownRecorder(str(args.out)))
     trainer = L.Trainer(
         accelerator="cpu", devices=args.n, strategy=strategy, max_epochs=args.epochs, callbacks=callbacks,
         logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
@@ -340,6 +345,7 @@ def run_one(args: argparse.Namespace) -> None:
             "local_rounds": rounds.rounds if rounds is not None else None,
             "local_plans_last": rounds.plans[-3:] if rounds is not None else None,
             "local_rates_last": rounds.rates if rounds is not None else None,
+            "local_plans": rounds.plans if rounds is not None and args.breakdown else None,
         }
         Path(args.out).write_text(json.dumps(result, default=str))
     if torch.distributed.is_initialized():
@@ -355,7 +361,7 @@ def child_command(args: argparse.Namespace, config: str, model: str, n: int, lev
         "--round-steps", str(args.round_steps), "--standalone-s", str(args.standalone_s),
         "--outer-lr", str(args.outer_lr), "--outer-momentum", str(args.outer_momentum),
         "--barrier", str(args.barrier), "--barrier-n", str(args.barrier_n), "--classes", str(args.classes),
-        "--curve-steps", str(args.curve_steps),
+        "--curve-steps", str(args.curve_steps), *(["--breakdown"] if args.breakdown else []),
     ]  # fmt: skip
 
 
@@ -395,6 +401,7 @@ def launch(args: argparse.Namespace, config: str, model: str, n: int, level: flo
     )  # fmt: skip
     result = json.loads(out.read_text())
     out.unlink()
+    timeline = collect(str(out), n) if args.breakdown and config.startswith("local") else None
     epochs = result["epochs"]
     measured = epochs[1:] if len(epochs) > 1 else epochs
     throughput = sum(e["samples"] for e in measured) / sum(e["train_s"] for e in measured)
@@ -422,10 +429,13 @@ def launch(args: argparse.Namespace, config: str, model: str, n: int, level: flo
         "params": params,
         "local_rounds": result["local_rounds"],
         "local_plans_last": result["local_plans_last"],
+        "local_rates_last": result["local_rates_last"],
+        "local_plans": result["local_plans"],
         # each rank's busy rate in the run (samples/s of its local steps, waits excluded): a bound measured side by
         # side with the run itself, under the same host load
         "local_busy_bound": busy_bound,
         "of_local_busy_bound": throughput / busy_bound if busy_bound else None,
+        "breakdown": timeline,
         "wall_s": time.perf_counter() - started,
         "load_1min_after": os.getloadavg()[0],
     }
@@ -506,6 +516,9 @@ def main() -> None:
     parser.add_argument(
         "--curve-steps", type=int, default=4, help="ddp/hetero: steps between the parameter copies timed for accuracy"
     )
+    parser.add_argument(
+        "--breakdown", action="store_true", help="local SGD: per-rank time per category (local_sgd_breakdown.py)"
+    )
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--momentum", type=float, default=0.9)
     parser.add_argument("--heavy-cost-s", type=float, default=0.001, help="emulated compute s/sample (heavy)")
@@ -568,6 +581,8 @@ def main() -> None:
                             f"{' '.join(f'{a:.3f}' for a in run['acc_per_epoch'])}, {run['bytes_per_sample']:.0f} B/sample",
                             flush=True,
                         )
+                        if run["breakdown"] is not None:
+                            print(f"    time of {n} ranks: {format_breakdown(run['breakdown'], n)}", flush=True)
                 ran.append(cell)
     rows = summarise(runs)
     print_table(rows)

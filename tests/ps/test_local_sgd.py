@@ -12,7 +12,17 @@ def averaging() -> OuterOptimizer:
     return OuterOptimizer(torch.optim.SGD, {"lr": 1.0})
 
 
-def make_ranks(world_size, budget=None, outer=averaging, local_steps="proportional", warmup=0, weighting="mean"):
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make_ranks(
+    world_size, budget=None, outer=averaging, local_steps="proportional", warmup=0, weighting="mean", clock=None
+):
     ranks = [
         LocalRounds(
             budget or RoundBudget(samples=8),
@@ -22,6 +32,7 @@ def make_ranks(world_size, budget=None, outer=averaging, local_steps="proportion
             local_steps,
             ThroughputMeter(smoothing=1.0, warmup_steps=warmup),
             weighting,
+            clock=clock or FakeClock(),
         )
         for rank in range(world_size)
     ]
@@ -204,19 +215,86 @@ def test_the_epoch_ends_when_every_rank_is_done():
 
 
 def test_measured_rates_make_the_fast_rank_take_more_local_steps():
-    ranks = make_ranks(2, budget=RoundBudget(samples=40), warmup=0)
+    clock = FakeClock()
+    ranks = make_ranks(2, budget=RoundBudget(samples=40), warmup=0, clock=clock)
     params = [torch.zeros(1), torch.zeros(1)]
     for r, p in zip(ranks, params, strict=True):
         r.begin(p, batch_size=4)
-    assert [r.target_steps for r in ranks] == [5, 5]  # speeds unknown: equal
+    assert [r.target_steps for r in ranks] == [5, 5] and ranks[0].round_s is None  # speeds unknown: equal steps
+    assert [ranks[0].record_step(4, None) for _ in range(5)] == [False] * 4 + [True]
     ranks[0].record_step(samples=4, step_s=0.01)  # 400 samples/s
     ranks[1].record_step(samples=4, step_s=0.04)  # 100 samples/s
     all_reduce(ranks, params)
     assert all(r.rates == pytest.approx([400.0, 100.0]) for r in ranks)
     assert [r.target_steps for r in ranks] == [8, 2]
     assert ranks[0].plans[-1] == ranks[1].plans[-1] == [8, 2]
-    done = [ranks[0].record_step(4, 0.01) for _ in range(8)]
-    assert done == [False] * 7 + [True]
+    # the round now lasts its 40 samples at the summed 500 samples/s: 80 ms, whatever the steps take
+    assert ranks[0].round_s == ranks[1].round_s == pytest.approx(0.08)
+
+    def steps_until_done(rank, step_s):
+        for step in range(1, 100):
+            clock.now += step_s
+            if ranks[rank].record_step(4, step_s):
+                return step
+        raise AssertionError("never done")
+
+    clock.now = 0.0
+    for r in ranks:  # both rounds start at the all-reduce's end
+        r._round_start = 0.0
+    assert steps_until_done(0, 0.01) == 8  # 80 ms of 10 ms steps: the planned 8
+    clock.now = 0.0
+    assert steps_until_done(1, 0.03) == 3  # the slow rank got faster than measured: 3 steps end at 90 ms, not 2
+
+
+def test_a_rank_stops_at_the_step_that_ends_closest_to_the_deadline():
+    clock = FakeClock()
+    (rounds,) = make_ranks(1, budget=RoundBudget(seconds=0.1), clock=clock)
+    rounds.rates = [1000.0]
+    rounds.begin(torch.zeros(1), batch_size=10)
+    assert rounds.round_s == 0.1 and rounds.target_steps == 10
+    done = []
+    for _ in range(3):
+        clock.now += 0.04
+        done.append(rounds.record_step(10, 0.04))
+    # 80 ms + half a 40 ms step = 100 ms: the second step ends it (a third would end 20 ms late, not 20 ms early)
+    assert done == [False, True, True]
+
+
+def test_equal_steps_and_unknown_speeds_have_no_deadline():
+    (equal,) = make_ranks(1, budget=RoundBudget(seconds=0.1), local_steps="equal")
+    equal.rates = [1000.0]
+    equal.begin(torch.zeros(1), batch_size=10)
+    (unknown,) = make_ranks(1, budget=RoundBudget(seconds=0.1))
+    unknown.begin(torch.zeros(1), batch_size=10)
+    assert equal.round_s is None and equal.target_steps == 10
+    assert unknown.round_s is None and unknown.target_steps == 1
+
+
+def test_the_epochs_last_round_end_starts_no_round_and_the_next_begin_restarts_the_deadline():
+    clock = FakeClock()
+    ranks = make_ranks(2, budget=RoundBudget(samples=40), clock=clock)
+    params = [torch.zeros(1), torch.zeros(1)]
+    for r, p in zip(ranks, params, strict=True):
+        r.rates = [400.0, 100.0]
+        r.begin(p, batch_size=4)
+        r.record_step(4, 0.01)
+    assert len(ranks[0].plans) == 1
+    all_reduce(ranks, params, done=[True, True])
+    assert len(ranks[0].plans) == 1  # no round started at the epoch's end
+    clock.now = 5.0  # validation, the next epoch's start
+    ranks[0].begin(params[0], batch_size=4)
+    assert len(ranks[0].plans) == 2
+    clock.now = 5.01
+    assert not ranks[0].record_step(4, 0.01)  # 10 ms into a round of 80 ms, not 5 s past its deadline
+
+
+@pytest.mark.parametrize(("rates", "chunks"), [([None, None], [4, 4]), ([700.0, 100.0], [7, 1])])
+def test_claims_take_a_quarter_of_the_planned_steps(rates, chunks):
+    ranks = make_ranks(2, budget=RoundBudget(samples=128))  # 32 steps of 4: [16, 16], then [28, 4]
+    for r in ranks:
+        r.rates = list(rates)
+        r.begin(torch.zeros(1), batch_size=4)
+    assert [r.claim_chunks for r in ranks] == chunks
 
 
 def test_equal_local_steps_keep_the_plan_equal_after_measuring():

@@ -45,6 +45,54 @@ def test_asynchronous_claims_cover_the_epoch_exactly_once(num_samples, chunk, wo
         assert all(len(indices) >= chunk for indices in seen)  # everybody trains at least one batch
 
 
+@given(
+    num_samples=st.integers(1, 300),
+    chunk=st.integers(1, 9),
+    world=st.integers(1, 4),
+    claim_chunks=st.lists(st.integers(1, 12), min_size=4, max_size=4),
+    seed=st.integers(0, 10_000),
+)
+def test_claiming_several_chunks_at_once_still_covers_the_epoch_exactly_once(
+    num_samples, chunk, world, claim_chunks, seed
+):
+    counter = Counter()
+    samplers = [
+        ClaimSampler(num_samples, chunk, counter.claim, lambda: 0, lambda: True, rank, world) for rank in range(world)
+    ]
+    for sampler, chunks in zip(samplers, claim_chunks, strict=False):
+        sampler.claim_chunks = chunks
+    iterators = [iter(s) for s in samplers]
+    seen: list[int] = []
+    rng = random.Random(seed)
+    live = list(range(world))
+    while live:
+        rank = rng.choice(live)
+        batch = list(itertools.islice(iterators[rank], chunk))
+        if not batch:
+            live.remove(rank)
+        if batch:
+            assert samplers[rank].next_chunk() == batch[0] // chunk  # the batch's chunk, as local SGD reads it
+        seen.extend(batch)
+    assert sorted(seen) == list(range(num_samples))
+
+
+def test_claims_of_several_chunks_save_round_trips_and_shrink_near_the_epochs_end():
+    claims: list[int] = []
+    counter = Counter()
+
+    def claim(epoch: int, count: int) -> int:
+        claims.append(count // 4)
+        return counter.claim(epoch, count)
+
+    sampler = ClaimSampler(400, 4, claim, lambda: 0, lambda: True, rank=0, world_size=2)
+    sampler.claim_chunks = 8
+    assert list(sampler) == list(range(0, 4)) + list(range(8, 400))  # rank 1's reserved chunk left out
+    # 98 chunks after the reserved ones: 8 at a time while 32 or more are left (a claim takes at most a quarter, 1 / (2
+    # x world), of what is left), then fewer, down to single chunks; the last claim finds the pool empty
+    assert claims == [8] * 9 + [6, 5, 3, 3, 2] + [1] * 8
+    assert sum(claims[:-1]) == 98
+
+
 def test_synchronous_mode_deals_equal_numbers_of_chunks():
     counter = Counter()
     per_rank = []

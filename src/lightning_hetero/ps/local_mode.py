@@ -115,6 +115,7 @@ class LocalSGDMode:
             self.local_rounds.steps_total = self.version  # global_step goes on from the previous mode's count
             self._round_open = True
             self._busy_timer.skip()
+            self._set_claim_chunks(self.local_rounds.claim_chunks)
         self._local_step_s = self._busy_timer.step_start()
         self._local_batch_samples = self._batch_samples()
 
@@ -132,8 +133,10 @@ class LocalSGDMode:
                 outcome = self._end_round(done=last)
                 while last and not outcome.all_done:
                     outcome = self._end_round(done=True)
-            if last:
+            self._set_claim_chunks(rounds.claim_chunks)
+            if last:  # every rank is done with the epoch: the next epoch's first batch begins a round
                 self._busy_timer.skip()
+                self._round_open = False
         self.version = rounds.steps_total
         self._set_step_counter(self.version, in_step=True)
         return output
@@ -154,6 +157,11 @@ class LocalSGDMode:
                 buffer.copy_(flat_buffers[offset : offset + buffer.numel()].view_as(buffer))
                 offset += buffer.numel()
         return outcome
+
+    def _set_claim_chunks(self, chunks: int) -> None:
+        """Claim this many batches at once from the epoch's pool (local SGD: a share of the round; other modes: 1)."""
+        if self._claim_sampler is not None:
+            self._claim_sampler.claim_chunks = chunks
 
     def _float_buffers(self) -> list[Tensor]:
         return [b for b in self.lightning_module.buffers() if b.is_floating_point()]
@@ -197,6 +205,7 @@ class LocalSGDMode:
         differ per rank, so rank 0's is given to all (BSP steps identical copies; ASP's server takes rank 0's)."""
         self._round_open = False
         self._local_announced = False
+        self._set_claim_chunks(1)
         optimizer = self.optimizers[0]
         state = self._broadcast_unguarded(copy.deepcopy(optimizer.state_dict()) if self.global_rank == 0 else None, 0)
         optimizer.load_state_dict(state)

@@ -13,7 +13,13 @@ A round is a budget of samples over all ranks (``round_samples``) or of seconds 
 ``local_steps="proportional"`` each rank's share of it follows its measured throughput
 (:class:`~lightning_hetero.measurement.ThroughputMeter`, the package's per-rank speed), exchanged in the round's
 all-reduce, so a fast rank takes more local steps and nobody waits for a straggler (Async Local-SGD's "dynamic local
-updates"); ``"equal"`` gives every rank the same number (DiLoCo).
+updates"); ``"equal"`` gives every rank the same number (DiLoCo). Once every rank's speed is known, a proportional
+round is a *deadline*: it lasts ``round_s``, or ``round_samples`` over the ranks' summed throughput, from the end of
+the previous round's all-reduce (which every rank leaves at about the same time), and each rank stops at the step
+that ends closest to it. The ranks then arrive at the all-reduce within about half a step of each other, however
+their speeds drift inside the round, where a step count planned from the last round's speeds lets them arrive as
+far apart as the speeds changed (measured: 30-57 ms apart in 170 ms rounds on a shared 2-core host, see
+docs/results.md).
 
 The epoch's end: a rank whose share of the epoch is done meets the others with a *done* flag and no samples; it keeps
 joining their round-end all-reduces (contributing nothing) until every rank is done, so the ranks always call the
@@ -25,6 +31,8 @@ contribution, the caller sums it over ranks, :meth:`LocalRounds.apply` applies t
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +48,8 @@ from lightning_hetero.ps.outer_optimizer import OuterOptimizer
 LOCAL_STEPS = ("proportional", "equal")
 #: How the ranks' pseudo-gradients are combined: a plain mean over the ranks that trained, or weighted by samples.
 WEIGHTINGS = ("mean", "samples")
+#: A rank claims its expected steps in a round from the epoch's pool in about this many store round trips.
+CLAIMS_PER_ROUND = 4
 
 
 def check_weighting(weighting: str) -> None:
@@ -157,6 +167,7 @@ class LocalRounds:
         meter: this rank's throughput meter (samples per second of its local steps).
         weighting: ``"mean"``: the combined pseudo-gradient is the plain mean over the ranks that trained in the
             round; ``"samples"``: weighted by the samples each trained.
+        clock: seconds, for the deadline of a speed-proportional round (see :attr:`round_s`).
 
     Example: two ranks, simulated in one process (the all-reduce is a sum of the two messages)::
 
@@ -191,6 +202,7 @@ class LocalRounds:
         local_steps: str = "proportional",
         meter: ThroughputMeter | None = None,
         weighting: str = "mean",
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         if local_steps not in LOCAL_STEPS:
             raise ValueError(f"local_steps must be one of {LOCAL_STEPS}, got {local_steps!r}")
@@ -214,10 +226,16 @@ class LocalRounds:
         self.bytes_sent = 0
         #: local steps each rank was planned for in each round (this rank's view), newest last
         self.plans: list[list[int]] = []
+        self.clock = clock
         self.batch_size = 1
+        #: this rank's local steps in the round when the round has no deadline
         self.target_steps = 1
+        #: the round's deadline, seconds after its start: speed-proportional steps once every rank's speed is known
+        #: (``round_s``, or ``round_samples`` over the ranks' summed throughput); ``None``: ``target_steps`` ends it
+        self.round_s: float | None = None
         self.steps_in_round = 0
         self.samples_in_round = 0
+        self._round_start = 0.0
 
     def begin(self, flat: Tensor, batch_size: int) -> None:
         """Start a round from ``flat`` (this rank's flat parameters, the same on every rank here)."""
@@ -237,15 +255,55 @@ class LocalRounds:
         plan = plan_local_steps(self.budget, self.batch_size, self.rates, self.local_steps)
         self.plans.append(plan)
         self.target_steps = plan[self.rank]
+        self.round_s = self._deadline()
+        self._round_start = self.clock()
+
+    @property
+    def claim_chunks(self) -> int:
+        """Batches this rank claims at once from the epoch's pool in this round: its planned steps over
+        :data:`CLAIMS_PER_ROUND`, at least one (see :attr:`~lightning_hetero.ps.sampler.ClaimSampler.claim_chunks`).
+
+        Example::
+
+            >>> rounds = LocalRounds(RoundBudget(samples=64), 0, 2)
+            >>> rounds.rates = [300.0, 100.0]
+            >>> rounds.begin(torch.zeros(1), batch_size=2)
+            >>> rounds.target_steps, rounds.claim_chunks  # 24 of the round's 32 steps, in claims of 6
+            (24, 6)
+        """
+        return max(1, self.target_steps // CLAIMS_PER_ROUND)
+
+    def _deadline(self) -> float | None:
+        rates = self.rates
+        if self.local_steps != "proportional" or not all(rate is not None and rate > 0 for rate in rates):
+            return None
+        if self.budget.seconds is not None:
+            return self.budget.seconds
+        return self.budget.samples / sum(rates)  # type: ignore[arg-type, operator]
 
     def record_step(self, samples: int, step_s: float | None) -> bool:
         """Count one local step of ``samples`` that took ``step_s`` busy seconds (``None``: not measured); return
-        whether this rank's share of the round is done."""
+        whether this rank's share of the round is done: its ``target_steps`` taken, or, with a deadline
+        (:attr:`round_s`), another step of the round's mean length would end further past it than this one ends
+        before it.
+
+        Example: a deadline of 0.1 s, steps of 30 ms::
+
+            >>> clock = iter([0.0, 0.03, 0.06, 0.09]).__next__
+            >>> rounds = LocalRounds(RoundBudget(seconds=0.1), 0, 1, clock=clock)
+            >>> rounds.rates = [1000.0]
+            >>> rounds.begin(torch.zeros(1), batch_size=30)
+            >>> [rounds.record_step(30, 0.03) for _ in range(3)]  # 0.09 + 0.015 > 0.1: the third step ends it
+            [False, False, True]
+        """
         self.steps_in_round += 1
         self.samples_in_round += samples
         if step_s is not None:
             self.meter.update(samples, step_s)
-        return self.steps_in_round >= self.target_steps
+        if self.round_s is None:
+            return self.steps_in_round >= self.target_steps
+        elapsed = self.clock() - self._round_start
+        return elapsed + elapsed / self.steps_in_round / 2 >= self.round_s
 
     def message(self, flat: Tensor, buffers: Tensor | None = None, done: bool = False) -> Tensor:
         """This rank's contribution to the round-end SUM all-reduce, in ``flat``'s dtype and device: ``[w * (anchor -
@@ -270,7 +328,8 @@ class LocalRounds:
 
     def apply(self, summed: Tensor, flat: Tensor, buffers: Tensor | None = None) -> RoundOutcome:
         """Apply the all-reduced messages: the outer step on the anchor, ``flat`` (and ``buffers``) overwritten with
-        the combined parameters (and the weighted mean buffers), the next round planned."""
+        the combined parameters (and the weighted mean buffers), the next round started (unless every rank is done:
+        the next epoch's first batch :meth:`begin`\ s it, so that its deadline does not run during validation)."""
         numel = flat.numel()
         buffer_numel = 0 if buffers is None else buffers.numel()
         tail = summed[numel + buffer_numel :].cpu()
@@ -288,8 +347,10 @@ class LocalRounds:
             if rate > 0:
                 self.rates[rank] = rate
         self.steps_total += steps
-        self._start_round()
-        return RoundOutcome(all_done=done >= self.world_size, samples=samples, steps=steps)
+        all_done = done >= self.world_size
+        if not all_done:
+            self._start_round()
+        return RoundOutcome(all_done=all_done, samples=samples, steps=steps)
 
     def state_dict(self) -> dict[str, Any]:
         """Round state for checkpoints: outer optimizer, rounds, step total, rates (the anchor is the model's

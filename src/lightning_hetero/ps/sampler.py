@@ -1,8 +1,9 @@
 """Epoch coverage across workers of different speeds: a sampler whose chunks of indices are claimed on demand.
 
-In asynchronous mode each worker claims its next chunk (one batch worth of indices) from a shared atomic counter
-when it needs one (its first chunk of an epoch is reserved, so nobody ends an epoch empty-handed), so a fast worker takes more batches, a slow one fewer, and the epoch still visits every sample
-exactly once; the epoch ends for everybody when the counter passes the end of the data. In synchronous mode the
+In asynchronous mode each worker claims its next chunk (one batch worth of indices; or a few at once, see
+``ClaimSampler.claim_chunks``) from a shared atomic counter when it needs one (its first chunk of an epoch is
+reserved, so nobody ends an epoch empty-handed), so a fast worker takes more batches, a slow one fewer, and the
+epoch still visits every sample exactly once; the epoch ends for everybody when the counter passes the end of the data. In synchronous mode the
 chunks are dealt round-robin (padded by wrapping, like ``DistributedSampler``) so every rank makes the same number
 of steps, which the all-reduce requires.
 """
@@ -111,6 +112,10 @@ class ClaimSampler(Sampler[int]):
         #: asynchronous mode: the chunks (``position // chunk_size``) whose indices were yielded and whose batch has not
         #: been taken with :meth:`next_chunk` yet, oldest first
         self.pending_chunks: deque[int] = deque()
+        #: asynchronous mode: chunks reserved per claim, to save round trips to the shared counter (local SGD sets it
+        #: from a rank's expected steps per round); a claim never takes more than ``1 / (2 x world_size)`` of the
+        #: chunks this rank last saw left, so near the epoch's end the ranks run dry within about a chunk of each other
+        self.claim_chunks = 1
 
     def next_chunk(self) -> int:
         """The chunk of the oldest batch yielded but not yet taken (the batch about to be trained); -1 if none."""
@@ -126,11 +131,16 @@ class ClaimSampler(Sampler[int]):
         # Each rank's first chunk is reserved (chunk number ``rank``), so every rank trains at least one batch per
         # epoch and epoch-level collectives (``self.log(..., on_epoch=True, sync_dist=True)``) stay matched.
         self.pending_chunks = deque()
-        own = set()
-        start = self.rank * self.chunk_size
+        own: set[int] = set()
+        pool = self.world_size * self.chunk_size  # the claims' first position
+        start, stop = self.rank * self.chunk_size, (self.rank + 1) * self.chunk_size
+        seen = pool  # the counter's position as this rank last saw it
         while start < self.num_samples:
-            yield from self._chunk(order, start // self.chunk_size, own)
-            start = self.world_size * self.chunk_size + self.claim(epoch, self.chunk_size)
+            for position in range(start, min(stop, self.num_samples), self.chunk_size):
+                yield from self._chunk(order, position // self.chunk_size, own)
+            count = max(1, min(self.claim_chunks, (self.num_samples - seen) // (2 * self.world_size * self.chunk_size)))
+            start = pool + self.claim(epoch, count * self.chunk_size)
+            stop = seen = start + count * self.chunk_size
         if self.tail is not None:
             for chunk in self.tail(epoch, own):
                 yield from self._chunk(order, chunk, own)
