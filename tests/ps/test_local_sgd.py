@@ -260,6 +260,19 @@ def test_a_rank_stops_at_the_step_that_ends_closest_to_the_deadline():
     assert done == [False, True, True]
 
 
+def test_a_round_runs_on_to_the_epochs_end_when_less_than_half_a_round_is_left():
+    clock = FakeClock()
+    (rounds,) = make_ranks(1, budget=RoundBudget(samples=100), clock=clock)
+    rounds.rates = [1000.0]  # a round: 100 samples, 0.1 s
+    rounds.begin(torch.zeros(1), batch_size=10)
+    clock.now = 0.2  # past the deadline
+    assert rounds.record_step(10, 0.01, epoch_left=50)  # half a round left: a round of its own
+    rounds.begin(torch.zeros(1), batch_size=10)
+    clock.now = 0.4
+    assert not rounds.record_step(10, 0.01, epoch_left=49)  # less: this round takes it, the epoch's end ends it
+    assert rounds.record_step(10, 0.01)  # unknown epoch: the deadline alone
+
+
 def test_equal_steps_and_unknown_speeds_have_no_deadline():
     (equal,) = make_ranks(1, budget=RoundBudget(seconds=0.1), local_steps="equal")
     equal.rates = [1000.0]

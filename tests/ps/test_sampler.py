@@ -91,6 +91,18 @@ def test_claims_of_several_chunks_save_round_trips_and_shrink_near_the_epochs_en
     # x world), of what is left), then fewer, down to single chunks; the last claim finds the pool empty
     assert claims == [8] * 9 + [6, 5, 3, 3, 2] + [1] * 8
     assert sum(claims[:-1]) == 98
+    assert sampler.samples_left == 0
+
+
+def test_samples_left_follow_the_counter_as_this_rank_saw_it():
+    counter = Counter()
+    sampler = ClaimSampler(100, 10, counter.claim, lambda: 0, lambda: True, rank=0, world_size=2)
+    iterator = iter(sampler)
+    next(iterator)
+    assert sampler.samples_left == 80  # two reserved chunks
+    counter.claim(0, 30)  # the other rank claims 3 chunks: not seen yet
+    list(itertools.islice(iterator, 10))  # this rank's next claim: the counter is at 20 + 40
+    assert sampler.samples_left == 40
 
 
 def test_synchronous_mode_deals_equal_numbers_of_chunks():

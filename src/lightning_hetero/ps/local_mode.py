@@ -127,7 +127,9 @@ class LocalSGDMode:
         assert rounds is not None
         assert self._attached_trainer is not None
         last = is_last_batch(self._attached_trainer)
-        share_done = rounds.record_step(self._local_batch_samples, self._local_step_s)
+        sampler = self._claim_sampler
+        epoch_left = sampler.samples_left if sampler is not None else None
+        share_done = rounds.record_step(self._local_batch_samples, self._local_step_s, epoch_left)
         if share_done or last:
             with self._busy_timer.waiting():
                 outcome = self._end_round(done=last)

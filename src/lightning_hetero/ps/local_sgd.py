@@ -281,11 +281,13 @@ class LocalRounds:
             return self.budget.seconds
         return self.budget.samples / sum(rates)  # type: ignore[arg-type, operator]
 
-    def record_step(self, samples: int, step_s: float | None) -> bool:
+    def record_step(self, samples: int, step_s: float | None, epoch_left: int | None = None) -> bool:
         """Count one local step of ``samples`` that took ``step_s`` busy seconds (``None``: not measured); return
         whether this rank's share of the round is done: its ``target_steps`` taken, or, with a deadline
         (:attr:`round_s`), another step of the round's mean length would end further past it than this one ends
-        before it.
+        before it. A round with a deadline runs on to the epoch's end instead when fewer than half a round's samples
+        are left in the epoch (``epoch_left``, as the rank last saw its pool): that saves a round-end all-reduce
+        for a short last round.
 
         Example: a deadline of 0.1 s, steps of 30 ms::
 
@@ -302,6 +304,8 @@ class LocalRounds:
             self.meter.update(samples, step_s)
         if self.round_s is None:
             return self.steps_in_round >= self.target_steps
+        if epoch_left is not None and epoch_left < self.round_s * sum(self.rates) / 2:  # type: ignore[arg-type]
+            return False
         elapsed = self.clock() - self._round_start
         return elapsed + elapsed / self.steps_in_round / 2 >= self.round_s
 

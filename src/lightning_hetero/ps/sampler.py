@@ -116,6 +116,13 @@ class ClaimSampler(Sampler[int]):
         #: from a rank's expected steps per round); a claim never takes more than ``1 / (2 x world_size)`` of the
         #: chunks this rank last saw left, so near the epoch's end the ranks run dry within about a chunk of each other
         self.claim_chunks = 1
+        #: asynchronous mode: the shared counter's position as this rank last saw it (its claims' end)
+        self.pool_position = 0
+
+    @property
+    def samples_left(self) -> int:
+        """Asynchronous mode: samples of the epoch nobody had claimed when this rank last claimed (an upper bound)."""
+        return max(0, self.num_samples - self.pool_position)
 
     def next_chunk(self) -> int:
         """The chunk of the oldest batch yielded but not yet taken (the batch about to be trained); -1 if none."""
@@ -134,13 +141,13 @@ class ClaimSampler(Sampler[int]):
         own: set[int] = set()
         pool = self.world_size * self.chunk_size  # the claims' first position
         start, stop = self.rank * self.chunk_size, (self.rank + 1) * self.chunk_size
-        seen = pool  # the counter's position as this rank last saw it
+        self.pool_position = pool
         while start < self.num_samples:
             for position in range(start, min(stop, self.num_samples), self.chunk_size):
                 yield from self._chunk(order, position // self.chunk_size, own)
-            count = max(1, min(self.claim_chunks, (self.num_samples - seen) // (2 * self.world_size * self.chunk_size)))
+            count = max(1, min(self.claim_chunks, self.samples_left // (2 * self.world_size * self.chunk_size)))
             start = pool + self.claim(epoch, count * self.chunk_size)
-            stop = seen = start + count * self.chunk_size
+            stop = self.pool_position = start + count * self.chunk_size
         if self.tail is not None:
             for chunk in self.tail(epoch, own):
                 yield from self._chunk(order, chunk, own)
