@@ -260,17 +260,23 @@ def test_a_rank_stops_at_the_step_that_ends_closest_to_the_deadline():
     assert done == [False, True, True]
 
 
-def test_a_round_runs_on_to_the_epochs_end_when_less_than_half_a_round_is_left():
+@pytest.mark.parametrize(("lefts", "to_epoch_end"), [([151, 400], False), ([149, 400], True), ([None, None], False)])
+def test_a_round_runs_on_to_the_epochs_end_when_less_than_one_and_a_half_rounds_are_left(lefts, to_epoch_end):
     clock = FakeClock()
-    (rounds,) = make_ranks(1, budget=RoundBudget(samples=100), clock=clock)
-    rounds.rates = [1000.0]  # a round: 100 samples, 0.1 s
-    rounds.begin(torch.zeros(1), batch_size=10)
-    clock.now = 0.2  # past the deadline
-    assert rounds.record_step(10, 0.01, epoch_left=50)  # half a round left: a round of its own
-    rounds.begin(torch.zeros(1), batch_size=10)
-    clock.now = 0.4
-    assert not rounds.record_step(10, 0.01, epoch_left=49)  # less: this round takes it, the epoch's end ends it
-    assert rounds.record_step(10, 0.01)  # unknown epoch: the deadline alone
+    ranks = make_ranks(2, budget=RoundBudget(samples=100), clock=clock)
+    params = [torch.zeros(1), torch.zeros(1)]
+    for r, p in zip(ranks, params, strict=True):
+        r.rates = [500.0, 500.0]  # a round: 100 samples, 0.1 s
+        r.begin(p, batch_size=10)
+        r.record_step(10, 0.02)
+    total = sum(r.message(p, epoch_left=left) for r, p, left in zip(ranks, params, lefts, strict=True))
+    for r, p in zip(ranks, params, strict=True):
+        r.apply(total.clone(), p)
+    # every rank decides alike, from the smallest view of the pool
+    assert [r.epoch_left for r in ranks] == [None if lefts[0] is None else min(lefts)] * 2
+    assert [r.to_epoch_end for r in ranks] == [to_epoch_end] * 2
+    clock.now = 1.0  # far past the deadline
+    assert [r.record_step(10, 0.02) for r in ranks] == [not to_epoch_end] * 2
 
 
 def test_equal_steps_and_unknown_speeds_have_no_deadline():
@@ -328,7 +334,7 @@ def test_bytes_sent_count_every_round_end_message():
         r.begin(p, batch_size=1)
     all_reduce(ranks, params)
     all_reduce(ranks, params)
-    assert ranks[0].bytes_sent == 2 * (10 + 4 + 2) * 4
+    assert ranks[0].bytes_sent == 2 * (10 + 4 + 2 + 2) * 4
 
 
 def test_state_dict_resumes_rounds_rates_and_outer_momentum():

@@ -127,9 +127,7 @@ class LocalSGDMode:
         assert rounds is not None
         assert self._attached_trainer is not None
         last = is_last_batch(self._attached_trainer)
-        sampler = self._claim_sampler
-        epoch_left = sampler.samples_left if sampler is not None else None
-        share_done = rounds.record_step(self._local_batch_samples, self._local_step_s, epoch_left)
+        share_done = rounds.record_step(self._local_batch_samples, self._local_step_s)
         if share_done or last:
             with self._busy_timer.waiting():
                 outcome = self._end_round(done=last)
@@ -149,7 +147,8 @@ class LocalSGDMode:
         flat = self._flat_model.flat
         buffers = self._float_buffers()
         flat_buffers = torch.cat([b.detach().reshape(-1) for b in buffers]) if buffers else None
-        message = rounds.message(flat, flat_buffers, done)
+        sampler = self._claim_sampler
+        message = rounds.message(flat, flat_buffers, done, sampler.samples_left if sampler is not None else None)
         group = self._collective_group()
         self._collective(lambda: dist.all_reduce(message, op=dist.ReduceOp.SUM, group=group))
         outcome = rounds.apply(message, flat, flat_buffers)

@@ -233,6 +233,11 @@ class LocalRounds:
         #: the round's deadline, seconds after its start: speed-proportional steps once every rank's speed is known
         #: (``round_s``, or ``round_samples`` over the ranks' summed throughput); ``None``: ``target_steps`` ends it
         self.round_s: float | None = None
+        #: this round runs to the epoch's end (its deadline ignored): when it started, fewer than 1.5 rounds' samples
+        #: were left in the epoch, as the rank that had claimed last saw it
+        self.to_epoch_end = False
+        #: samples left in the epoch's pool at the last round end (the smallest of the ranks' views), else ``None``
+        self.epoch_left: int | None = None
         self.steps_in_round = 0
         self.samples_in_round = 0
         self._round_start = 0.0
@@ -242,6 +247,7 @@ class LocalRounds:
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         self.batch_size = batch_size
+        self.epoch_left = None
         anchor = self.outer.anchor
         if anchor is None or anchor.shape != flat.shape or anchor.dtype != flat.dtype or anchor.device != flat.device:
             self.outer.bind(flat.detach().clone())
@@ -256,6 +262,11 @@ class LocalRounds:
         self.plans.append(plan)
         self.target_steps = plan[self.rank]
         self.round_s = self._deadline()
+        self.to_epoch_end = (
+            self.round_s is not None
+            and self.epoch_left is not None
+            and self.epoch_left < 1.5 * self.round_s * sum(self.rates)  # type: ignore[arg-type]
+        )
         self._round_start = self.clock()
 
     @property
@@ -281,13 +292,13 @@ class LocalRounds:
             return self.budget.seconds
         return self.budget.samples / sum(rates)  # type: ignore[arg-type, operator]
 
-    def record_step(self, samples: int, step_s: float | None, epoch_left: int | None = None) -> bool:
+    def record_step(self, samples: int, step_s: float | None) -> bool:
         """Count one local step of ``samples`` that took ``step_s`` busy seconds (``None``: not measured); return
         whether this rank's share of the round is done: its ``target_steps`` taken, or, with a deadline
         (:attr:`round_s`), another step of the round's mean length would end further past it than this one ends
-        before it. A round with a deadline runs on to the epoch's end instead when fewer than half a round's samples
-        are left in the epoch (``epoch_left``, as the rank last saw its pool): that saves a round-end all-reduce
-        for a short last round.
+        before it. A round with a deadline that started with less than 1.5 rounds left in the epoch
+        (:attr:`to_epoch_end`, the same on every rank) is not done before the epoch's end: a short last round
+        would cost a round-end all-reduce of its own.
 
         Example: a deadline of 0.1 s, steps of 30 ms::
 
@@ -304,16 +315,19 @@ class LocalRounds:
             self.meter.update(samples, step_s)
         if self.round_s is None:
             return self.steps_in_round >= self.target_steps
-        if epoch_left is not None and epoch_left < self.round_s * sum(self.rates) / 2:  # type: ignore[arg-type]
+        if self.to_epoch_end:
             return False
         elapsed = self.clock() - self._round_start
         return elapsed + elapsed / self.steps_in_round / 2 >= self.round_s
 
-    def message(self, flat: Tensor, buffers: Tensor | None = None, done: bool = False) -> Tensor:
+    def message(
+        self, flat: Tensor, buffers: Tensor | None = None, done: bool = False, epoch_left: int | None = None
+    ) -> Tensor:
         """This rank's contribution to the round-end SUM all-reduce, in ``flat``'s dtype and device: ``[w * (anchor -
-        flat), w * buffers, n, w, steps, done, rate at this rank's slot]`` with ``n`` the samples it trained in the
-        round and ``w`` its weight (``"samples"``: ``n``; ``"mean"``: 1 if it trained, else 0). Sample counts stay exact
-        in float32 up to 2**24 per round."""
+        flat), w * buffers, n, w, steps, done, rate at this rank's slot, epoch_left + 1 at this rank's slot]`` with
+        ``n`` the samples it trained in the round, ``w`` its weight (``"samples"``: ``n``; ``"mean"``: 1 if it trained,
+        else 0) and ``epoch_left`` the samples it last saw left in the epoch's pool (``None``: unknown, sent as 0).
+        Sample counts stay exact in float32 up to 2**24 per round."""
         anchor = self.outer.anchor
         if anchor is None:
             raise RuntimeError("LocalRounds.message before begin")
@@ -325,15 +339,17 @@ class LocalRounds:
             parts.append(buffers.detach().reshape(-1).to(dtype) * weight)
         rates = torch.zeros(self.world_size, dtype=dtype, device=device)
         rates[self.rank] = self.meter.value or 0.0
+        lefts = torch.zeros(self.world_size, dtype=dtype, device=device)
+        lefts[self.rank] = 0.0 if epoch_left is None else epoch_left + 1.0
         counts = torch.tensor([n, weight, float(self.steps_in_round), 1.0 if done else 0.0], dtype=dtype, device=device)
-        message = torch.cat([*parts, counts, rates])
+        message = torch.cat([*parts, counts, rates, lefts])
         self.bytes_sent += message.numel() * message.element_size()
         return message
 
     def apply(self, summed: Tensor, flat: Tensor, buffers: Tensor | None = None) -> RoundOutcome:
         """Apply the all-reduced messages: the outer step on the anchor, ``flat`` (and ``buffers``) overwritten with
         the combined parameters (and the weighted mean buffers), the next round started (unless every rank is done:
-        the next epoch's first batch :meth:`begin`\ s it, so that its deadline does not run during validation)."""
+        the next epoch's first batch begins it, :meth:`begin`, so that no deadline runs during validation)."""
         numel = flat.numel()
         buffer_numel = 0 if buffers is None else buffers.numel()
         tail = summed[numel + buffer_numel :].cpu()
@@ -347,9 +363,11 @@ class LocalRounds:
                 buffers.copy_((summed[numel : numel + buffer_numel] / weight).to(buffers.dtype))
             self.rounds += 1
         flat.detach().copy_(anchor)
-        for rank, rate in enumerate(tail[4:].tolist()):
+        for rank, rate in enumerate(tail[4 : 4 + self.world_size].tolist()):
             if rate > 0:
                 self.rates[rank] = rate
+        lefts = [round(left) - 1 for left in tail[4 + self.world_size :].tolist() if left > 0]
+        self.epoch_left = min(lefts) if lefts else None
         self.steps_total += steps
         all_done = done >= self.world_size
         if not all_done:
