@@ -75,7 +75,7 @@ class LocalSGDMode:
         self.local_rounds: LocalRounds | None = None
         self._round_open = False
         self._local_announced = False
-        self._busy_timer = BusyTimer()
+        self._busy_timer = BusyTimer(cpu_clock=None)  # no CPU-time floor in local SGD: one clock read less a step
         self._restored_local: dict[str, Any] | None = None
 
     def _setup_local(self, batch_size: int | None) -> None:
