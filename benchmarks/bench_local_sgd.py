@@ -70,7 +70,7 @@ from lightning_hetero import AsyncPSStrategy, HeteroBatchCallback, SlowdownEmula
 from lightning_hetero.synthetic import make_classification
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from local_sgd_breakdown import BreakdownRecorder, collect, format_breakdown  # noqa: E402
+from local_sgd_breakdown import BreakdownRecorder, collect, format_breakdown
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"

@@ -47,7 +47,14 @@ class BreakdownRecorder(Callback):
             self._wrapped = True
             self._wrap(strategy)
         self.epochs.append(
-            {"start": time.time(), "end": None, "batches": [], "rounds": [], "claims": [], "cpu_start": time.process_time()}
+            {
+                "start": time.time(),
+                "end": None,
+                "batches": [],
+                "rounds": [],
+                "claims": [],
+                "cpu_start": time.process_time(),
+            }
         )
 
     def _wrap(self, strategy: Any) -> None:
