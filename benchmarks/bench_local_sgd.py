@@ -39,7 +39,11 @@ epoch, is timed at epoch ends.
 Usage:
     python benchmarks/bench_local_sgd.py [--quick] [--workers 2,4,8] [--hl 1,4,8] [--models light,heavy]
         [--seeds 0,1,2] [--configs ddp,hetero,asp,local_equal,local_prop,local_prop_samples] [--classes 4]
-        [--budget-s 1800]
+        [--budget-s 1800] [--breakdown]
+
+``--breakdown`` (local SGD configurations) also records each rank's timeline and prints where the ranks' time went:
+compute, idle at round ends, the round-end all-reduce, claims, between batches, the epoch's edges
+(``benchmarks/local_sgd_breakdown.py``; stored per run under ``breakdown``).
 
 Writes ``benchmarks/results/local_sgd.json`` (``--out``; ``--quick``: ``local_sgd_quick.json``, 2 workers, HL4, light,
 seed 0, 2 epochs) and prints a table. ``--budget-s`` starts no new cell after that many seconds; the JSON lists the

@@ -87,10 +87,13 @@ def test_switching_bsp_local_asp_local_in_process(run_script, tmp_path):
 def test_max_steps_stops_every_rank_after_the_same_round(run_script, tmp_path):
     run_script("local_train.py", str(tmp_path), "--epochs", "3", "--max-steps", "40", timeout_s=180)
     first, second = _reports(tmp_path)
-    # rounds of 256 samples are 16 local steps over both ranks; global_step moves at round ends only: 16, 32, 48
-    assert first["global_step"] == second["global_step"] == first["steps_total"] == 48
+    # rounds of 256 samples are about 16 local steps over both ranks (the first exactly: speeds unknown; later ones
+    # end at a shared deadline); global_step moves at round ends only, so both stop at the first round end past 40
+    steps = first["global_step"]
+    assert steps == second["global_step"] == first["steps_total"]
+    assert 40 <= steps < 40 + 2 * 16
     assert first["checksum"] == second["checksum"]
-    assert sum(first["batches"].values()) + sum(second["batches"].values()) == 48
+    assert sum(first["batches"].values()) + sum(second["batches"].values()) == steps
 
 
 def test_a_rank_lost_in_local_sgd_ends_the_job_naming_it(run_script, tmp_path):

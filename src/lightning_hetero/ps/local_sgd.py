@@ -17,8 +17,8 @@ updates"); ``"equal"`` gives every rank the same number (DiLoCo). Once every ran
 round is a *deadline*: it lasts ``round_s``, or ``round_samples`` over the ranks' summed throughput, from the end of
 the previous round's all-reduce (which every rank leaves at about the same time), and each rank stops at the step
 that ends closest to it. The ranks then arrive at the all-reduce within about half a step of each other, however
-their speeds drift inside the round, where a step count planned from the last round's speeds lets them arrive as
-far apart as the speeds changed (measured: 30-57 ms apart in 170 ms rounds on a shared 2-core host, see
+their speeds drift, where a step count planned from the last round's speeds lets them arrive as far apart as the
+speeds changed (measured on a shared 2-core host: 35 ms apart, median, in rounds of about 170 ms; see
 docs/results.md).
 
 The epoch's end: a rank whose share of the epoch is done meets the others with a *done* flag and no samples; it keeps
