@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, Samp
 from typing_extensions import override
 
 from lightning_hetero._lightning_internals import uses_distributed_sampler, with_sampler
+from lightning_hetero.ps.placement import reserved_only
 from lightning_hetero.ps.sampler import ClaimSampler
 
 if TYPE_CHECKING:
@@ -69,6 +70,7 @@ def claiming_loader(
     rank: int,
     world_size: int,
     tail: Callable[[int, set[int]], list[int]] | None,
+    reserved_only: Callable[[], bool] = lambda: False,
 ) -> tuple[DataLoader, ClaimSampler] | None:
     """A copy of the training ``dataloader`` with a :class:`ClaimSampler` in place of its sampler, and the sampler;
     ``None`` when the loader is left alone (no batch size, or a custom sampler).
@@ -80,7 +82,9 @@ def claiming_loader(
         asynchronous: whether ranks claim now (ASP) rather than take fixed shares (BSP).
         rank: this global rank.
         world_size: the number of ranks.
-        tail: rank 0's source of lost workers' chunks in elastic ASP, else ``None``.
+        tail: rank 0's source of lost workers' chunks in elastic ASP (or its wait for the other workers as a
+            dedicated server rank), else ``None``.
+        reserved_only: whether this rank trains only its reserved first chunk now (a dedicated server rank in ASP).
     """
     order = sampler_order(dataloader.sampler)
     if dataloader.batch_size is None or order is None:
@@ -97,6 +101,7 @@ def claiming_loader(
         shuffle=shuffle,
         seed=seed,
         tail=tail,
+        reserved_only=reserved_only,
     )
     return with_sampler(dataloader, sampler), sampler
 
@@ -104,14 +109,15 @@ def claiming_loader(
 class DataClaiming:
     """The strategy's ``process_dataloader`` hook (Lightning calls it on the strategy with each loader it builds).
 
-    A mixin of :class:`~lightning_hetero.ps.strategy.AsyncPSStrategy`; uses its fault tolerance's ``_lost_cause``
-    and ``_lost_workers_chunks``.
+    A mixin of :class:`~lightning_hetero.ps.strategy.AsyncPSStrategy`; uses its fault tolerance's ``_lost_cause``,
+    ``_lost_workers_chunks`` and ``_after_other_workers``.
     """
 
     # provided by AsyncPSStrategy
     global_rank: int
     world_size: int
     on_worker_lost: str
+    server_placement: str
     _mode: str
     _active: bool
     _attached_trainer: pl.Trainer | None
@@ -142,9 +148,21 @@ class DataClaiming:
             asynchronous=lambda: self._mode in ("asp", "local"),
             rank=self.global_rank,
             world_size=self.world_size,
-            tail=self._lost_workers_chunks if self._server is not None and self.on_worker_lost == "continue" else None,
+            tail=self._claims_tail(),
+            reserved_only=lambda: reserved_only(self.server_placement, self._mode, self.global_rank),
         )
         if claiming is None:
             return dataloader
         loader, self._claim_sampler = claiming
         return loader
+
+    def _claims_tail(self) -> Callable[[int, set[int]], list[int]] | None:
+        """What rank 0 does once its claims run out: train lost workers' chunks (elastic ASP), or wait for the other
+        workers (a dedicated server rank, which claims nothing in ASP; a no-op in the other modes); others: nothing."""
+        if self._server is None:
+            return None
+        if self.on_worker_lost == "continue":
+            return self._lost_workers_chunks
+        if self.server_placement == "dedicated":
+            return lambda epoch, own: self._after_other_workers(epoch, own) if self._mode == "asp" else []
+        return None

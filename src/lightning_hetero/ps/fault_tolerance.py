@@ -85,8 +85,25 @@ class FaultTolerance:
     def _lost_workers_chunks(self, epoch: int, own: set[int]) -> list[int]:
         """Rank 0's claims ran out (elastic ASP): once every other worker is done with the epoch or lost, the chunks
         of the epoch nobody pushed are the ones lost workers had claimed; rank 0 trains them."""
-        server, sampler, membership = self._server, self._claim_sampler, self._membership
-        assert server is not None and sampler is not None and membership is not None and self._store is not None
+        server, sampler = self._server, self._claim_sampler
+        assert server is not None and sampler is not None
+        self._await_other_workers(epoch)
+        with server.cond:
+            applied = server.applied_chunks.pop(epoch, set())
+        num_chunks = math.ceil(sampler.num_samples / sampler.chunk_size)
+        return sorted(set(range(num_chunks)) - applied - own)
+
+    def _after_other_workers(self, epoch: int, own: set[int]) -> list[int]:
+        """A dedicated server rank's tail in ASP: no chunks, once every other worker is done with the epoch (so that
+        rank 0 reaches the epoch's end meeting with the others, not an epoch's length before them)."""
+        self._await_other_workers(epoch)
+        return []
+
+    def _await_other_workers(self, epoch: int) -> None:
+        """Rank 0 waits until every other worker has pushed its last batch of ``epoch``, reached the epoch's end
+        meeting or was lost (or the server's update budget is spent)."""
+        server, membership = self._server, self._membership
+        assert server is not None and membership is not None and self._store is not None
         server.finish(SERVER_RANK)  # while rank 0 waits here, the staleness bound must not wait for it
         meeting = membership.meetings
         while True:
@@ -94,7 +111,7 @@ class FaultTolerance:
                 if server.lost is not None:
                     raise server.lost
                 if server.budget_spent:
-                    return []
+                    return
                 busy = [
                     rank
                     for rank in range(self.world_size)
@@ -103,13 +120,9 @@ class FaultTolerance:
                     and server.finished_epoch.get(rank, -1) < epoch
                 ]
             if all(arrived(self._store, meeting, rank) for rank in busy):
-                break
+                return
             with server.cond:
                 server.cond.wait(0.01)
-        with server.cond:
-            applied = server.applied_chunks.pop(epoch, set())
-        num_chunks = math.ceil(sampler.num_samples / sampler.chunk_size)
-        return sorted(set(range(num_chunks)) - applied - own)
 
     def _meet(self) -> None:
         """Where the ranks meet at an epoch's end (before validation, at a mode switch, at the end of training, and

@@ -66,6 +66,8 @@ class ClaimSampler(Sampler[int]):
         seed: base seed, identical on all workers.
         tail: asynchronous mode: asked for more chunks once the claims run out, see :data:`TailFn` (the parameter
             server's rank returns a lost worker's chunks there, so the epoch still covers every sample once).
+        reserved_only: asynchronous mode: returns, when an iteration starts, whether this rank yields only its
+            reserved first chunk and claims none (a dedicated server rank); ``tail`` is still asked after it.
 
     Example::
 
@@ -81,6 +83,12 @@ class ClaimSampler(Sampler[int]):
         [0, 1, 2]
         >>> list(fast_iter), list(slow_iter)  # the fast worker claims the rest; every index once
         ([4], [3])
+        >>> counter.clear()
+        >>> server = ClaimSampler(
+        ...     5, 2, claim, epoch=lambda: 0, asynchronous=lambda: True, rank=0, world_size=2, reserved_only=lambda: True
+        ... )
+        >>> list(server), list(slow)  # a dedicated server rank: its reserved chunk only; the other rank the rest
+        ([0, 1], [2, 3, 4])
     """
 
     def __init__(
@@ -95,6 +103,7 @@ class ClaimSampler(Sampler[int]):
         shuffle: bool = False,
         seed: int = 0,
         tail: TailFn | None = None,
+        reserved_only: Callable[[], bool] = lambda: False,
     ) -> None:
         if chunk_size <= 0:
             raise ValueError(f"chunk_size must be positive, got {chunk_size}")
@@ -108,6 +117,7 @@ class ClaimSampler(Sampler[int]):
         self.shuffle = shuffle
         self.seed = seed
         self.tail = tail
+        self.reserved_only = reserved_only
         #: asynchronous mode: the chunks (``position // chunk_size``) whose indices were yielded and whose batch has not
         #: been taken with :meth:`next_chunk` yet, oldest first
         self.pending_chunks: deque[int] = deque()
@@ -127,9 +137,12 @@ class ClaimSampler(Sampler[int]):
         # epoch and epoch-level collectives (``self.log(..., on_epoch=True, sync_dist=True)``) stay matched.
         self.pending_chunks = deque()
         own = set()
+        claims = not self.reserved_only()
         start = self.rank * self.chunk_size
         while start < self.num_samples:
             yield from self._chunk(order, start // self.chunk_size, own)
+            if not claims:
+                break
             start = self.world_size * self.chunk_size + self.claim(epoch, self.chunk_size)
         if self.tail is not None:
             for chunk in self.tail(epoch, own):
