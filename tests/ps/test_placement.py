@@ -1,6 +1,8 @@
 """``AsyncPSStrategy(server_placement=...)``: the pure rules, settings refused at construction, and end-to-end runs
 with a dedicated server rank (3 ranks on gloo, ``tests/scripts/ps_train.py`` in fresh interpreters)."""
 
+import time
+
 import pytest
 
 from lightning_hetero.measurement import ComputeTimer
@@ -115,3 +117,34 @@ def test_a_dedicated_server_rank_needs_a_rank_to_train(run_script, tmp_path):
     )  # fmt: skip
     assert proc.returncode != 0
     assert "server_placement='dedicated') needs at least 2 ranks" in proc.stderr
+
+
+@pytest.mark.multiprocess
+def test_a_worker_killed_beside_a_dedicated_server_rank_ends_the_job_naming_it(run_script, tmp_path):
+    proc = run_script(
+        "ps_train.py", str(tmp_path), "--devices", "3", "--server-placement", "dedicated", "--epochs", "50",
+        "--kill-rank", "2", "--kill-after", "5", "--fault-timeout-s", "20",
+        timeout_s=120, expect_ok=False,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert "AsyncPSStrategy lost the worker on rank 2" in proc.stderr
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timing
+def test_a_hung_worker_beside_a_dedicated_server_rank_is_named_within_twice_the_fault_timeout(run_script, tmp_path):
+    """Rank 0 waits for the workers' last batches before the epoch-end meeting, at most fault_timeout_s after the
+    first worker got there; the meeting then names the hung worker, not rank 0."""
+    proc = run_script(
+        "ps_train.py", str(tmp_path), "--devices", "3", "--server-placement", "dedicated", "--epochs", "50",
+        "--kill-rank", "2", "--kill-after", "3", "--hang", "--fault-timeout-s", "5",
+        timeout_s=120, expect_ok=False,
+    )  # fmt: skip
+    ended_at = time.time()
+    assert proc.returncode != 0
+    hung_for_s = ended_at - read_json(tmp_path / "rank2.lost.json")["killed_at"]
+    assert 10 <= hung_for_s < 10 + 45, hung_for_s
+    assert "AsyncPSStrategy lost the worker on rank 2: it did not reach the epoch's end within fault_timeout_s=5" in (
+        proc.stderr
+    )
+    assert "lost the parameter server" not in proc.stderr

@@ -82,8 +82,7 @@ def claiming_loader(
         asynchronous: whether ranks claim now (ASP) rather than take fixed shares (BSP).
         rank: this global rank.
         world_size: the number of ranks.
-        tail: rank 0's source of lost workers' chunks in elastic ASP (or its wait for the other workers as a
-            dedicated server rank), else ``None``.
+        tail: rank 0's source of lost workers' chunks in elastic ASP, else ``None``.
         reserved_only: whether this rank trains only its reserved first chunk now (a dedicated server rank in ASP).
     """
     order = sampler_order(dataloader.sampler)
@@ -109,8 +108,8 @@ def claiming_loader(
 class DataClaiming:
     """The strategy's ``process_dataloader`` hook (Lightning calls it on the strategy with each loader it builds).
 
-    A mixin of :class:`~lightning_hetero.ps.strategy.AsyncPSStrategy`; uses its fault tolerance's ``_lost_cause``,
-    ``_lost_workers_chunks`` and ``_after_other_workers``.
+    A mixin of :class:`~lightning_hetero.ps.strategy.AsyncPSStrategy`; uses its fault tolerance's ``_lost_cause``
+    and ``_lost_workers_chunks``.
     """
 
     # provided by AsyncPSStrategy
@@ -148,21 +147,10 @@ class DataClaiming:
             asynchronous=lambda: self._mode in ("asp", "local"),
             rank=self.global_rank,
             world_size=self.world_size,
-            tail=self._claims_tail(),
+            tail=self._lost_workers_chunks if self._server is not None and self.on_worker_lost == "continue" else None,
             reserved_only=lambda: reserved_only(self.server_placement, self._mode, self.global_rank),
         )
         if claiming is None:
             return dataloader
         loader, self._claim_sampler = claiming
         return loader
-
-    def _claims_tail(self) -> Callable[[int, set[int]], list[int]] | None:
-        """What rank 0 does once its claims run out: train lost workers' chunks (elastic ASP), or wait for the other
-        workers (a dedicated server rank, which claims nothing in ASP; a no-op in the other modes); others: nothing."""
-        if self._server is None:
-            return None
-        if self.on_worker_lost == "continue":
-            return self._lost_workers_chunks
-        if self.server_placement == "dedicated":
-            return lambda epoch, own: self._after_other_workers(epoch, own) if self._mode == "asp" else []
-        return None

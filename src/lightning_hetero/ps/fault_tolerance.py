@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,7 @@ from lightning_hetero._lightning_internals import (
     rebuild_validation_loaders,
 )
 from lightning_hetero.ps.faults import Membership, arrived
+from lightning_hetero.ps.placement import reserved_only
 from lightning_hetero.ps.protocol import SERVER_RANK, PeerLostError
 
 if TYPE_CHECKING:
@@ -44,6 +46,7 @@ class FaultTolerance:
     # provided by AsyncPSStrategy
     fault_timeout_s: float
     on_worker_lost: str
+    server_placement: str
     world_size: int
     global_rank: int
     launcher: Any
@@ -93,19 +96,15 @@ class FaultTolerance:
         num_chunks = math.ceil(sampler.num_samples / sampler.chunk_size)
         return sorted(set(range(num_chunks)) - applied - own)
 
-    def _after_other_workers(self, epoch: int, own: set[int]) -> list[int]:
-        """A dedicated server rank's tail in ASP: no chunks, once every other worker is done with the epoch (so that
-        rank 0 reaches the epoch's end meeting with the others, not an epoch's length before them)."""
-        self._await_other_workers(epoch)
-        return []
-
-    def _await_other_workers(self, epoch: int) -> None:
+    def _await_other_workers(self, epoch: int, patience_s: float | None = None) -> None:
         """Rank 0 waits until every other worker has pushed its last batch of ``epoch``, reached the epoch's end
-        meeting or was lost (or the server's update budget is spent)."""
+        meeting or was lost (or the server's update budget is spent); with ``patience_s``, at most that long after
+        the first other worker reached the meeting (the meeting then names the late ones)."""
         server, membership = self._server, self._membership
         assert server is not None and membership is not None and self._store is not None
         server.finish(SERVER_RANK)  # while rank 0 waits here, the staleness bound must not wait for it
         meeting = membership.meetings
+        first_arrival: float | None = None
         while True:
             with server.cond:
                 if server.lost is not None:
@@ -121,6 +120,13 @@ class FaultTolerance:
                 ]
             if all(arrived(self._store, meeting, rank) for rank in busy):
                 return
+            if patience_s is not None:
+                if first_arrival is None and any(
+                    arrived(self._store, meeting, r) for r in membership.members if r != SERVER_RANK
+                ):
+                    first_arrival = time.monotonic()
+                if first_arrival is not None and time.monotonic() - first_arrival > patience_s:
+                    return
             with server.cond:
                 server.cond.wait(0.01)
 
@@ -141,6 +147,11 @@ class FaultTolerance:
             if server is not None and server.lost is not None:
                 raise server.lost
 
+        if reserved_only(self.server_placement, self._mode, self.global_rank):
+            # a dedicated server rank trained its one batch at the epoch's start: wait for the workers to finish
+            # theirs before the meeting, whose fault timeout starts on rank 0's arrival
+            assert self._attached_trainer is not None
+            self._await_other_workers(self._attached_trainer.current_epoch, patience_s=self.fault_timeout_s)
         before = len(self._membership.members)
         members = self._membership.meet(expected, check)
         if len(members) < before:
