@@ -2,11 +2,11 @@
 
 - ``"worker"`` (the default): the server runs as threads inside rank 0, which trains like every other rank; all N
   ranks are workers.
-- ``"dedicated"``: rank 0 is reserved for the server. In ASP it trains only its reserved first batch of each epoch
-  (at the epoch's end, once the other workers are done with it), so that Lightning's per-epoch hooks, ``sync_dist``
-  logging and callbacks see a batch on every rank as usual, and it claims nothing else: ranks 1..N-1 train the rest
-  of the epoch, and every sample is still used exactly once. In BSP and local SGD the server is idle and rank 0
-  trains its share like the others.
+- ``"dedicated"``: rank 0 is reserved for the server. In ASP it trains only its reserved first batch of each epoch,
+  so that Lightning's per-epoch hooks, ``sync_dist`` logging and callbacks see a batch on every rank as usual, and
+  claims nothing else: ranks 1..N-1 train the rest of the epoch, and every sample is still used exactly once. Before
+  the epoch-end meeting it waits for the workers' last batches (see ``FaultTolerance._meet``). In BSP and local SGD
+  the server is idle and rank 0 trains its share like the others.
 
 Example::
 

@@ -131,7 +131,7 @@ class AsyncPSStrategy(
         server_placement: ``"worker"`` (default): the server runs as threads in rank 0, which trains like the others.
             ``"dedicated"``: rank 0 is reserved for the server: in ASP it trains only its reserved first batch of each
             epoch and ranks 1..N-1 the rest (see :mod:`~lightning_hetero.ps.placement`); not with ``server_shards``
-            > 1, ``on_worker_lost="continue"`` or ``HeteroBatchCallback``. See ``docs/async_ps.md`` (Placement).
+            > 1, ``on_worker_lost="continue"`` or ``HeteroBatchCallback``. See ``docs/async_ps.md`` (Server placement).
         accelerator: see :class:`~lightning.pytorch.strategies.DDPStrategy`.
         parallel_devices: see :class:`~lightning.pytorch.strategies.DDPStrategy`.
         cluster_environment: see :class:`~lightning.pytorch.strategies.DDPStrategy`.
