@@ -39,6 +39,10 @@ LOST_WORKER_GRACE_S = 5.0
 LINGER_MARGIN_S = 5.0
 
 
+#: how often rank 0 looks whether the other workers are done with the epoch
+_AWAIT_POLL_S = 0.01
+
+
 class FaultTolerance:
     """Fault handling shared by the strategy's hooks (see the module's docstring); ``super()`` past this class must
     reach ``DDPStrategy``'s ``on_exception``."""
@@ -127,8 +131,8 @@ class FaultTolerance:
                     first_arrival = time.monotonic()
                 if first_arrival is not None and time.monotonic() - first_arrival > patience_s:
                     return
-            with server.cond:
-                server.cond.wait(0.01)
+            # a dedicated server rank waits here for a whole epoch: sleep rather than wake at every update's notify
+            time.sleep(_AWAIT_POLL_S)
 
     def _meet(self) -> None:
         """Where the ranks meet at an epoch's end (before validation, at a mode switch, at the end of training, and
