@@ -151,3 +151,20 @@ def test_relative_error_is_the_standard_error_of_a_size_level_over_its_merged_pe
     model.update([(32, 0.038), (32, 0.042)] * 4)
     model.restart_from_latest()
     assert model.relative_error(32) == pytest.approx(0.002 / math.sqrt(8) / 0.040)
+
+
+def test_relative_error_under_a_quota_is_that_of_the_level_the_floor_sets():
+    # a quarter-CPU rank that does not limit the step: 9 ms of CPU (floor 36 ms) each step, throttled inside its
+    # window one step in four; its level is the mean floor, whose spread is its CPU time's
+    model = PeriodCostModel()
+    steps = [(5, 0.009, 0.036), (5, 0.009, 0.036), (5, 0.009, 0.037), (5, 0.075, 0.035)] * 2
+    model.update(steps)
+    assert model.step_time_s(5) == pytest.approx(0.036)
+    floors = [0.036, 0.036, 0.037, 0.035]
+    mean = sum(floors) / 4
+    spread = math.sqrt(sum((f - mean) ** 2 for f in floors) / 4)
+    assert model.relative_error(5) == pytest.approx(spread / math.sqrt(8) / 0.036)
+    # where the busy time sets the level (the rank limits the step), its spread counts
+    limiting = PeriodCostModel()
+    limiting.update([(5, 0.020, 0.010), (5, 0.060, 0.010)] * 4)
+    assert limiting.relative_error(5) == pytest.approx(0.020 / math.sqrt(8) / 0.040)

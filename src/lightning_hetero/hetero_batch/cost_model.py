@@ -142,8 +142,11 @@ class PeriodCostModel:
             size: (max(sum(times) / len(times), sum(floors[size]) / len(times)), len(times))
             for size, times in busy.items()
         }
+        # the variance of what the level is the mean of: under a quota the floor (CPU time at the quota's rate) is
+        # smooth while busy times jump by whole throttling periods, and the level of a rank that does not limit the
+        # step is its mean floor, known as precisely as its CPU time
         variances = {
-            size: _variance([max(b, f) for b, f in zip(times, floors[size], strict=True)])
+            size: _variance(floors[size] if means[size][0] > sum(times) / len(times) else times)
             for size, times in busy.items()
         }
         newest = max(means, key=lambda size: means[size][1])  # the size most of the period ran at
@@ -207,8 +210,9 @@ class PeriodCostModel:
         self._restarted = True
 
     def relative_error(self, batch: int) -> float:
-        """The standard error of the mean busy time measured at ``batch``, as a fraction of that mean (NaN when
-        ``batch`` was not measured): how far apart two ranks' levels can look by chance.
+        """The standard error of the level measured at ``batch`` (its mean busy time, or under a quota its mean floor
+        when that is higher), as a fraction of that level (NaN when ``batch`` was not measured): how far apart two
+        ranks' levels can look by chance.
 
         Example::
 
