@@ -4,7 +4,8 @@ Scenarios (2 and 4 DDP ranks on gloo, global batch 64, adjustments every 8 steps
   sleep HL2 / HL4 / HL8   SlowdownEmulator sleeps; 4-rank factors follow OmniLearn's BSP core counts
   cfs                     SlowdownEmulator(throttle="cfs"): a CPU quota of 1/factor per 100 ms period
   flip                    the slow and fast ranks swap 2 steps after an adjustment (sleep HL4, then cfs 1/4)
-  homogeneous             equal ranks: HeteroBatch against plain DDP
+  homogeneous             equal ranks: HeteroBatch against plain DDP, and plain DDP against itself (the noise
+                          floor), the three arms in rotating order
 Each launch of N ranks runs the controller and every static candidate one after another, ``--repeats`` times
 interleaved (4-rank static scenarios one time fewer), so that all of them see the same machine load; medians over
 repeats are reported. Static candidates are splits proportional to speed**gamma (6 for 2 ranks, 3 for 4 ranks).
@@ -240,12 +241,14 @@ def flip_scenario(name: str, factors: list[float], throttle: str, args: argparse
 
 
 def homogeneous_scenario(args: argparse.Namespace) -> dict:
-    runs = [{"kind": "ddp"}, {"kind": "hetero"}] * args.repeats
-    results = launch([1.0, 1.0], runs, "sleep", args.steps)
+    # a second plain-DDP arm measures the noise floor of the comparison (DDP against itself); which arm goes first
+    # rotates from one repeat to the next, so no arm always runs right after the same other one
+    arms = [{"kind": "ddp"}, {"kind": "hetero"}, {"kind": "ddp", "control": True}]
+    results = launch([1.0, 1.0], rotating_order(arms, args.repeats), "sleep", args.steps)
     skip = 2 * PERIOD
-    ddp = [throughput(r, skip) for r in results if r["run"]["kind"] == "ddp"]
-    hetero = [throughput(r, skip) for r in results if r["run"]["kind"] == "hetero"]
-    ratios = [h / d for h, d in zip(hetero, ddp, strict=True)]
+    ddp, hetero, control = ([throughput(r, skip) for r in arm_runs(results, arm)] for arm in arms)
+    ratios = paired_ratios(hetero, ddp)
+    control_ratios = paired_ratios(control, ddp)
     return {
         "scenario": "homogeneous",
         "ranks": 2,
@@ -253,7 +256,9 @@ def homogeneous_scenario(args: argparse.Namespace) -> dict:
         "controller_samples_per_s": statistics.median(hetero),
         "ratio_to_ddp": statistics.median(ratios),
         "ratios": ratios,
-        "split_changes": [len(r["history"]) for r in results if r["run"]["kind"] == "hetero"],
+        "ddp_control_ratio": statistics.median(control_ratios),
+        "ddp_control_ratios": control_ratios,
+        "split_changes": [len(r["history"]) for r in arm_runs(results, arms[1])],
     }
 
 
@@ -286,7 +291,7 @@ def print_table(args: argparse.Namespace, results: list[dict]) -> None:
             ratios = ", ".join(f"{r:.3f}" for r in row["ratios"])
             print(
                 f"{row['title']:<24} HeteroBatch / DDP = {row['ratio_to_ddp']:.3f} (runs {ratios}); "
-                f"split changes {row['split_changes']}"
+                f"DDP / DDP (noise floor) = {row['ddp_control_ratio']:.3f}; split changes {row['split_changes']}"
             )
 
 

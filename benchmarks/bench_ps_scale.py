@@ -12,6 +12,11 @@ the configured size, on a batch of 2, so the gradient is dense and as large as t
   statistics; absent on code that does not keep them); with ``server_shards`` the busiest shard's.
 - **µs per MB**: the server's cost of one update (optimizer step on the pushed gradient and the reply copy),
   in-process, per MB of parameters, for each model size.
+- **Server placement** (``--placement worker,dedicated``): the server's threads inside training rank 0 against a
+  rank reserved for the server (``server_placement="dedicated"``). The configuration's N is the number of *training*
+  workers: a dedicated variant starts N + 1 ranks (``--dedicated-rank extra``, the default) or N ranks of which N - 1
+  train (``within``); its ideal counts only the training workers' standalone throughputs. Every variant's plain
+  throughput is also divided by the first variant's in the same repeat (``over_first``).
 
 Throughput counts training samples over the epochs after the first (warm-up) one, from the earliest epoch start to
 the latest last-batch end across ranks. Repeats are interleaved (standalone and ASP alternate, configurations in
@@ -29,6 +34,8 @@ Usage::
     # one server against two shards (the model in 4 layers, since a shard holds whole tensors)
     python benchmarks/bench_ps_scale.py --configs 2x17Mx5 --layers 4 --variant 'one={}' \
         --variant 'shards2={"server_shards": 2}'
+    # the server's placement: threads in training rank 0 against a rank reserved for the server
+    python benchmarks/bench_ps_scale.py --configs 2x0.25Mx65,4x0.25Mx65 --placement worker,dedicated
     # the server's capacity alone, one against two shards (in process, a thread per shard)
     python benchmarks/bench_ps_scale.py --capacity 17M --layers 4 --repeats 5 --json benchmarks/results/x.json
 """
@@ -189,6 +196,35 @@ def parse_variant(text: str) -> dict:
     return {"label": label, "kwargs": json.loads(kwargs or "{}"), "source": source}
 
 
+def placement_variants(text: str) -> list[dict]:
+    """``"worker,dedicated"`` -> one variant per server placement (labelled by it).
+
+    Example::
+
+        >>> [v["label"] for v in placement_variants("worker,dedicated")]
+        ['worker', 'dedicated']
+        >>> placement_variants("dedicated")[0]["kwargs"]
+        {'server_placement': 'dedicated'}
+    """
+    return [{"label": name, "kwargs": {"server_placement": name}, "source": ""} for name in text.split(",") if name]
+
+
+def job_ranks(workers: int, kwargs: dict, dedicated_rank: str) -> tuple[int, int]:
+    """``(ranks, training ranks)`` of an ASP job for ``workers`` configured workers: with a dedicated server rank,
+    one more rank (``"extra"``) or one fewer training rank (``"within"``).
+
+    Example::
+
+        >>> job_ranks(4, {}, "extra"), job_ranks(4, {"server_placement": "dedicated"}, "extra")
+        ((4, 4), (5, 4))
+        >>> job_ranks(4, {"server_placement": "dedicated"}, "within")
+        (4, 3)
+    """
+    if kwargs.get("server_placement") != "dedicated":
+        return workers, workers
+    return (workers + 1, workers) if dedicated_rank == "extra" else (workers, workers - 1)
+
+
 def _run(args: argparse.Namespace, jobs: list[dict], source: str = "") -> list[list[dict]]:
     """Start jobs side by side (with ``source`` first on ``PYTHONPATH`` when given), wait for all; each job's ranks'
     reports."""
@@ -246,17 +282,24 @@ def measure(args: argparse.Namespace, config: dict, variants: list[dict], rotati
             result["standalone"] = [_throughput(reports, args.epochs) for reports in jobs]
             continue
         variant = next(v for v in variants if v["label"] == name)
-        asp_job = {**common, "strategy": "asp", "devices": workers, "epochs": args.epochs}
-        asp_job["samples"] = _samples(config, args.epoch_s, workers)
+        ranks, training = job_ranks(workers, variant["kwargs"], args.dedicated_rank)
+        asp_job = {**common, "strategy": "asp", "devices": ranks, "epochs": args.epochs}
+        asp_job["samples"] = _samples(config, args.epoch_s, training)
         asp_job["strategy_kwargs"] = json.dumps(variant["kwargs"])
         (reports,) = _run(args, [asp_job], variant["source"])
         asp = _throughput(reports, args.epochs)
         asp["per_rank_samples"] = [sum(r["windows"][str(e)]["samples"] for e in range(1, args.epochs)) for r in reports]
-        result["variants"][name] = {"asp": asp, "server_summary": reports[0]["server_summary"]}
+        result["variants"][name] = {
+            "asp": asp, "server_summary": reports[0]["server_summary"], "ranks": ranks, "training_ranks": training
+        }  # fmt: skip
     result["ideal_samples_per_s"] = sum(s["samples_per_s"] for s in result["standalone"])
     result["standalone_step_ms"] = statistics.median(1000 * BATCH / s["samples_per_s"] for s in result["standalone"])
+    first = result["variants"][variants[0]["label"]]["asp"]["samples_per_s"]
     for run in result["variants"].values():
-        run["asp_over_ideal"] = run["asp"]["samples_per_s"] / result["ideal_samples_per_s"]
+        # the ideal counts the training workers only (all standalone jobs run the same model and sleep)
+        run["ideal_samples_per_s"] = result["ideal_samples_per_s"] * run["training_ranks"] / workers
+        run["asp_over_ideal"] = run["asp"]["samples_per_s"] / run["ideal_samples_per_s"]
+        run["over_first"] = run["asp"]["samples_per_s"] / first
         stats = (run["server_summary"] or {}).get("server")
         if stats:
             run["server_busy_fraction"] = stats["busy_fraction"]
@@ -380,7 +423,11 @@ def summarise(runs: list[dict], label: str) -> dict:
         "asp_over_ideal_median": median([m["asp_over_ideal"] for m in mine]),
         "asp_over_ideal_each": [m["asp_over_ideal"] for m in mine],
         "asp_samples_per_s_median": median([m["asp"]["samples_per_s"] for m in mine]),
-        "ideal_samples_per_s_median": median([r["ideal_samples_per_s"] for r in runs]),
+        "ideal_samples_per_s_median": median(
+            [m.get("ideal_samples_per_s", r["ideal_samples_per_s"]) for r, m in zip(runs, mine, strict=True)]
+        ),
+        "over_first_median": median([m["over_first"] for m in mine if "over_first" in m]),
+        "over_first_each": [m["over_first"] for m in mine if "over_first" in m],
         "standalone_step_ms_median": median([r["standalone_step_ms"] for r in runs]),
         "server_busy_fraction_median": median([m["server_busy_fraction"] for m in mine if "server_busy_fraction" in m]),
         "server_us_per_mb_median": median([m["server_us_per_mb"] for m in mine if "server_us_per_mb" in m]),
@@ -391,7 +438,7 @@ def summarise(runs: list[dict], label: str) -> dict:
 def print_table(summary: dict[str, dict[str, dict]], costs: dict[str, dict]) -> None:
     print(
         f"\n{'config':<13}{'variant':<10}{'ASP/ideal':>10}{'(repeats)':>24}{'ASP s/s':>9}{'ideal s/s':>10}"
-        f"{'step ms':>8}{'busy':>6}{'us/MB':>7}{'stale':>6}"
+        f"{'step ms':>8}{'busy':>6}{'us/MB':>7}{'stale':>6}{'/first':>7}"
     )
     for name, by_variant in summary.items():
         for label, row in by_variant.items():
@@ -405,6 +452,7 @@ def print_table(summary: dict[str, dict[str, dict]], costs: dict[str, dict]) -> 
                 f"{row['asp_samples_per_s_median']:>9.0f}{row['ideal_samples_per_s_median']:>10.0f}"
                 f"{row['standalone_step_ms_median']:>8.1f}{text(row['server_busy_fraction_median'], '.2f'):>6}"
                 f"{text(row['server_us_per_mb_median'], '.0f'):>7}{text(row['staleness_mean_median'], '.2f'):>6}"
+                f"{text(row['over_first_median'], '.2f'):>7}"
             )
     print()
     for model, cost in costs.items():
@@ -426,6 +474,18 @@ def main() -> None:
         help="LABEL=JSON_KWARGS[@SRC]: an ASP variant, AsyncPSStrategy(**kwargs) with SRC first on PYTHONPATH (e.g. "
         "another checkout's src/); repeat to compare variants side by side against the same standalone runs "
         "(default: asp={})",
+    )
+    parser.add_argument(
+        "--placement",
+        default="",
+        help="comma-separated server placements, each a variant: AsyncPSStrategy(server_placement=...), e.g. "
+        "worker,dedicated (after any --variant)",
+    )
+    parser.add_argument(
+        "--dedicated-rank",
+        default="extra",
+        choices=["extra", "within"],
+        help="a dedicated server rank is one more rank than the configured workers (extra), or one of them (within)",
     )
     parser.add_argument("--strategy-kwargs", default="{}", help="train: JSON keyword arguments for AsyncPSStrategy")
     parser.add_argument("--apply-updates", type=int, default=30, help="updates timed per model for the server cost")
@@ -460,7 +520,8 @@ def main() -> None:
     else:
         configs = [f"{n}x{m}x{s:g}" for s in STEPS_MS for m in MODELS for n in WORKERS]
     parsed = {name: parse_config(name) for name in configs}
-    variants = [parse_variant(text) for text in args.variant or ["asp={}"]]
+    variants = [parse_variant(text) for text in args.variant] + placement_variants(args.placement)
+    variants = variants or [parse_variant("asp={}")]
     started, load_before = time.time(), os.getloadavg()
     runs: dict[str, list[dict]] = {name: [] for name in configs}
 
@@ -482,6 +543,7 @@ def main() -> None:
                 "model": f"{args.layers} square linear layer(s) of the model's size in all, batch {BATCH}, SGD "
                 "momentum 0.9; equal workers; compute emulated by sleeping step_ms in training_step",
                 "epochs": f"{args.epochs}, the first not measured; ideal epochs of ~{args.epoch_s} s",
+                "dedicated_rank": args.dedicated_rank,
                 "note": "see load_average_1_5_15min_before_and_after for how busy the host was",
                 "load_average_1_5_15min_before_and_after": [load_before, os.getloadavg()],
             },

@@ -33,3 +33,26 @@ def test_throughput_counts_samples_after_the_skipped_steps():
 def test_an_inversion_is_a_truly_slower_rank_with_more_samples():
     assert bench.worst_inversion([(40, 24), (30, 34)], factors=[1.0, 2.0]) == 4
     assert bench.worst_inversion([(40, 24)], factors=[1.0, 1.02]) == 0  # within 5%: not slower
+
+
+def test_equal_ranks_rotate_three_arms_and_report_the_ddp_noise_floor(monkeypatch):
+    launched = []
+
+    def fake_launch(factors, runs, throttle, steps):
+        launched.extend(runs)
+        out = []
+        for run in runs:
+            # plain DDP 1000 samples/s, HeteroBatch 990 (one split change in its first run), the control arm 1005
+            rate = 990.0 if run["kind"] == "hetero" else 1005.0 if run.get("control") else 1000.0
+            history = [{"to": [33, 31]}] if len(out) == 1 else []
+            starts = [i * 64 / rate for i in range(40)]
+            out.append({"run": run, "starts": starts, "local_sizes": [[32] * 40, [32] * 40], "history": history})
+        return out
+
+    monkeypatch.setattr(bench, "launch", fake_launch)
+    row = bench.homogeneous_scenario(type("Args", (), {"repeats": 3, "steps": 40})())
+    ddp, hetero, control = {"kind": "ddp"}, {"kind": "hetero"}, {"kind": "ddp", "control": True}
+    assert launched == [ddp, hetero, control, hetero, control, ddp, control, ddp, hetero]
+    assert row["ratio_to_ddp"] == pytest.approx(0.99)
+    assert row["ddp_control_ratio"] == pytest.approx(1.005)
+    assert row["split_changes"] == [1, 0, 0]

@@ -165,3 +165,41 @@ def test_chunks_of_workers_lost_mid_epoch_are_taken_by_rank_0_at_its_end(num_sam
             if not step(rank) and rank in others:
                 others.remove(rank)
     assert sorted(trained) == list(range(num_samples))
+
+
+@given(
+    num_samples=st.integers(1, 200),
+    chunk=st.integers(1, 17),
+    world=st.integers(2, 4),
+    seed=st.integers(0, 10_000),
+)
+def test_a_dedicated_server_rank_yields_its_reserved_chunk_only_and_the_others_cover_the_rest(
+    num_samples, chunk, world, seed
+):
+    counter = Counter()
+    tail_calls = []
+
+    def tail(epoch, own):
+        tail_calls.append((epoch, set(own)))
+        return []
+
+    samplers = [
+        ClaimSampler(
+            num_samples, chunk, counter.claim, lambda: 1, lambda: True, rank, world, shuffle=True, seed=5,
+            tail=tail if rank == 0 else None, reserved_only=lambda rank=rank: rank == 0,
+        )
+        for rank in range(world)
+    ]  # fmt: skip
+    iterators = [iter(s) for s in samplers]
+    seen: list[list[int]] = [[] for _ in range(world)]
+    rng = random.Random(seed)
+    live = list(range(world))
+    while live:
+        rank = rng.choice(live)
+        batch = list(itertools.islice(iterators[rank], chunk))
+        if not batch:
+            live.remove(rank)
+        seen[rank].extend(batch)
+    assert sorted(i for indices in seen for i in indices) == list(range(num_samples))
+    assert len(seen[0]) == min(chunk, num_samples)  # rank 0: chunk 0 only, never a claim
+    assert tail_calls == [(1, {0})]  # asked once, after its reserved chunk

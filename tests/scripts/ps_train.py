@@ -176,6 +176,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--by-name", action="store_true", help='pass strategy="async_ps" (the registry entry)')
     parser.add_argument("--overlap-round-trip", action="store_true")
     parser.add_argument("--server-shards", type=int, default=1)
+    parser.add_argument("--server-placement", default="worker")
     parser.add_argument("--hetero", default=None, help="HeteroBatchCallback initial batch sizes, e.g. 48,16")
     parser.add_argument("--batchnorm", action="store_true", help="a BatchNorm1d after the first layer")
     parser.add_argument("--early-stop-acc", type=float, default=None, help="EarlyStopping once val_acc reaches this")
@@ -197,6 +198,7 @@ def main() -> None:
         on_worker_lost=args.on_worker_lost,
         overlap_round_trip=args.overlap_round_trip,
         server_shards=args.server_shards,
+        server_placement=args.server_placement,
     )
     recorder = Recorder(args.switch_at_epoch, args.switch_to)
     callbacks = [recorder]

@@ -40,6 +40,7 @@ from lightning_hetero.ps.asp_client import AsynchronousClient
 from lightning_hetero.ps.compensation import AsynchronyCompensator, unsupported_reason
 from lightning_hetero.ps.faults import FaultBoard, Membership
 from lightning_hetero.ps.layout import FlatLayout, bind_parameters_to_flat
+from lightning_hetero.ps.placement import check_server_placement
 from lightning_hetero.ps.protocol import SERVER_RANK, PeerLostError
 from lightning_hetero.ps.server import ParameterServer, ServerLoop
 from lightning_hetero.ps.sharding import Shard, check_server_shards, plan_shards
@@ -234,6 +235,7 @@ class ServerBootstrap:
     _client: AsynchronousClient | None
     overlap_round_trip: bool
     server_shards: int
+    server_placement: str
     _server: ParameterServer | None
     _loop: ServerLoop | None
     _shard_server: ParameterServer | None
@@ -292,6 +294,7 @@ class ServerBootstrap:
             self.cluster_environment.main_address, self.global_rank, self.fault_timeout_s, self.broadcast
         )
         check_server_shards(self.server_shards, self.world_size)
+        check_server_placement(self.server_placement, world_size=self.world_size)
         self._shards = plan_shards(model.layout, self.server_shards) if self.server_shards > 1 else None
         if self._shards is not None:
             largest = max(shard.numel for shard in self._shards)

@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, Samp
 from typing_extensions import override
 
 from lightning_hetero._lightning_internals import uses_distributed_sampler, with_sampler
+from lightning_hetero.ps.placement import reserved_only
 from lightning_hetero.ps.sampler import ClaimSampler
 
 if TYPE_CHECKING:
@@ -69,6 +70,7 @@ def claiming_loader(
     rank: int,
     world_size: int,
     tail: Callable[[int, set[int]], list[int]] | None,
+    reserved_only: Callable[[], bool] = lambda: False,
 ) -> tuple[DataLoader, ClaimSampler] | None:
     """A copy of the training ``dataloader`` with a :class:`ClaimSampler` in place of its sampler, and the sampler;
     ``None`` when the loader is left alone (no batch size, or a custom sampler).
@@ -81,6 +83,7 @@ def claiming_loader(
         rank: this global rank.
         world_size: the number of ranks.
         tail: rank 0's source of lost workers' chunks in elastic ASP, else ``None``.
+        reserved_only: whether this rank trains only its reserved first chunk now (a dedicated server rank in ASP).
     """
     order = sampler_order(dataloader.sampler)
     if dataloader.batch_size is None or order is None:
@@ -97,6 +100,7 @@ def claiming_loader(
         shuffle=shuffle,
         seed=seed,
         tail=tail,
+        reserved_only=reserved_only,
     )
     return with_sampler(dataloader, sampler), sampler
 
@@ -112,6 +116,7 @@ class DataClaiming:
     global_rank: int
     world_size: int
     on_worker_lost: str
+    server_placement: str
     _mode: str
     _active: bool
     _attached_trainer: pl.Trainer | None
@@ -143,6 +148,7 @@ class DataClaiming:
             rank=self.global_rank,
             world_size=self.world_size,
             tail=self._lost_workers_chunks if self._server is not None and self.on_worker_lost == "continue" else None,
+            reserved_only=lambda: reserved_only(self.server_placement, self._mode, self.global_rank),
         )
         if claiming is None:
             return dataloader

@@ -19,6 +19,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from lightning_hetero._lightning_internals import inside_training_batch
+from lightning_hetero.ps.placement import reserved_only
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -36,6 +37,8 @@ class CollectiveGating:
     _membership: Membership | None
     _attached_trainer: pl.Trainer | None
     world_size: int
+    global_rank: int
+    server_placement: str
     root_device: torch.device
     lightning_module: Any
 
@@ -94,13 +97,19 @@ class CollectiveGating:
 
     def _average_buffers(self) -> None:
         """Average the workers' floating-point module buffers (BatchNorm running statistics): in ASP each worker
-        updates its own from its own batches, and the server holds parameters only. Called where all ranks meet."""
+        updates its own from its own batches, and the server holds parameters only. Called where all ranks meet.
+        A dedicated server rank's buffers, which saw one batch of the ASP epoch, get weight 0."""
         buffers = [b for b in self.lightning_module.buffers() if b.is_floating_point()]
         if not buffers or self.world_size == 1:
             return
-        flat = torch.cat([b.detach().reshape(-1).to(torch.float64) for b in buffers])
+        weight = 0.0 if reserved_only(self.server_placement, self._mode, self.global_rank) else 1.0
+        flat = torch.cat(
+            [b.detach().reshape(-1).to(torch.float64) for b in buffers] + [torch.ones(1, dtype=torch.float64)]
+        )
+        flat.mul_(weight)
         group = self._collective_group()
-        flat = self._collective(lambda: super(CollectiveGating, self).reduce(flat, group, reduce_op="mean"))
+        flat = self._collective(lambda: super(CollectiveGating, self).reduce(flat, group, reduce_op="sum"))
+        flat = flat[:-1] / flat[-1]
         offset = 0
         for buffer in buffers:
             buffer.copy_(flat[offset : offset + buffer.numel()].view_as(buffer))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,7 @@ from lightning_hetero._lightning_internals import (
     rebuild_validation_loaders,
 )
 from lightning_hetero.ps.faults import Membership, arrived
+from lightning_hetero.ps.placement import reserved_only
 from lightning_hetero.ps.protocol import SERVER_RANK, PeerLostError
 
 if TYPE_CHECKING:
@@ -37,6 +39,10 @@ LOST_WORKER_GRACE_S = 5.0
 LINGER_MARGIN_S = 5.0
 
 
+#: how often rank 0 looks whether the other workers are done with the epoch
+_AWAIT_POLL_S = 0.01
+
+
 class FaultTolerance:
     """Fault handling shared by the strategy's hooks (see the module's docstring); ``super()`` past this class must
     reach ``DDPStrategy``'s ``on_exception``."""
@@ -44,6 +50,7 @@ class FaultTolerance:
     # provided by AsyncPSStrategy
     fault_timeout_s: float
     on_worker_lost: str
+    server_placement: str
     world_size: int
     global_rank: int
     launcher: Any
@@ -85,16 +92,29 @@ class FaultTolerance:
     def _lost_workers_chunks(self, epoch: int, own: set[int]) -> list[int]:
         """Rank 0's claims ran out (elastic ASP): once every other worker is done with the epoch or lost, the chunks
         of the epoch nobody pushed are the ones lost workers had claimed; rank 0 trains them."""
-        server, sampler, membership = self._server, self._claim_sampler, self._membership
-        assert server is not None and sampler is not None and membership is not None and self._store is not None
+        server, sampler = self._server, self._claim_sampler
+        assert server is not None and sampler is not None
+        self._await_other_workers(epoch)
+        with server.cond:
+            applied = server.applied_chunks.pop(epoch, set())
+        num_chunks = math.ceil(sampler.num_samples / sampler.chunk_size)
+        return sorted(set(range(num_chunks)) - applied - own)
+
+    def _await_other_workers(self, epoch: int, patience_s: float | None = None) -> None:
+        """Rank 0 waits until every other worker has pushed its last batch of ``epoch``, reached the epoch's end
+        meeting or was lost (or the server's update budget is spent); with ``patience_s``, at most that long after
+        the first other worker reached the meeting (the meeting then names the late ones)."""
+        server, membership = self._server, self._membership
+        assert server is not None and membership is not None and self._store is not None
         server.finish(SERVER_RANK)  # while rank 0 waits here, the staleness bound must not wait for it
         meeting = membership.meetings
+        first_arrival: float | None = None
         while True:
             with server.cond:
                 if server.lost is not None:
                     raise server.lost
                 if server.budget_spent:
-                    return []
+                    return
                 busy = [
                     rank
                     for rank in range(self.world_size)
@@ -103,13 +123,16 @@ class FaultTolerance:
                     and server.finished_epoch.get(rank, -1) < epoch
                 ]
             if all(arrived(self._store, meeting, rank) for rank in busy):
-                break
-            with server.cond:
-                server.cond.wait(0.01)
-        with server.cond:
-            applied = server.applied_chunks.pop(epoch, set())
-        num_chunks = math.ceil(sampler.num_samples / sampler.chunk_size)
-        return sorted(set(range(num_chunks)) - applied - own)
+                return
+            if patience_s is not None:
+                if first_arrival is None and any(
+                    arrived(self._store, meeting, r) for r in membership.members if r != SERVER_RANK
+                ):
+                    first_arrival = time.monotonic()
+                if first_arrival is not None and time.monotonic() - first_arrival > patience_s:
+                    return
+            # a dedicated server rank waits here for a whole epoch: sleep rather than wake at every update's notify
+            time.sleep(_AWAIT_POLL_S)
 
     def _meet(self) -> None:
         """Where the ranks meet at an epoch's end (before validation, at a mode switch, at the end of training, and
@@ -128,6 +151,11 @@ class FaultTolerance:
             if server is not None and server.lost is not None:
                 raise server.lost
 
+        if reserved_only(self.server_placement, self._mode, self.global_rank):
+            # a dedicated server rank trained its one batch at the epoch's start: wait for the workers to finish
+            # theirs before the meeting, whose fault timeout starts on rank 0's arrival
+            assert self._attached_trainer is not None
+            self._await_other_workers(self._attached_trainer.current_epoch, patience_s=self.fault_timeout_s)
         before = len(self._membership.members)
         members = self._membership.meet(expected, check)
         if len(members) < before:

@@ -67,6 +67,8 @@ class ClaimSampler(Sampler[int]):
         seed: base seed, identical on all workers.
         tail: asynchronous mode: asked for more chunks once the claims run out, see :data:`TailFn` (the parameter
             server's rank returns a lost worker's chunks there, so the epoch still covers every sample once).
+        reserved_only: asynchronous mode: returns, when an iteration starts, whether this rank yields only its
+            reserved first chunk and claims none (a dedicated server rank); ``tail`` is still asked after it.
 
     Example::
 
@@ -82,6 +84,12 @@ class ClaimSampler(Sampler[int]):
         [0, 1, 2]
         >>> list(fast_iter), list(slow_iter)  # the fast worker claims the rest; every index once
         ([4], [3])
+        >>> counter.clear()
+        >>> server = ClaimSampler(
+        ...     5, 2, claim, epoch=lambda: 0, asynchronous=lambda: True, rank=0, world_size=2, reserved_only=lambda: True
+        ... )
+        >>> list(server), list(slow)  # a dedicated server rank: its reserved chunk only; the other rank the rest
+        ([0, 1], [2, 3, 4])
     """
 
     def __init__(
@@ -96,6 +104,7 @@ class ClaimSampler(Sampler[int]):
         shuffle: bool = False,
         seed: int = 0,
         tail: TailFn | None = None,
+        reserved_only: Callable[[], bool] = lambda: False,
     ) -> None:
         if chunk_size <= 0:
             raise ValueError(f"chunk_size must be positive, got {chunk_size}")
@@ -109,6 +118,7 @@ class ClaimSampler(Sampler[int]):
         self.shuffle = shuffle
         self.seed = seed
         self.tail = tail
+        self.reserved_only = reserved_only
         #: asynchronous mode: the chunks (``position // chunk_size``) whose indices were yielded and whose batch has not
         #: been taken with :meth:`next_chunk` yet, oldest first
         self.pending_chunks: deque[int] = deque()
@@ -139,12 +149,15 @@ class ClaimSampler(Sampler[int]):
         # epoch and epoch-level collectives (``self.log(..., on_epoch=True, sync_dist=True)``) stay matched.
         self.pending_chunks = deque()
         own: set[int] = set()
+        claims = not self.reserved_only()
         pool = self.world_size * self.chunk_size  # the claims' first position
         start, stop = self.rank * self.chunk_size, (self.rank + 1) * self.chunk_size
         self.pool_position = pool
         while start < self.num_samples:
             for position in range(start, min(stop, self.num_samples), self.chunk_size):
                 yield from self._chunk(order, position // self.chunk_size, own)
+            if not claims:
+                break
             count = max(1, min(self.claim_chunks, self.samples_left // (2 * self.world_size * self.chunk_size)))
             start = pool + self.claim(epoch, count * self.chunk_size)
             stop = self.pool_position = start + count * self.chunk_size

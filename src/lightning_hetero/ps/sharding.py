@@ -51,8 +51,9 @@ class Shard:
         return FlatLayout(layout.names[self.first : self.last], layout.shapes[self.first : self.last])
 
 
-def check_server_shards(server_shards: int, world_size: int | None = None) -> None:
-    """Fail naming the setting when ``server_shards`` is not an integer from 1 to the world size.
+def check_server_shards(server_shards: int, world_size: int | None = None, on_worker_lost: str = "fail") -> None:
+    """Fail naming the setting when ``server_shards`` is not an integer from 1 to the world size, or shards the
+    server in elastic ASP (``on_worker_lost="continue"``).
 
     Example::
 
@@ -64,6 +65,11 @@ def check_server_shards(server_shards: int, world_size: int | None = None) -> No
     """
     if isinstance(server_shards, bool) or not isinstance(server_shards, int) or server_shards < 1:
         raise ValueError(f"AsyncPSStrategy(server_shards=...) must be an integer >= 1, got {server_shards!r}")
+    if server_shards > 1 and on_worker_lost == "continue":
+        raise ValueError(
+            f"AsyncPSStrategy(server_shards={server_shards}) does not support on_worker_lost='continue' (elastic "
+            "ASP): a lost rank may host a shard. Use server_shards=1 or on_worker_lost='fail'."
+        )
     if world_size is not None and server_shards > world_size:
         raise ValueError(
             f"AsyncPSStrategy(server_shards={server_shards}) needs at least {server_shards} ranks to host the shards "

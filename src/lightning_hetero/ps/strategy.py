@@ -49,6 +49,7 @@ from lightning_hetero.ps.fault_tolerance import FaultTolerance
 from lightning_hetero.ps.faults import Membership
 from lightning_hetero.ps.local_mode import LocalSGDMode
 from lightning_hetero.ps.mode_switching import ModeSwitching
+from lightning_hetero.ps.placement import check_server_placement, refuse_hetero_batches, training_workers
 from lightning_hetero.ps.protocol import FLAG_JOIN, FLAG_LAST, SERVER_RANK, STATUS_OK
 from lightning_hetero.ps.reporting import (
     compensation_message,
@@ -127,6 +128,10 @@ class AsyncPSStrategy(
             ``1/server_shards`` of every update. Checkpoints hold the unsharded state (a checkpoint resumes with any
             number of shards); ``max_staleness`` holds at each shard; losing a shard's host ends the job naming it.
             At most the world size; not with ``on_worker_lost="continue"``. See ``docs/async_ps.md`` (Sharding).
+        server_placement: ``"worker"`` (default): the server runs as threads in rank 0, which trains like the others.
+            ``"dedicated"``: rank 0 is reserved for the server: in ASP it trains only its reserved first batch of each
+            epoch and ranks 1..N-1 the rest (see :mod:`~lightning_hetero.ps.placement`); not with ``server_shards``
+            > 1, ``on_worker_lost="continue"`` or ``HeteroBatchCallback``. See ``docs/async_ps.md`` (Server placement).
         accelerator: see :class:`~lightning.pytorch.strategies.DDPStrategy`.
         parallel_devices: see :class:`~lightning.pytorch.strategies.DDPStrategy`.
         cluster_environment: see :class:`~lightning.pytorch.strategies.DDPStrategy`.
@@ -164,6 +169,7 @@ class AsyncPSStrategy(
         pseudo_gradient_weighting: str = "mean",
         overlap_round_trip: bool = False,
         server_shards: int = 1,
+        server_placement: str = "worker",
         accelerator: pl.accelerators.Accelerator | None = None,
         parallel_devices: list[torch.device] | None = None,
         cluster_environment: Any = None,
@@ -194,12 +200,8 @@ class AsyncPSStrategy(
         )
         if not isinstance(overlap_round_trip, bool):
             raise ValueError(f"overlap_round_trip must be True or False, got {overlap_round_trip!r}")
-        check_server_shards(server_shards)
-        if server_shards > 1 and on_worker_lost == "continue":
-            raise ValueError(
-                f"AsyncPSStrategy(server_shards={server_shards}) does not support on_worker_lost='continue' (elastic "
-                "ASP): a lost rank may host a shard. Use server_shards=1 or on_worker_lost='fail'."
-            )
+        check_server_shards(server_shards, on_worker_lost=on_worker_lost)
+        check_server_placement(server_placement, server_shards, on_worker_lost)
         super().__init__(
             accelerator=accelerator,
             parallel_devices=parallel_devices,
@@ -219,6 +221,7 @@ class AsyncPSStrategy(
         self.on_worker_lost = on_worker_lost
         self.overlap_round_trip = overlap_round_trip
         self.server_shards = server_shards
+        self.server_placement = server_placement
         #: seconds the last effective :meth:`set_mode` took (``None`` before any switch)
         self.last_switch_s: float | None = None
         #: updates applied to the model so far (the server's version in ASP, the step count in BSP)
@@ -284,7 +287,8 @@ class AsyncPSStrategy(
     def _new_compensator(self) -> AsynchronyCompensator | None:
         if self._compensation_mode is None:
             return None
-        compensator = AsynchronyCompensator(self._compensation_mode, workers=self.world_size)
+        workers = training_workers(self.world_size, self.server_placement)
+        compensator = AsynchronyCompensator(self._compensation_mode, workers=workers)
         compensator.apply([hyperparameters(group) for group in self.optimizers[0].param_groups])
         return compensator
 
@@ -302,11 +306,7 @@ class AsyncPSStrategy(
                 ``mark_compute_end()``).
             batch_share: returns this rank's ``b_k / sum(b)`` for the current step.
         """
-        if self.on_worker_lost == "continue":
-            raise ValueError(
-                "AsyncPSStrategy(on_worker_lost='continue') does not support HeteroBatchCallback: its split of each "
-                "global batch assumes a fixed set of ranks. Use on_worker_lost='fail' with it."
-            )
+        refuse_hetero_batches(self.server_placement, self.on_worker_lost)
         self._compute_timer = compute_timer
         self._batch_share = batch_share
 
