@@ -234,7 +234,7 @@ class LocalRounds:
         #: (``round_s``, or ``round_samples`` over the ranks' summed throughput); ``None``: ``target_steps`` ends it
         self.round_s: float | None = None
         #: this round runs to the epoch's end (its deadline ignored): when it started, fewer than 1.5 rounds' samples
-        #: were left in the epoch, as the rank that had claimed last saw it
+        #: were left in the epoch (the smallest of the ranks' views of its pool, so every rank decides alike)
         self.to_epoch_end = False
         #: samples left in the epoch's pool at the last round end (the smallest of the ranks' views), else ``None``
         self.epoch_left: int | None = None
