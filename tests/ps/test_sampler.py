@@ -17,6 +17,23 @@ class Counter:
         return start
 
 
+def drain_at_random_speeds(samplers, chunk, seed, on_batch=lambda rank, batch: None):
+    """Each rank's indices when the ranks draw batches in a random interleaving (workers of random speeds)."""
+    iterators = [iter(s) for s in samplers]
+    seen: list[list[int]] = [[] for _ in samplers]
+    rng = random.Random(seed)
+    live = list(range(len(samplers)))
+    while live:
+        rank = rng.choice(live)
+        batch = list(itertools.islice(iterators[rank], chunk))
+        if not batch:
+            live.remove(rank)
+            continue
+        on_batch(rank, batch)
+        seen[rank].extend(batch)
+    return seen
+
+
 @given(
     num_samples=st.integers(1, 200),
     chunk=st.integers(1, 17),
@@ -29,16 +46,7 @@ def test_asynchronous_claims_cover_the_epoch_exactly_once(num_samples, chunk, wo
         ClaimSampler(num_samples, chunk, counter.claim, lambda: 2, lambda: True, rank, world, shuffle=True, seed=5)
         for rank in range(world)
     ]
-    iterators = [iter(s) for s in samplers]
-    seen: list[list[int]] = [[] for _ in range(world)]
-    rng = random.Random(seed)
-    live = list(range(world))
-    while live:  # workers draw at random speeds
-        rank = rng.choice(live)
-        batch = list(itertools.islice(iterators[rank], chunk))
-        if not batch:
-            live.remove(rank)
-        seen[rank].extend(batch)
+    seen = drain_at_random_speeds(samplers, chunk, seed)
     everything = sorted(i for indices in seen for i in indices)
     assert everything == list(range(num_samples))
     if num_samples >= world * chunk:
@@ -61,19 +69,12 @@ def test_claiming_several_chunks_at_once_still_covers_the_epoch_exactly_once(
     ]
     for sampler, chunks in zip(samplers, claim_chunks, strict=False):
         sampler.claim_chunks = chunks
-    iterators = [iter(s) for s in samplers]
-    seen: list[int] = []
-    rng = random.Random(seed)
-    live = list(range(world))
-    while live:
-        rank = rng.choice(live)
-        batch = list(itertools.islice(iterators[rank], chunk))
-        if not batch:
-            live.remove(rank)
-        if batch:
-            assert samplers[rank].next_chunk() == batch[0] // chunk  # the batch's chunk, as local SGD reads it
-        seen.extend(batch)
-    assert sorted(seen) == list(range(num_samples))
+
+    def check(rank, batch):
+        assert samplers[rank].next_chunk() == batch[0] // chunk  # the batch's chunk, as local SGD reads it
+
+    seen = drain_at_random_speeds(samplers, chunk, seed, on_batch=check)
+    assert sorted(i for indices in seen for i in indices) == list(range(num_samples))
 
 
 def test_claims_of_several_chunks_save_round_trips_and_shrink_near_the_epochs_end():
@@ -190,16 +191,7 @@ def test_a_dedicated_server_rank_yields_its_reserved_chunk_only_and_the_others_c
         )
         for rank in range(world)
     ]  # fmt: skip
-    iterators = [iter(s) for s in samplers]
-    seen: list[list[int]] = [[] for _ in range(world)]
-    rng = random.Random(seed)
-    live = list(range(world))
-    while live:
-        rank = rng.choice(live)
-        batch = list(itertools.islice(iterators[rank], chunk))
-        if not batch:
-            live.remove(rank)
-        seen[rank].extend(batch)
+    seen = drain_at_random_speeds(samplers, chunk, seed)
     assert sorted(i for indices in seen for i in indices) == list(range(num_samples))
     assert len(seen[0]) == min(chunk, num_samples)  # rank 0: chunk 0 only, never a claim
     assert tail_calls == [(1, {0})]  # asked once, after its reserved chunk

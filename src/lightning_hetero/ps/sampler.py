@@ -3,9 +3,9 @@
 In asynchronous mode each worker claims its next chunk (one batch worth of indices; or a few at once, see
 ``ClaimSampler.claim_chunks``) from a shared atomic counter when it needs one (its first chunk of an epoch is
 reserved, so nobody ends an epoch empty-handed), so a fast worker takes more batches, a slow one fewer, and the
-epoch still visits every sample exactly once; the epoch ends for everybody when the counter passes the end of the data. In synchronous mode the
-chunks are dealt round-robin (padded by wrapping, like ``DistributedSampler``) so every rank makes the same number
-of steps, which the all-reduce requires.
+epoch still visits every sample exactly once; the epoch ends for everybody when the counter passes the end of the
+data. In synchronous mode the chunks are dealt round-robin (padded by wrapping, like ``DistributedSampler``) so
+every rank makes the same number of steps, which the all-reduce requires.
 """
 
 from __future__ import annotations
