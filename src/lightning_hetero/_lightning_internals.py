@@ -226,14 +226,6 @@ def is_last_batch(trainer: pl.Trainer) -> bool:
     return bool(trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
 
 
-def batches_started(trainer: pl.Trainer) -> int:
-    """The training batches started so far in this epoch (the one in progress included).
-
-    Relies on ``fit_loop.epoch_loop.batch_progress.current.ready`` (checked against Lightning 2.6.6).
-    """
-    return int(trainer.fit_loop.epoch_loop.batch_progress.current.ready)
-
-
 def inside_training_batch(trainer: pl.Trainer) -> bool:
     """Whether a training batch has started and not completed (its step, hooks and logging are running).
 

@@ -29,11 +29,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
-from lightning_hetero._lightning_internals import (
-    batches_started,
-    is_last_batch,
-    set_global_step,
-)
+from lightning_hetero._lightning_internals import is_last_batch, set_global_step
 from lightning_hetero._validation import check_finite
 from lightning_hetero.batch_weighting import equal_share
 from lightning_hetero.contracts import ComputeEndMark, Mode, check_mode
@@ -51,12 +47,7 @@ from lightning_hetero.ps.local_mode import LocalSGDMode
 from lightning_hetero.ps.mode_switching import ModeSwitching
 from lightning_hetero.ps.placement import check_server_placement, refuse_hetero_batches, training_workers
 from lightning_hetero.ps.protocol import FLAG_JOIN, FLAG_LAST, SERVER_RANK, STATUS_OK
-from lightning_hetero.ps.reporting import (
-    compensation_message,
-    log_hyperparameters,
-    log_staleness,
-    should_log_hyperparameters,
-)
+from lightning_hetero.ps.reporting import EpochLog, compensation_message, report_hyperparameters, report_staleness
 from lightning_hetero.ps.sampler import ClaimSampler
 from lightning_hetero.ps.server import ParameterServer, ServerLoop
 from lightning_hetero.ps.shard_hosting import ShardHosting
@@ -232,6 +223,7 @@ class AsyncPSStrategy(
         self._compute_timer: ComputeEndMark | None = None
         self._batch_share: Callable[[], float] | None = None
         self._last_staleness = 0
+        self._epoch_log = EpochLog(gather=lambda tensor: self.all_gather(tensor.to(self.root_device)))
         self._snapshot: dict[str, Any] | None = None
         self._restored: dict[str, Any] | None = None
         self._active = False
@@ -322,6 +314,7 @@ class AsyncPSStrategy(
 
     @override
     def on_train_start(self) -> None:
+        self._epoch_log.restart()
         if self._restored is not None:
             self._set_step_counter(self.version, in_step=False)
         if self._mode == "local":
@@ -374,22 +367,23 @@ class AsyncPSStrategy(
             # the epoch's first collective after its asynchronous batches is preceded by a meeting of the ranks
             self._needs_meeting = True
         output = super().training_step(*args, **kwargs)
-        self._log_hyperparameters_in_force()
-        if asynchronous:
-            log_staleness(self.lightning_module, self._last_staleness)
+        if self._active:
+            self._report_step(asynchronous)
         return output
 
-    def _log_hyperparameters_in_force(self) -> None:
-        """Rank 0 logs the momentum and learning rate that updates use: the server's compensated values in ASP, the
-        optimizer's own in BSP (see :func:`~lightning_hetero.ps.reporting.should_log_hyperparameters`)."""
-        if not self._active or self.global_rank != SERVER_RANK:
-            return
+    def _report_step(self, asynchronous: bool) -> None:
+        """Report an asynchronous update's staleness (every rank), and on rank 0 the momentum and learning rate that
+        updates use: the server's compensated values in ASP, the optimizer's own otherwise (epoch statistics, see
+        :class:`~lightning_hetero.ps.reporting.EpochLog`)."""
         trainer = self._attached_trainer
         assert trainer is not None
-        if not should_log_hyperparameters(batches_started(trainer), is_last_batch(trainer)):
-            return
-        compensator = self._server.compensator if self._server is not None and self._mode == "asp" else None
-        log_hyperparameters(self.lightning_module, self.optimizers[0].param_groups[0], compensator)
+        epoch = trainer.current_epoch
+        if asynchronous:
+            report_staleness(self._epoch_log, self.lightning_module, self._last_staleness, epoch)
+        if self.global_rank == SERVER_RANK:
+            compensator = self._server.compensator if self._server is not None and self._mode == "asp" else None
+            group = self.optimizers[0].param_groups[0]
+            report_hyperparameters(self._epoch_log, self.lightning_module, group, compensator, epoch)
 
     @override
     def optimizer_step(self, optimizer: Any, closure: Callable[[], Any], model: Any = None, **kwargs: Any) -> Any:
