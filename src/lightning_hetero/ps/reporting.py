@@ -144,13 +144,17 @@ class EpochLog:
             kind = EpochMax if reduce == "max" else EpochMean
             # ``gather`` decides whether there is anything to gather (a strategy's ``all_gather`` returns the tensor
             # alone outside a distributed run)
-            sync = {"dist_sync_fn": self._sync, "distributed_available_fn": lambda: True} if synchronised else {
-                "sync_on_compute": False
-            }
+            sync = (
+                {"dist_sync_fn": self._sync, "distributed_available_fn": lambda: True}
+                if synchronised
+                else {"sync_on_compute": False}
+            )
             metric = self._metrics[name] = kind(**sync)
         if self._logged_in.get(name) != epoch:
             self._logged_in[name] = epoch
-            module.log(name, metric, on_step=False, on_epoch=True, metric_attribute=name, rank_zero_only=not synchronised)
+            module.log(
+                name, metric, on_step=False, on_epoch=True, metric_attribute=name, rank_zero_only=not synchronised
+            )
         metric.update(value)
 
     def metric(self, name: str) -> Metric:
