@@ -244,7 +244,11 @@ def main() -> None:
         "buffers": [float(b.double().sum()) for b in model.buffers() if b.is_floating_point()],
         "start": recorder.start,
         "val_acc": float(trainer.callback_metrics.get("val_acc", float("nan"))),
-        "staleness_logged": "ps/staleness" in trainer.callback_metrics,
+        "staleness_logged": {
+            key: float(trainer.callback_metrics[key])
+            for key in ("ps/staleness", "ps/staleness_max")
+            if key in trainer.callback_metrics
+        },
         "local_batches": model.local_batches,
         "val_seen": model.val_seen,
         "lr": trainer.optimizers[0].param_groups[0]["lr"],
