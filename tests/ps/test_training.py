@@ -42,7 +42,7 @@ def test_asynchronous_training_converges_covers_each_epoch_once_and_follows_spee
     assert summary["updates_per_worker"]["0"] > 2 * summary["updates_per_worker"]["1"]
     assert summary["updates"] == sum(summary["updates_per_worker"].values()) == 3 * SAMPLES // 32
     assert fast["global_step"] == slow["global_step"] == fast["version"] == summary["updates"]
-    # the last epoch's staleness, gathered over both workers' updates: the same on both ranks, within the server's
+    # the last epoch's staleness, gathered over both workers' updates: the same on both ranks, within the server's max
     logged = fast["staleness_logged"]
     assert logged == slow["staleness_logged"] and set(logged) == {"ps/staleness", "ps/staleness_max"}
     assert 0 < logged["ps/staleness"] <= logged["ps/staleness_max"] <= summary["staleness_max"]
