@@ -79,3 +79,29 @@ def _yaml(value):
 def test_non_finite_float_settings_are_rejected_naming_the_setting(name, construct, value):
     with pytest.raises(ValueError, match=name):
         construct(value)
+
+
+@pytest.mark.parametrize(
+    ("value", "kwargs", "message"),
+    [
+        (0, {"low": 0, "low_open": True}, "x must be > 0, got 0"),
+        (2, {"low": 0, "high": 1}, r"x must be in \[0, 1\], got 2"),
+        (1.5, {"low": 1, "integer": True}, "x must be an integer >= 1, got 1.5"),
+        (None, {"low": 1}, "x must be >= 1, got None"),
+        (True, {"low": 0}, "x must be >= 0, got True"),
+        (INF, {"high": 5}, "x must be <= 5, got inf"),
+        ("3", {}, "x must be a finite number, got '3'"),
+    ],
+)
+def test_check_range_names_the_setting_and_the_accepted_range(value, kwargs, message):
+    from lightning_hetero._validation import check_range
+
+    with pytest.raises(ValueError, match=f"^{message}$"):
+        check_range("x", value, **kwargs)
+
+
+@pytest.mark.parametrize(("value", "kwargs"), [(0, {"low": 0}), (None, {"optional": True, "low": 0}), (1, {"high": 1})])
+def test_check_range_accepts_the_bounds_it_states(value, kwargs):
+    from lightning_hetero._validation import check_range
+
+    check_range("x", value, **kwargs)
