@@ -128,7 +128,14 @@ class Recorder(Callback):
             seen.append([group["lr"], group.get("momentum")])
 
     def on_train_start(self, trainer, pl_module):
-        self.start = {"global_step": trainer.global_step, "checksum": checksum(pl_module)}
+        momentum = trainer.optimizers[0].state_dict()["state"]
+        self.start = {
+            "global_step": trainer.global_step,
+            "checksum": checksum(pl_module),
+            "momentum": [float(state["momentum_buffer"].double().sum()) for _, state in sorted(momentum.items())]
+            if all("momentum_buffer" in state for state in momentum.values())
+            else None,
+        }
 
     def on_train_epoch_end(self, trainer, pl_module):
         metrics = trainer.callback_metrics
