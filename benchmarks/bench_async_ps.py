@@ -42,7 +42,8 @@ from lightning_hetero.emulation.slowdown import SlowdownEmulator
 from lightning_hetero.ps import AsyncPSStrategy
 from lightning_hetero.ps.layout import FlatLayout
 from lightning_hetero.ps.protocol import PushHeader, new_message, payload, push_and_pull, send_done, write_push_header
-from lightning_hetero.ps.server import ParameterServer, ServerLoop
+from lightning_hetero.ps.server import ParameterServer
+from lightning_hetero.ps.server_loop import ServerLoop
 
 RESULTS = Path(__file__).parent / "results" / "async_ps.json"
 MLP_FEATURES, CONV_FEATURES, NUM_CLASSES, HIDDEN, CHANNELS, CONV_LAYERS, NOISE = 64, 32, 10, 512, 96, 10, 2.5

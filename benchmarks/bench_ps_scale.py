@@ -63,8 +63,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_hetero.ps import AsyncPSStrategy
-from lightning_hetero.ps.bootstrap import flatten_model, shard_server
-from lightning_hetero.ps.layout import FlatLayout
+from lightning_hetero.ps.bootstrap import shard_server
+from lightning_hetero.ps.layout import FlatLayout, flatten_model
 from lightning_hetero.ps.protocol import PushHeader, new_message
 from lightning_hetero.ps.server import ParameterServer
 from lightning_hetero.ps.sharding import plan_shards

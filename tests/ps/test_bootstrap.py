@@ -4,7 +4,8 @@ import lightning as L
 import pytest
 import torch
 
-from lightning_hetero.ps.bootstrap import check_trainer, connect_store, flatten_model
+from lightning_hetero.ps.bootstrap import check_trainer, connect_store
+from lightning_hetero.ps.layout import flatten_model
 from lightning_hetero.synthetic import MLPClassifier
 
 

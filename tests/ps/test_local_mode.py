@@ -40,9 +40,9 @@ def test_local_settings_are_validated_whatever_the_starting_mode():
 def test_defaults_are_dilocos_outer_optimizer_and_speed_proportional_steps():
     strategy = AsyncPSStrategy(mode="local")
     assert strategy.mode == "local" and strategy.local_steps == "proportional"
-    assert strategy._outer.description == "SGD(lr=0.7, momentum=0.9, nesterov=True)"
+    assert strategy._settings.outer.description == "SGD(lr=0.7, momentum=0.9, nesterov=True)"
     assert strategy.pseudo_gradient_weighting == "mean"
-    assert AsyncPSStrategy(mode="local", round_s=2.5)._round_description() == "2.5 s"
+    assert AsyncPSStrategy(mode="local", round_s=2.5)._engines["local"].round_description() == "2.5 s"
 
 
 def test_continue_is_accepted_when_local_sgd_is_only_switched_into():
@@ -61,8 +61,8 @@ def test_set_mode_accepts_local_before_training():
 def test_the_local_mode_is_announced_once_per_phase(caplog):
     strategy = AsyncPSStrategy(mode="local", round_samples=256, pseudo_gradient_weighting="samples")
     with caplog.at_level(logging.INFO):
-        strategy._enter_local()  # SyncSwitchCallback's switch at train start
-        strategy._enter_local()  # the strategy's own on_train_start
+        strategy._engines["local"].enter(switch=True)  # SyncSwitchCallback's switch at train start
+        strategy._engines["local"].enter(switch=False)  # the strategy's own on_train_start
     announcements = [r.getMessage() for r in caplog.records if "local SGD, rounds of" in r.getMessage()]
     assert announcements == [
         "AsyncPSStrategy: local SGD, rounds of 256 samples, local_steps='proportional', "

@@ -7,6 +7,7 @@ import pytest
 
 from lightning_hetero.measurement import ComputeTimer
 from lightning_hetero.ps import AsyncPSStrategy
+from lightning_hetero.ps.engines import ENGINES
 from lightning_hetero.ps.placement import check_server_placement, reserved_only, training_workers
 from tests.helpers import read_json
 
@@ -47,8 +48,9 @@ def test_a_dedicated_server_rank_refuses_hetero_batches():
 @pytest.mark.parametrize("mode", ["asp", "bsp", "local"])
 @pytest.mark.parametrize("rank", [0, 1, 2])
 def test_only_the_dedicated_server_rank_in_asp_stops_claiming(mode, rank):
-    assert reserved_only("dedicated", mode, rank) == (mode == "asp" and rank == 0)
-    assert not reserved_only("worker", mode, rank)
+    through_server = ENGINES[mode].through_server
+    assert reserved_only("dedicated", through_server, rank) == (mode == "asp" and rank == 0)
+    assert not reserved_only("worker", through_server, rank)
     assert training_workers(3, "dedicated") == 2 and training_workers(3, "worker") == 3
 
 

@@ -6,9 +6,9 @@ import torch
 from torch import nn
 
 from lightning_hetero.param_groups import hyperparameters
-from lightning_hetero.ps.bootstrap import flatten_model, shard_server
+from lightning_hetero.ps.bootstrap import shard_server
 from lightning_hetero.ps.compensation import AsynchronyCompensator
-from lightning_hetero.ps.layout import FlatLayout
+from lightning_hetero.ps.layout import FlatLayout, flatten_model
 from lightning_hetero.ps.protocol import PushHeader, new_message, payload
 from lightning_hetero.ps.sharding import (
     check_server_shards,

@@ -55,9 +55,9 @@ def test_shares_default_to_equal_and_follow_attached_callable():
     strategy = AsyncPSStrategy()
     timer = ComputeTimer(clock=iter([1.0, 1.25]).__next__)
     strategy.attach_hetero_batches(timer, lambda: 0.75)
-    assert strategy._share() == 0.75
+    assert strategy._weighting.share() == 0.75
     timer.start()
-    strategy._mark_compute_end()
+    strategy._weighting.mark_compute_end()
     assert timer.elapsed_s() == 0.25, "the strategy closed the attached timer's compute window"
 
 

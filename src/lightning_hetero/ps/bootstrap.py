@@ -1,70 +1,57 @@
 """Starting asynchronous training: the checks of the Trainer, the model's flat parameters, rank 0's key-value store,
-and the parameter server with its receiving threads. Called once by ``AsyncPSStrategy.setup`` when fitting; each
-step is a function.
+the run's context (:func:`build_context`) and the parameter server with its receiving threads
+(:func:`start_servers`). Called once by ``AsyncPSStrategy.setup`` when fitting; each step is a function.
 
 Example::
 
     >>> import torch
-    >>> model = torch.nn.Linear(2, 1)
-    >>> flat = flatten_model(model)
-    >>> flat.layout.names, flat.flat.numel(), model.weight.data_ptr() == flat.flat.data_ptr()
-    (('weight', 'bias'), 3, True)
+    >>> check_optimizers([torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1)] * 2)
+    Traceback (most recent call last):
+    ...
+    ValueError: AsyncPSStrategy supports exactly one optimizer; configure_optimizers returned 2.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
 import torch
 import torch.distributed as dist
-from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch.optim import Optimizer
-from typing_extensions import override
 
-from lightning_hetero._lightning_internals import (
-    launched_processes,
-    optimizers_to_device,
-    replace_sigterm_broadcast,
-    set_default_group_timeout,
-    sync_module_states,
-    validates_on_time_interval,
-)
-from lightning_hetero.lr_schedules import CountedLRSchedulers
+from lightning_hetero._lightning_internals import launched_processes, sync_module_states, validates_on_time_interval
 from lightning_hetero.ps.asp_client import AsynchronousClient
-from lightning_hetero.ps.compensation import AsynchronyCompensator, unsupported_reason
+from lightning_hetero.ps.claiming import DataClaiming
+from lightning_hetero.ps.collectives import CollectiveGate
+from lightning_hetero.ps.compensation import unsupported_reason
+from lightning_hetero.ps.context import PSContext
+from lightning_hetero.ps.fault_tolerance import FaultTolerance
 from lightning_hetero.ps.faults import FaultBoard, Membership
-from lightning_hetero.ps.layout import FlatLayout, bind_parameters_to_flat
+from lightning_hetero.ps.layout import FlatModel, flatten_model
 from lightning_hetero.ps.placement import check_server_placement
 from lightning_hetero.ps.protocol import SERVER_RANK, PeerLostError
-from lightning_hetero.ps.server import ParameterServer, ServerLoop
+from lightning_hetero.ps.server import ParameterServer
+from lightning_hetero.ps.server_loop import ServerLoop
+from lightning_hetero.ps.shard_hosting import ShardHosting
 from lightning_hetero.ps.sharding import Shard, check_server_shards, plan_shards
+
+if TYPE_CHECKING:
+    from lightning_hetero.lr_schedules import CountedLRSchedulers
+    from lightning_hetero.ps.compensation import AsynchronyCompensator
+    from lightning_hetero.ps.context import BatchWeighting, StepCounter
+    from lightning_hetero.ps.engines import Engine
+    from lightning_hetero.ps.reporting import EpochLog
+    from lightning_hetero.ps.settings import PSSettings
 
 # The server's threads block in receives for as long as their worker is alive (it may validate, or the strategy may
 # train synchronously for many epochs); a dead worker breaks the connection at once, so no timeout is needed there.
 SERVER_RECEIVE_TIMEOUT = timedelta(days=7)
-
-
-@dataclass
-class FlatModel:
-    """A model's trainable parameters bound to one flat buffer (see :func:`flatten_model`).
-
-    Args:
-        layout: names, shapes and offsets of the parameters.
-        params: the parameters, in layout order (views of ``flat``).
-        flat: the flat parameters.
-        grad_flat: a buffer of ``flat``'s size for the flat gradient.
-    """
-
-    layout: FlatLayout
-    params: list[torch.Tensor]
-    flat: torch.Tensor
-    grad_flat: torch.Tensor
 
 
 def check_trainer(module: pl.LightningModule, trainer: pl.Trainer) -> None:
@@ -85,26 +72,29 @@ def check_trainer(module: pl.LightningModule, trainer: pl.Trainer) -> None:
         )
 
 
-def flatten_model(module: torch.nn.Module) -> FlatModel:
-    """Lay out ``module``'s trainable parameters in one flat buffer and make them views of it.
-
-    Raises:
-        ValueError: the model has no trainable parameters, or they span several devices or dtypes.
-    """
-    named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
-    if not named:
-        raise ValueError("AsyncPSStrategy: the model has no trainable parameters.")
-    kinds = {(p.device, p.dtype) for _, p in named}
-    if len(kinds) != 1 or not named[0][1].is_floating_point():
+def check_optimizers(optimizers: Sequence[Optimizer]) -> None:
+    """Fail unless ``configure_optimizers`` returned exactly one optimizer (the server applies one)."""
+    if len(optimizers) != 1:
         raise ValueError(
-            "AsyncPSStrategy needs all trainable parameters on one device with one floating dtype to lay them "
-            f"out in a flat buffer; found {sorted(str(k) for k in kinds)}."
+            f"AsyncPSStrategy supports exactly one optimizer; configure_optimizers returned {len(optimizers)}."
         )
-    layout = FlatLayout.from_named_parameters(named)
-    params = [p for _, p in named]
-    flat = torch.empty(layout.numel, dtype=params[0].dtype, device=params[0].device)
-    bind_parameters_to_flat(params, flat)
-    return FlatModel(layout, params, flat, torch.empty_like(flat))
+
+
+def startup_error(err: RuntimeError, ranks: int, startup_timeout_s: float) -> RuntimeError:
+    """The error for ranks that did not all join the process group within ``startup_timeout_s`` (``err``: torch's)."""
+    return RuntimeError(
+        f"AsyncPSStrategy: the {ranks} ranks did not all join within startup_timeout_s={startup_timeout_s:g} "
+        f"({str(err).splitlines()[0]}); start every rank, or raise startup_timeout_s on a busy machine."
+    )
+
+
+def check_sigterm(lock_step: bool, trainer: pl.Trainer | None, synchronous_check: Callable[[], None]) -> None:
+    """Lightning's SIGTERM check before a training batch: its broadcast from rank 0 while the ranks train in
+    lock-step, else this rank's own flag."""
+    if lock_step:
+        synchronous_check()
+    elif trainer is not None and trainer.received_sigterm:
+        raise SIGTERMException()
 
 
 def connect_store(host: str, rank: int, timeout_s: float, broadcast: Callable[[Any, int], Any]) -> dist.Store:
@@ -213,151 +203,163 @@ def start_server(
     return server, loop
 
 
-class ServerBootstrap:
-    """The strategy's ``setup_distributed``, ``setup`` and ``teardown``: when fitting, checks the Trainer, flattens
-    the model, connects to rank 0's store, starts the server (rank 0) and every rank's client, and makes Lightning's
-    SIGTERM check local while asynchronous.
+def build_context(
+    settings: PSSettings,
+    trainer: pl.Trainer,
+    optimizer: Optimizer,
+    precision_plugin: Any,
+    root_device: torch.device,
+    rank: int,
+    world_size: int,
+    main_address: str,
+    broadcast: Callable[[Any, int], Any],
+    counter: StepCounter,
+    weighting: BatchWeighting,
+    schedules: CountedLRSchedulers,
+    log: EpochLog,
+) -> tuple[PSContext, dist.ProcessGroup]:
+    """When fitting, on every rank: lay the model out flat, connect to rank 0's store, plan the server's shards and
+    meet the other ranks' membership; returns the run's context and the server's gloo group.
 
-    A mixin of :class:`~lightning_hetero.ps.strategy.AsyncPSStrategy` (first in its bases: ``super()`` past this
-    class reaches ``DDPStrategy``); uses the strategy's compensation (``_new_compensator``), schedules and fault
-    tolerance (``_on_rank_lost``, ``_lost_cause``, ``_recorded_fault``, ``_tolerates_lost_workers``).
+    Args:
+        settings: the strategy's settings.
+        trainer: the Trainer (its module is the model).
+        optimizer: the user's optimizer.
+        precision_plugin: the strategy's precision plugin.
+        root_device: this rank's device.
+        rank: this global rank.
+        world_size: the number of ranks.
+        main_address: rank 0's address (its store).
+        broadcast: an object broadcast over every rank, ``broadcast(obj, src)``.
+        counter: the model's version.
+        weighting: this rank's batch share.
+        schedules: step-interval LR schedulers counting server updates in ASP.
+        log: per-step numbers logged as epoch statistics.
+    """
+    module = trainer.lightning_module
+    model = flatten_model(module)
+    sync_module_states(module)
+    group = dist.new_group(backend="gloo", timeout=SERVER_RECEIVE_TIMEOUT)
+    store = connect_store(main_address, rank, settings.fault_timeout_s, broadcast)
+    check_server_shards(settings.server_shards, world_size)
+    check_server_placement(settings.server_placement, world_size=world_size)
+    shards = plan_shards(model.layout, settings.server_shards) if settings.server_shards > 1 else None
+    if shards is not None:
+        largest = max(shard.numel for shard in shards)
+        if largest > 1.5 * model.flat.numel() / settings.server_shards:
+            rank_zero_warn(
+                f"AsyncPSStrategy(server_shards={settings.server_shards}): the largest shard holds "
+                f"{largest / model.flat.numel():.0%} of the parameters (a shard holds whole tensors), and the "
+                "busiest shard bounds the server's speed; a model in more, smaller tensors balances better."
+            )
+    index_of = {id(p): i for i, p in enumerate(model.params)}
+    group_indices = [[index_of.get(id(p), -1) for p in g["params"]] for g in optimizer.param_groups]
+    membership = Membership(FaultBoard(store), rank, world_size, settings.fault_timeout_s)
+    ctx = PSContext(
+        settings=settings,
+        trainer=trainer,
+        module=module,
+        optimizer=optimizer,
+        precision_plugin=precision_plugin,
+        root_device=root_device,
+        rank=rank,
+        world_size=world_size,
+        flat=model,
+        store=store,
+        membership=membership,
+        servers=ShardHosting(rank, shards, group_indices, settings.fault_timeout_s),
+        counter=counter,
+        weighting=weighting,
+        schedules=schedules,
+        log=log,
+    )
+    return ctx, group
+
+
+def start_servers(
+    ctx: PSContext, group: dist.ProcessGroup, fault: FaultTolerance, compensator: AsynchronyCompensator | None
+) -> None:
+    """Start the server (shard) this rank hosts, if any, and this rank's client of all of them (in ``ctx.servers``).
+
+    Args:
+        ctx: the run's context.
+        group: the server's gloo group.
+        fault: the fault tolerance (told of lost ranks; names the rank lost first).
+        compensator: the server's asynchrony compensation, or ``None``.
+    """
+    settings, servers = ctx.settings, ctx.servers
+    if ctx.rank < settings.server_shards:
+        server, loop = start_server(
+            ctx.flat,
+            ctx.optimizer,
+            group,
+            world_size=ctx.world_size,
+            timeout_s=settings.fault_timeout_s,
+            max_staleness=settings.max_staleness,
+            lr_scaling=settings.lr_scaling,
+            compensator=compensator,
+            max_updates=ctx.trainer.max_steps,
+            on_update=ctx.schedules.step_at,
+            on_lost=fault.on_rank_lost,
+            tolerate_lost_workers=fault.tolerates_lost_workers,
+            rank=ctx.rank,
+            shards=servers.shards,
+        )
+        servers.host(server, loop)
+    servers.client = AsynchronousClient(
+        ctx.flat.flat,
+        ctx.rank,
+        servers.hosted,
+        group,
+        settings.fault_timeout_s,
+        lost_cause=fault.lost_cause,
+        recorded_fault=fault.recorded_fault,
+        pin_memory=ctx.root_device.type == "cuda",
+        overlap=settings.overlap_round_trip,
+        shards=servers.shards,
+    )
+
+
+@dataclass
+class Run:
+    """A fitting run: its context and the collaborators built on it, which the strategy's hooks call.
+
+    Args:
+        ctx: the run's shared context.
+        fault: the fault tolerance.
+        gate: the collective gating.
+        claiming: the training loader's claim sampler.
     """
 
-    # provided by AsyncPSStrategy and DDPStrategy
-    fault_timeout_s: float
-    startup_timeout_s: float
-    max_staleness: int | None
-    lr_scaling: str
-    _mode: str
-    _active: bool
-    _attached_trainer: pl.Trainer | None
-    _flat_model: FlatModel | None
-    _client: AsynchronousClient | None
-    overlap_round_trip: bool
-    server_shards: int
-    server_placement: str
-    _server: ParameterServer | None
-    _loop: ServerLoop | None
-    _shard_server: ParameterServer | None
-    _shard_loop: ServerLoop | None
-    _shards: list[Shard] | None
-    _group_indices: list[list[int]]
-    _store: dist.Store | None
-    _membership: Membership | None
-    _step_schedules: CountedLRSchedulers
-    _launched: list[Any]
-    _validation_members: list[int]
+    ctx: PSContext
+    fault: FaultTolerance
+    gate: CollectiveGate
+    claiming: DataClaiming
 
-    @override
-    def setup_distributed(self) -> None:
-        try:
-            super().setup_distributed()
-        except RuntimeError as err:
-            raise RuntimeError(
-                f"AsyncPSStrategy: the {self.num_nodes * self.num_processes} ranks did not all join within "
-                f"startup_timeout_s={self.startup_timeout_s:g} ({str(err).splitlines()[0]}); start every rank, or "
-                "raise startup_timeout_s on a busy machine."
-            ) from err
-        # start-up may take long on a busy cluster; once running, a peer that stops answering is a fault
-        set_default_group_timeout(timedelta(seconds=self.fault_timeout_s))
 
-    @override
-    def setup(self, trainer: pl.Trainer) -> None:
-        assert self.accelerator is not None and self.model is not None
-        self._attached_trainer = trainer
-        self.accelerator.setup(trainer)
-        self.model = self.precision_plugin.convert_module(self.model)
-        self.model_to_device()
-        fitting = trainer.state.fn == TrainerFn.FITTING
-        if fitting:
-            check_trainer(self.lightning_module, trainer)
-            self.setup_optimizers(trainer)
-            if len(self.optimizers) != 1:
-                raise ValueError(
-                    f"AsyncPSStrategy supports exactly one optimizer; configure_optimizers returned "
-                    f"{len(self.optimizers)}."
-                )
-        self.setup_precision_plugin()
-        if fitting:
-            optimizers_to_device(self.optimizers, self.root_device)
-            self._setup_server(trainer)
-        else:
-            sync_module_states(self.model)
+def start_run(
+    ctx: PSContext,
+    group: dist.ProcessGroup,
+    engines: Iterable[Engine],
+    engine: Callable[[], Engine],
+    launcher: Any,
+    compensator: AsynchronyCompensator | None,
+    ddp: Any,
+) -> Run:
+    """Build the collaborators on ``ctx``, start the servers and hand all to the engines.
 
-    def _setup_server(self, trainer: pl.Trainer) -> None:
-        module = self.lightning_module
-        assert module is not None and self.cluster_environment is not None
-        self._flat_model = model = flatten_model(module)
-        sync_module_states(module)
-        group = dist.new_group(backend="gloo", timeout=SERVER_RECEIVE_TIMEOUT)
-        self._store = connect_store(
-            self.cluster_environment.main_address, self.global_rank, self.fault_timeout_s, self.broadcast
-        )
-        check_server_shards(self.server_shards, self.world_size)
-        check_server_placement(self.server_placement, world_size=self.world_size)
-        self._shards = plan_shards(model.layout, self.server_shards) if self.server_shards > 1 else None
-        if self._shards is not None:
-            largest = max(shard.numel for shard in self._shards)
-            if largest > 1.5 * model.flat.numel() / self.server_shards:
-                rank_zero_warn(
-                    f"AsyncPSStrategy(server_shards={self.server_shards}): the largest shard holds "
-                    f"{largest / model.flat.numel():.0%} of the parameters (a shard holds whole tensors), and the "
-                    "busiest shard bounds the server's speed; a model in more, smaller tensors balances better."
-                )
-        index_of = {id(p): i for i, p in enumerate(model.params)}
-        self._group_indices = [[index_of.get(id(p), -1) for p in g["params"]] for g in self.optimizers[0].param_groups]
-        if self.global_rank < self.server_shards:
-            server, loop = start_server(
-                model,
-                self.optimizers[0],
-                group,
-                world_size=self.world_size,
-                timeout_s=self.fault_timeout_s,
-                max_staleness=self.max_staleness,
-                lr_scaling=self.lr_scaling,
-                compensator=self._new_compensator(),
-                max_updates=trainer.max_steps,
-                on_update=self._step_schedules.step_at,
-                on_lost=self._on_rank_lost,
-                tolerate_lost_workers=self._tolerates_lost_workers(),
-                rank=self.global_rank,
-                shards=self._shards,
-            )
-            if self.global_rank == SERVER_RANK:
-                self._server, self._loop = server, loop
-            else:
-                self._shard_server, self._shard_loop = server, loop
-        self._client = AsynchronousClient(
-            model.flat,
-            self.global_rank,
-            self._server if self._server is not None else self._shard_server,
-            group,
-            self.fault_timeout_s,
-            lost_cause=self._lost_cause,
-            recorded_fault=self._recorded_fault,
-            pin_memory=self.root_device.type == "cuda",
-            overlap=self.overlap_round_trip,
-            shards=self._shards,
-        )
-        self._launched = list(launched_processes(self.launcher) or [])
-        self._validation_members = list(range(self.world_size))
-        self._membership = Membership(FaultBoard(self._store), self.global_rank, self.world_size, self.fault_timeout_s)
-        replace_sigterm_broadcast(trainer, self._sigterm_check)
-        self._active = True
-
-    def _sigterm_check(self, synchronous_check: Callable[[], None]) -> None:
-        # Lightning broadcasts a SIGTERM flag from rank 0 before every training batch. In ASP ranks run different
-        # numbers of batches, so that broadcast would pair unrelated batches and deadlock at the epoch's end; while
-        # asynchronous, each rank checks its own flag instead.
-        if self._mode == "bsp":
-            synchronous_check()
-        elif self._attached_trainer is not None and self._attached_trainer.received_sigterm:
-            raise SIGTERMException()
-
-    @override
-    def teardown(self) -> None:
-        self._active = False
-        self._loop = None
-        self._shard_loop = None
-        self._store = None
-        super().teardown()
+    Args:
+        ctx: the run's context (:func:`build_context`).
+        group: the server's gloo group.
+        engines: every engine of the strategy.
+        engine: the engine in force when asked.
+        launcher: Lightning's launcher (the processes it started).
+        compensator: the server's asynchrony compensation, or ``None``.
+        ddp: the parent ``DDPStrategy`` (``super()``), whose ``reduce`` and ``broadcast`` are the ungated collectives.
+    """
+    fault = FaultTolerance(ctx, engine, launcher, list(launched_processes(launcher) or []))
+    start_servers(ctx, group, fault, compensator)
+    gate = CollectiveGate(ctx, fault, engine, ddp.reduce, ddp.broadcast)
+    for each in engines:
+        each.setup(ctx, fault, gate)
+    return Run(ctx, fault, gate, DataClaiming(ctx, fault, engine))

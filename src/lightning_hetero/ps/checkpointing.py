@@ -1,103 +1,112 @@
 """Checkpoints of ``AsyncPSStrategy``: in ASP the model and optimizer saved are the parameter server's (rank 0's
 worker holds only the parameters of its last pull), with the server's version and the mode; a restored checkpoint
-is loaded into the server too. With ``server_shards > 1`` rank 0 gathers the shards' states and every host loads its
-cut, through :mod:`~lightning_hetero.ps.shard_hosting`: the file is the same whatever the number of shards.
+is loaded into the server too (with ``server_shards > 1`` every host loads its cut, through
+:mod:`~lightning_hetero.ps.shard_hosting`: the file is the same whatever the number of shards). An engine with state
+of its own (local SGD's rounds and outer optimizer) keeps it under its key beside the version and the mode.
 
-A mixin of :class:`~lightning_hetero.ps.strategy.AsyncPSStrategy`: these are Lightning's ``Strategy`` checkpoint
-hooks, which the Trainer's checkpoint connector calls on the strategy itself.
+Example::
+
+    >>> import torch
+    >>> from lightning_hetero.ps.context import StepCounter
+    >>> checkpointing = Checkpointing(engines={}, counter=StepCounter())
+    >>> checkpointing.restore({"async_ps": {"version": 12, "mode": "asp"}}), checkpointing.counter.version
+    ('asp', 12)
+    >>> checkpoint = {}
+    >>> checkpointing.save_into(checkpoint, "asp")
+    >>> checkpoint
+    {'async_ps': {'version': 12, 'mode': 'asp'}}
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from torch.optim import Optimizer
-from typing_extensions import override
-
+from lightning_hetero.contracts import Mode, check_mode
 from lightning_hetero.param_groups import hyperparameters
 
 if TYPE_CHECKING:
-    from lightning_hetero.ps.bootstrap import FlatModel
-    from lightning_hetero.ps.server import ParameterServer
+    from torch import Tensor
+    from torch.optim import Optimizer
+
+    from lightning_hetero.ps.context import PSContext, StepCounter
+    from lightning_hetero.ps.engines import Engine
 
 #: the key of the strategy's own state in a checkpoint
 CHECKPOINT_KEY = "async_ps"
 
 
+@dataclass
+class SavedState:
+    """What an engine saves in place of this rank's model: the flat parameters and, when they come from the server,
+    its optimizer state and version.
+
+    Args:
+        params: the flat parameters to save as the model's.
+        optimizer: the optimizer state to save as the user's (``None``: this rank's optimizer's own).
+        version: the model's version (``None``: the strategy's).
+    """
+
+    params: Tensor
+    optimizer: dict[str, Any] | None = None
+    version: int | None = None
+
+
 class Checkpointing:
-    """The strategy's checkpoint hooks (see the module's docstring); the next class in the MRO is ``DDPStrategy``."""
+    """The strategy's checkpoint contents (the strategy's Lightning checkpoint hooks call it).
 
-    # provided by AsyncPSStrategy
-    version: int
-    optimizers: list[Optimizer]
-    _mode: str
-    _active: bool
-    _server: ParameterServer | None
-    _flat_model: FlatModel | None
-    _snapshot: dict[str, Any] | None  # the server's state while a checkpoint is being saved
-    _server_state: Callable[[], dict[str, Any]]  # ShardHosting
-    _load_hosted: Callable[[dict[str, Any] | None, int], None]  # ShardHosting
-    _restored: dict[str, Any] | None  # this strategy's state from the checkpoint being restored
+    Args:
+        engines: the strategy's engines by mode (each keeps its state under its ``state_key``).
+        counter: the model's version.
+    """
 
-    @override
-    def lightning_module_state_dict(self) -> dict[str, Any]:
-        state = super().lightning_module_state_dict()
-        if self._mode == "local" and self._active:
-            return self._local_state_into(state)
-        if self._server is None or self._mode != "asp" or not self._active:
+    def __init__(self, engines: Mapping[str, Engine], counter: StepCounter) -> None:
+        self.engines = engines
+        self.counter = counter
+        self._saved: SavedState | None = None  # what the checkpoint being saved holds in place of this rank's model
+
+    def model_state(self, state: dict[str, Any], engine: Engine, ctx: PSContext | None) -> dict[str, Any]:
+        """The model's state to save: ``state``, with the parameters ``engine`` saves in their place (the server's in
+        ASP, the start-of-round ones in local SGD)."""
+        self._saved = engine.saved_state() if ctx is not None and ctx.active else None
+        if self._saved is None:
             return state
-        assert self._flat_model is not None
-        self._snapshot = self._server_state()
-        layout = self._flat_model.layout
-        for name, value in zip(layout.names, layout.views(self._snapshot["params"]), strict=True):
-            state[name] = value.to(dtype=state[name].dtype)
+        assert ctx is not None
+        layout = ctx.flat.layout
+        for name, value in zip(layout.names, layout.views(self._saved.params), strict=True):
+            state[name] = value.to(dtype=state[name].dtype).clone()
         return state
 
-    @override
-    def optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
-        if self._snapshot is None:
-            return super().optimizer_state(optimizer)
-        # the server's state, with the hyper-parameters rank 0's schedulers set since the server's last update
-        state = self._snapshot["optimizer"]
-        for saved, group in zip(state["param_groups"], self.optimizers[0].param_groups, strict=True):
+    def optimizer_state(self, optimizer: Optimizer) -> dict[str, Any] | None:
+        """The server's optimizer state while a checkpoint of ASP is being saved, with the hyper-parameters rank 0's
+        schedulers set since the server's last update; ``None``: the optimizer's own."""
+        if self._saved is None or self._saved.optimizer is None:
+            return None
+        state = self._saved.optimizer
+        for saved, group in zip(state["param_groups"], optimizer.param_groups, strict=True):
             saved.update(hyperparameters(group))
         return state
 
-    @override
-    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
-        version = self._snapshot["version"] if self._snapshot is not None else self.version
-        self._snapshot = None
-        checkpoint[CHECKPOINT_KEY] = {"version": version, "mode": self._mode}
-        local_state = self._local_checkpoint_state()
-        if local_state is not None:
-            checkpoint[CHECKPOINT_KEY]["local_sgd"] = local_state
-        super().save_checkpoint(checkpoint, filepath, storage_options)
+    def save_into(self, checkpoint: dict[str, Any], mode: Mode) -> None:
+        """Add the strategy's entry: the model's version, the mode and each engine's own state."""
+        saved, self._saved = self._saved, None
+        version = saved.version if saved is not None and saved.version is not None else self.counter.version
+        entry: dict[str, Any] = {"version": version, "mode": mode}
+        for engine in self.engines.values():
+            state = engine.state_dict() if engine.state_key is not None else None
+            if state is not None:
+                entry[engine.state_key] = state
+        checkpoint[CHECKPOINT_KEY] = entry
 
-    @property
-    @override
-    def restore_checkpoint_after_setup(self) -> bool:
-        return True
-
-    @override
-    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
-        checkpoint = super().load_checkpoint(checkpoint_path, weights_only=weights_only)
-        self._restored = checkpoint.get(CHECKPOINT_KEY)
-        if self._restored is not None:
-            self.version = int(self._restored["version"])
-            self._mode = self._restored["mode"]
-            self._restore_local(self._restored.get("local_sgd"))
-        return checkpoint
-
-    @override
-    def load_model_state_dict(self, checkpoint: Any, strict: bool = True) -> None:
-        super().load_model_state_dict(checkpoint, strict=strict)
-        self._load_server(None)
-
-    @override
-    def load_optimizer_state_dict(self, checkpoint: Any) -> None:
-        super().load_optimizer_state_dict(checkpoint)
-        self._load_server(checkpoint["optimizer_states"][0])
-
-    def _load_server(self, optimizer_state: dict[str, Any] | None) -> None:
-        self._load_hosted(optimizer_state, self.version)
+    def restore(self, checkpoint: dict[str, Any]) -> Mode | None:
+        """Restore the version and each engine's state from a loaded checkpoint; the mode it was saved in (``None``
+        for a checkpoint of another strategy)."""
+        restored = checkpoint.get(CHECKPOINT_KEY)
+        if restored is None:
+            return None
+        self.counter.version = int(restored["version"])
+        for engine in self.engines.values():
+            if engine.state_key is not None:
+                engine.load_state_dict(restored.get(engine.state_key))
+        return check_mode(restored["mode"])

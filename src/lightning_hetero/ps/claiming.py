@@ -20,16 +20,15 @@ from typing import TYPE_CHECKING
 import torch.distributed as dist
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, Sampler, SequentialSampler
-from typing_extensions import override
 
 from lightning_hetero._lightning_internals import uses_distributed_sampler, with_sampler
 from lightning_hetero.ps.placement import reserved_only
 from lightning_hetero.ps.sampler import ClaimSampler
 
 if TYPE_CHECKING:
-    import lightning.pytorch as pl
-
-    from lightning_hetero.ps.server import ParameterServer
+    from lightning_hetero.ps.context import PSContext
+    from lightning_hetero.ps.engines import Engine
+    from lightning_hetero.ps.fault_tolerance import FaultTolerance
 
 
 def sampler_order(sampler: Sampler | object) -> tuple[bool, int] | None:
@@ -106,51 +105,46 @@ def claiming_loader(
 
 
 class DataClaiming:
-    """The strategy's ``process_dataloader`` hook (Lightning calls it on the strategy with each loader it builds).
+    """The training loader's claim sampler (the strategy's ``process_dataloader`` hook hands each loader it gets
+    from Lightning to :meth:`process`).
 
-    A mixin of :class:`~lightning_hetero.ps.strategy.AsyncPSStrategy`; uses its fault tolerance's ``_lost_cause``
-    and ``_lost_workers_chunks``.
+    Args:
+        ctx: the run's shared context (its store; the claim sampler is kept in it).
+        fault: the fault tolerance (the cause of a failed claim; lost workers' chunks in elastic ASP).
+        engine: the engine in force (ranks claim chunks unless it trains in lock-step).
     """
 
-    # provided by AsyncPSStrategy
-    global_rank: int
-    world_size: int
-    on_worker_lost: str
-    server_placement: str
-    _mode: str
-    _active: bool
-    _attached_trainer: pl.Trainer | None
-    _store: dist.Store | None
-    _server: ParameterServer | None
-    _claim_sampler: ClaimSampler | None
+    def __init__(self, ctx: PSContext, fault: FaultTolerance, engine: Callable[[], Engine]) -> None:
+        self.ctx = ctx
+        self.fault = fault
+        self._engine = engine
 
-    @override
-    def process_dataloader(self, dataloader: object) -> object:
+    def process(self, dataloader: object) -> object:
         """Give the training loader a :class:`~lightning_hetero.ps.sampler.ClaimSampler` (in place of Lightning's
         ``DistributedSampler``), so that in ASP faster workers take more batches and the epoch still covers the data
         once. Loaders with a custom sampler or batch sampler are left alone."""
-        trainer = self._attached_trainer
+        ctx = self.ctx
+        trainer = ctx.trainer
         if (
-            trainer is None
-            or not self._active
+            not ctx.active
             or trainer.state.fn != TrainerFn.FITTING
             or trainer.state.stage != RunningStage.TRAINING
             or not uses_distributed_sampler(trainer)
             or not isinstance(dataloader, DataLoader)
         ):
             return dataloader
-        assert self._store is not None
+        elastic = ctx.servers.server is not None and ctx.settings.on_worker_lost == "continue"
         claiming = claiming_loader(
             dataloader,
-            StoreClaims(self._store, self._lost_cause),
+            StoreClaims(ctx.store, self.fault.lost_cause),
             epoch=lambda: trainer.current_epoch,
-            asynchronous=lambda: self._mode in ("asp", "local"),
-            rank=self.global_rank,
-            world_size=self.world_size,
-            tail=self._lost_workers_chunks if self._server is not None and self.on_worker_lost == "continue" else None,
-            reserved_only=lambda: reserved_only(self.server_placement, self._mode, self.global_rank),
+            asynchronous=lambda: not self._engine().lock_step,
+            rank=ctx.rank,
+            world_size=ctx.world_size,
+            tail=self.fault.lost_workers_chunks if elastic else None,
+            reserved_only=lambda: reserved_only(ctx.settings.server_placement, self._engine().through_server, ctx.rank),
         )
         if claiming is None:
             return dataloader
-        loader, self._claim_sampler = claiming
+        loader, ctx.claim_sampler = claiming
         return loader

@@ -42,11 +42,12 @@ Pure logic: no threads, no torch.distributed.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from lightning_hetero.param_groups import momentum_key, set_momentum
+from lightning_hetero.param_groups import hyperparameters, momentum_key, set_momentum
 from lightning_hetero.param_groups import momentum_of as momentum_of  # re-exported: ps/strategy.py imports it here
 
 COMPENSATION_MODES = ("auto", "dc")
@@ -246,3 +247,44 @@ def unsupported_reason(optimizer: torch.optim.Optimizer) -> str | None:
             "number of workers); everything else is left unchanged"
         )
     return None
+
+
+class Compensation:
+    """The strategy's ``asynchrony_compensation`` setting and the compensator it gives the server.
+
+    Args:
+        mode: ``"auto"``, ``"dc"`` or ``None``.
+        workers: the number of ranks that train in ASP (read when a compensator is built).
+        param_groups: the user's optimizer's param groups (the compensator starts from their hyper-parameters).
+
+    Example::
+
+        >>> compensation = Compensation("auto", lambda: 2, lambda: [{"lr": 0.1, "momentum": 0.9}])
+        >>> compensation.new().mode, Compensation(None, lambda: 2, lambda: []).new()
+        ('auto', None)
+    """
+
+    def __init__(
+        self, mode: str | None, workers: Callable[[], int], param_groups: Callable[[], list[dict[str, Any]]]
+    ) -> None:
+        check_compensation_mode(mode)
+        self.mode = mode
+        self._workers = workers
+        self._param_groups = param_groups
+
+    def new(self) -> AsynchronyCompensator | None:
+        """A compensator for the current mode (``None`` for none)."""
+        if self.mode is None:
+            return None
+        compensator = AsynchronyCompensator(self.mode, workers=self._workers())
+        compensator.apply([hyperparameters(group) for group in self._param_groups()])
+        return compensator
+
+    def set(self, mode: str | None, server: Any) -> None:
+        """Change the mode; a running ``server`` (a :class:`~lightning_hetero.ps.server.ParameterServer`) takes the
+        new compensator at its next update."""
+        check_compensation_mode(mode)
+        self.mode = mode
+        if server is not None:
+            with server.cond:
+                server.compensator = self.new()

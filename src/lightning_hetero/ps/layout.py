@@ -11,6 +11,10 @@ Example::
     (9, (0, 6))
     >>> [tuple(v.shape) for v in layout.views(torch.arange(9.0))]
     [(2, 3), (3,)]
+    >>> model = torch.nn.Linear(2, 1)
+    >>> flat = flatten_model(model)
+    >>> flat.layout.names, flat.flat.numel(), model.weight.data_ptr() == flat.flat.data_ptr()
+    (('weight', 'bias'), 3, True)
 """
 
 from __future__ import annotations
@@ -118,3 +122,42 @@ def bind_parameters_to_flat(params: Sequence[torch.Tensor], flat: torch.Tensor) 
             offset += numel
     if offset != flat.numel():
         raise ValueError(f"parameters hold {offset} elements but the flat buffer has {flat.numel()}")
+
+
+@dataclass
+class FlatModel:
+    """A model's trainable parameters bound to one flat buffer (see :func:`flatten_model`).
+
+    Args:
+        layout: names, shapes and offsets of the parameters.
+        params: the parameters, in layout order (views of ``flat``).
+        flat: the flat parameters.
+        grad_flat: a buffer of ``flat``'s size for the flat gradient.
+    """
+
+    layout: FlatLayout
+    params: list[torch.Tensor]
+    flat: torch.Tensor
+    grad_flat: torch.Tensor
+
+
+def flatten_model(module: torch.nn.Module) -> FlatModel:
+    """Lay out ``module``'s trainable parameters in one flat buffer and make them views of it.
+
+    Raises:
+        ValueError: the model has no trainable parameters, or they span several devices or dtypes.
+    """
+    named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
+    if not named:
+        raise ValueError("AsyncPSStrategy: the model has no trainable parameters.")
+    kinds = {(p.device, p.dtype) for _, p in named}
+    if len(kinds) != 1 or not named[0][1].is_floating_point():
+        raise ValueError(
+            "AsyncPSStrategy needs all trainable parameters on one device with one floating dtype to lay them "
+            f"out in a flat buffer; found {sorted(str(k) for k in kinds)}."
+        )
+    layout = FlatLayout.from_named_parameters(named)
+    params = [p for _, p in named]
+    flat = torch.empty(layout.numel, dtype=params[0].dtype, device=params[0].device)
+    bind_parameters_to_flat(params, flat)
+    return FlatModel(layout, params, flat, torch.empty_like(flat))

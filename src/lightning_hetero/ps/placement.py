@@ -5,7 +5,7 @@
 - ``"dedicated"``: rank 0 is reserved for the server. In ASP it trains only its reserved first batch of each epoch,
   so that Lightning's per-epoch hooks, ``sync_dist`` logging and callbacks see a batch on every rank as usual, and
   claims nothing else: ranks 1..N-1 train the rest of the epoch, and every sample is still used exactly once. Before
-  the epoch-end meeting it waits for the workers' last batches (see ``FaultTolerance._meet``). In BSP and local SGD
+  the epoch-end meeting it waits for the workers' last batches (see ``FaultTolerance.meet``). In BSP and local SGD
   the server is idle and rank 0 trains its share like the others.
 
 Example::
@@ -13,9 +13,9 @@ Example::
     >>> check_server_placement("dedicated", world_size=3)
     >>> training_workers(4, "dedicated"), training_workers(4, "worker")
     (3, 4)
-    >>> reserved_only("dedicated", "asp", rank=0), reserved_only("dedicated", "bsp", rank=0)
+    >>> reserved_only("dedicated", through_server=True, rank=0), reserved_only("dedicated", False, rank=0)
     (True, False)
-    >>> reserved_only("dedicated", "asp", rank=1), reserved_only("worker", "asp", rank=0)
+    >>> reserved_only("dedicated", True, rank=1), reserved_only("worker", True, rank=0)
     (False, False)
 """
 
@@ -71,10 +71,10 @@ def training_workers(world_size: int, placement: str) -> int:
     return world_size - 1 if placement == "dedicated" else world_size
 
 
-def reserved_only(placement: str, mode: str, rank: int) -> bool:
-    """Whether ``rank`` trains only its reserved first batch of an epoch in ``mode`` (the dedicated server rank in
-    ASP) instead of claiming batches."""
-    return placement == "dedicated" and mode == "asp" and rank == SERVER_RANK
+def reserved_only(placement: str, through_server: bool, rank: int) -> bool:
+    """Whether ``rank`` trains only its reserved first batch of an epoch instead of claiming batches: the dedicated
+    server rank while training goes through the server (``through_server``: ASP)."""
+    return placement == "dedicated" and through_server and rank == SERVER_RANK
 
 
 def refuse_hetero_batches(placement: str, on_worker_lost: str) -> None:

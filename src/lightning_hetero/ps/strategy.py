@@ -1,133 +1,83 @@
-"""``AsyncPSStrategy``: asynchronous parameter-server training (ASP) and synchronous all-reduce (BSP) in one
-Lightning strategy, switchable between epochs.
-
-Topology: launched like DDP (``devices=N`` processes, or several nodes through Lightning's cluster environments);
-all N processes are workers and the parameter server (PS) runs as threads inside global rank 0, one receiving
-thread per remote worker (with ``server_shards=k``, shard s in rank s). See ``docs/async_ps.md`` for how steps,
-epochs, logging, checkpoints and faults work.
-
-This module is the strategy's lifecycle and its Lightning hooks; each job lives in a module of its own:
-:mod:`~lightning_hetero.ps.bootstrap` (starting the server), :mod:`~lightning_hetero.ps.claiming` (the training
-loader's claim sampler), :mod:`~lightning_hetero.ps.asp_client` (a worker's round trips in ASP),
-:mod:`~lightning_hetero.ps.mode_switching` (BSP steps and mode switches), :mod:`~lightning_hetero.ps.collectives`
-(collectives inside asynchronous batches), :mod:`~lightning_hetero.ps.checkpointing`,
-:mod:`~lightning_hetero.ps.shard_hosting` (the server's shards),
-:mod:`~lightning_hetero.ps.fault_tolerance` and :mod:`~lightning_hetero.ps.reporting` (what it logs).
-"""
+"""``AsyncPSStrategy``: the Lightning strategy's lifecycle and hooks, one engine per mode
+(:mod:`~lightning_hetero.ps.engines`) and the collaborators built at setup (:mod:`~lightning_hetero.ps.bootstrap`).
+See ``docs/async_ps.md`` for how steps, epochs, logging, checkpoints and faults work, ``docs/architecture.md`` for
+the modules."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
 import torch.distributed as dist
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
-from lightning_hetero._lightning_internals import is_last_batch, set_global_step
-from lightning_hetero._validation import check_finite
-from lightning_hetero.batch_weighting import equal_share
+from lightning_hetero._lightning_internals import (
+    optimizers_to_device,
+    replace_sigterm_broadcast,
+    set_default_group_timeout,
+    sync_module_states,
+)
 from lightning_hetero.contracts import ComputeEndMark, Mode, check_mode
 from lightning_hetero.lr_schedules import CountedLRSchedulers
-from lightning_hetero.param_groups import hyperparameters
-from lightning_hetero.ps.asp_client import AsynchronousClient, RemoteStepOptimizer
-from lightning_hetero.ps.bootstrap import FlatModel, ServerBootstrap
+from lightning_hetero.ps import bootstrap
 from lightning_hetero.ps.checkpointing import Checkpointing
-from lightning_hetero.ps.claiming import DataClaiming
-from lightning_hetero.ps.collectives import CollectiveGating
-from lightning_hetero.ps.compensation import AsynchronyCompensator, check_compensation_mode
-from lightning_hetero.ps.fault_tolerance import FaultTolerance
-from lightning_hetero.ps.faults import Membership
-from lightning_hetero.ps.local_mode import LocalSGDMode
-from lightning_hetero.ps.mode_switching import ModeSwitching
-from lightning_hetero.ps.placement import check_server_placement, refuse_hetero_batches, training_workers
-from lightning_hetero.ps.protocol import FLAG_JOIN, FLAG_LAST, SERVER_RANK, STATUS_OK
-from lightning_hetero.ps.reporting import EpochLog, compensation_message, report_hyperparameters, report_staleness
-from lightning_hetero.ps.sampler import ClaimSampler
-from lightning_hetero.ps.server import ParameterServer, ServerLoop
-from lightning_hetero.ps.shard_hosting import ShardHosting
-from lightning_hetero.ps.sharding import Shard, check_server_shards
-from lightning_hetero.ps.staleness import staleness_lr_factor
+from lightning_hetero.ps.collectives import broadcast_object
+from lightning_hetero.ps.compensation import Compensation
+from lightning_hetero.ps.context import BatchWeighting, StepCounter
+from lightning_hetero.ps.engines import ENGINES, Engine, switch
+from lightning_hetero.ps.fault_tolerance import kill_launched
+from lightning_hetero.ps.local_sgd import LocalRounds
+from lightning_hetero.ps.placement import refuse_hetero_batches, training_workers
+from lightning_hetero.ps.reporting import EpochLog
+from lightning_hetero.ps.settings import PUBLIC_SETTINGS, PSSettings
 
-if TYPE_CHECKING:
-    from lightning_hetero._lightning_internals import StrategyRegistryType
-
-ON_WORKER_LOST = ("fail", "continue")
+DESCRIPTION = "Asynchronous parameter-server training (lightning-hetero)"
 
 
-class AsyncPSStrategy(
-    ServerBootstrap,
-    FaultTolerance,
-    ModeSwitching,
-    LocalSGDMode,
-    DataClaiming,
-    CollectiveGating,
-    Checkpointing,
-    ShardHosting,
-    DDPStrategy,
-):
+class AsyncPSStrategy(DDPStrategy):
     """Asynchronous parameter-server training (``mode="asp"``), synchronous all-reduce (``mode="bsp"``) or local SGD
     with an outer optimizer (``mode="local"``).
 
-    In ASP each worker computes gradients on its own batch and pushes them (one flat buffer) to the parameter server,
-    which applies the user's optimizer at once, bumps its version and replies with the new parameters (one flat
-    buffer); faster workers make more updates. In BSP every rank all-reduces its share-weighted gradients and steps
-    its own copy of the optimizer, as DDP does. In local SGD every rank trains its own copy for a round, then the
-    ranks all-reduce their sample-weighted pseudo-gradients once and an outer optimizer applies them (DiLoCo; see
-    ``docs/local_sgd.md``). :meth:`set_mode` switches between the three at an epoch's end.
+    In ASP each worker pushes its gradient to the parameter server, which applies the user's optimizer and replies
+    with the new parameters; in BSP every rank all-reduces its share-weighted gradient and steps its own optimizer;
+    in local SGD the ranks train their own copies for a round, then an outer optimizer applies their combined
+    pseudo-gradient (DiLoCo). :meth:`set_mode` switches between the three at an epoch's end.
 
     Args:
         mode: ``"asp"``, ``"bsp"`` or ``"local"``; can be changed later with :meth:`set_mode`.
-        max_staleness: stale-synchronous bound: a worker more than this many of its own updates ahead of the slowest
-            active worker waits (``None``: no bound, pure ASP).
+        max_staleness: a worker this many own updates ahead of the slowest waits (``None``: no bound, pure ASP).
         lr_scaling: ``"none"``, or ``"inverse"`` to divide the learning rate of each update by its staleness.
-        asynchrony_compensation: ``"auto"`` (default): in ASP the server's optimizer runs with momentum lowered (and,
-            past what momentum can absorb, the learning rate damped) by the measured staleness, so that explicit
-            plus asynchrony's implicit momentum equal the user's and each sample moves the model as far as in BSP
-            (see :mod:`~lightning_hetero.ps.compensation`); ``"dc"``: the same plus delay-compensated gradients
-            (Zheng et al., 2017); ``None``: the user's hyper-parameters as they are. BSP always uses the user's.
-        fault_timeout_s: how long any rank waits for a peer before failing with an error naming it (also the
-            default process group's timeout once started). A rank that dies is detected at once.
+        asynchrony_compensation: ``"auto"``: in ASP the server lowers momentum (then the learning rate) by the
+            measured staleness (:mod:`~lightning_hetero.ps.compensation`); ``"dc"``: also delay-compensated
+            gradients (Zheng et al., 2017); ``None``: the user's hyper-parameters as they are (as BSP always uses).
+        fault_timeout_s: how long any rank waits for a peer before failing with an error naming it.
         startup_timeout_s: how long the ranks wait for each other at start-up (the process group's rendezvous).
-        on_worker_lost: ``"fail"`` ends the job when any rank is lost; ``"continue"`` (elastic ASP) lets the other
-            workers train on without a lost non-server rank while in ASP (its unfinished batches go to rank 0 at the
-            epoch's end, so every epoch still covers every sample once). Losing rank 0, or any rank in BSP, ends
-            the job either way (and so does any loss in local SGD; ``mode="local"`` with ``"continue"`` is refused).
+        on_worker_lost: ``"fail"`` ends the job when any rank is lost; ``"continue"`` (elastic ASP): the others
+            train on without a lost non-server rank while in ASP, rank 0 taking its unfinished batches (any loss in
+            BSP or local SGD, or of rank 0, ends the job; refused with ``mode="local"``).
         round_samples: local SGD: a round lasts this many training samples over all ranks.
         round_s: local SGD: or this many seconds (give at most one; neither: 16 local steps per rank on average).
-        local_steps: local SGD: ``"proportional"`` (each rank's local steps follow its measured throughput) or
-            ``"equal"`` (DiLoCo).
+        local_steps: local SGD: ``"proportional"`` (each rank's steps follow its throughput) or ``"equal"``.
         outer_optimizer: local SGD: the outer optimizer's class (default ``torch.optim.SGD``).
-        outer_optimizer_kwargs: its arguments (default DiLoCo's ``lr=0.7, momentum=0.9, nesterov=True``). The local
-            SGD settings are validated at construction whatever the starting mode.
-        pseudo_gradient_weighting: local SGD: ``"mean"`` (default) combines the ranks' pseudo-gradients as a plain
-            mean over the ranks that trained in the round; ``"samples"`` weights each by the samples it trained
-            (with speed-proportional steps the fast ranks then dominate; see ``docs/local_sgd.md``).
-        overlap_round_trip: ``False`` (default): textbook ASP, each worker waits for the server's reply to its
-            gradient before its next batch. ``True``: the push and the reply travel while the next batch is fetched
-            and computed, so the round trip leaves the critical path; each gradient is then computed on parameters
-            that hold all of the worker's own updates but the previous one (a bounded extra staleness of one own
-            update). The last batch of an epoch, validation and mode switches wait for the update in flight.
-        server_shards: split the parameter server into this many shards, each a contiguous run of whole parameter
-            tensors of about equal size, hosted by ranks ``0 .. server_shards - 1`` (threads, as rank 0's server is
-            with 1); every push and pull goes to every shard with its slice, so each shard's CPU applies
-            ``1/server_shards`` of every update. Checkpoints hold the unsharded state (a checkpoint resumes with any
-            number of shards); ``max_staleness`` holds at each shard; losing a shard's host ends the job naming it.
-            At most the world size; not with ``on_worker_lost="continue"``. See ``docs/async_ps.md`` (Sharding).
-        server_placement: ``"worker"`` (default): the server runs as threads in rank 0, which trains like the others.
-            ``"dedicated"``: rank 0 is reserved for the server: in ASP it trains only its reserved first batch of each
-            epoch and ranks 1..N-1 the rest (see :mod:`~lightning_hetero.ps.placement`); not with ``server_shards``
-            > 1, ``on_worker_lost="continue"`` or ``HeteroBatchCallback``. See ``docs/async_ps.md`` (Server placement).
-        accelerator: see :class:`~lightning.pytorch.strategies.DDPStrategy`.
-        parallel_devices: see :class:`~lightning.pytorch.strategies.DDPStrategy`.
-        cluster_environment: see :class:`~lightning.pytorch.strategies.DDPStrategy`.
-        checkpoint_io: see :class:`~lightning.pytorch.strategies.DDPStrategy`.
-        precision_plugin: see :class:`~lightning.pytorch.strategies.DDPStrategy`.
+        outer_optimizer_kwargs: its arguments (default DiLoCo's ``lr=0.7, momentum=0.9, nesterov=True``).
+        pseudo_gradient_weighting: local SGD: ``"mean"`` over the ranks that trained, or by their ``"samples"``.
+        overlap_round_trip: ``True``: the push and the reply travel while the next batch is computed (a bounded
+            extra staleness of one own update); ``False``: textbook ASP, each worker waits for its reply.
+        server_shards: split the server into this many shards of whole tensors, hosted by ranks
+            ``0 .. server_shards - 1`` (``docs/async_ps.md``, Sharding); not with ``on_worker_lost="continue"``.
+        server_placement: ``"worker"``: rank 0 hosts the server and trains like the others; ``"dedicated"``: in ASP
+            it trains only its first batch of each epoch (:mod:`~lightning_hetero.ps.placement`).
+        accelerator: see :class:`~lightning.pytorch.strategies.DDPStrategy` (so are the next four).
+        parallel_devices: Lightning's.
+        cluster_environment: Lightning's.
+        checkpoint_io: Lightning's.
+        precision_plugin: Lightning's.
         process_group_backend: backend of the default group (used in BSP); the server always talks gloo.
 
     Notes:
@@ -137,116 +87,54 @@ class AsyncPSStrategy(
     Example::
 
         >>> strategy = AsyncPSStrategy(mode="bsp", max_staleness=4)
-        >>> strategy.mode, strategy.max_staleness, strategy.last_switch_s
-        ('bsp', 4, None)
+        >>> strategy.mode, strategy.in_lock_step, strategy.max_staleness, strategy.last_switch_s
+        ('bsp', True, 4, None)
+        >>> strategy.set_mode("asp")  # before training: recorded for the start
+        >>> strategy.mode, strategy.in_lock_step
+        ('asp', False)
     """
 
     strategy_name = "async_ps"
 
     def __init__(
-        self,
-        mode: Mode = "asp",
-        max_staleness: int | None = None,
-        lr_scaling: str = "none",
-        asynchrony_compensation: str | None = "auto",
-        fault_timeout_s: float = 60.0,
-        startup_timeout_s: float = 300.0,
-        on_worker_lost: str = "fail",
-        round_samples: int | None = None,
-        round_s: float | None = None,
-        local_steps: str = "proportional",
-        outer_optimizer: Callable[..., torch.optim.Optimizer] | None = None,
-        outer_optimizer_kwargs: dict[str, Any] | None = None,
-        pseudo_gradient_weighting: str = "mean",
-        overlap_round_trip: bool = False,
-        server_shards: int = 1,
-        server_placement: str = "worker",
-        accelerator: pl.accelerators.Accelerator | None = None,
-        parallel_devices: list[torch.device] | None = None,
-        cluster_environment: Any = None,
-        checkpoint_io: Any = None,
-        precision_plugin: Any = None,
+        self, mode: Mode = "asp", max_staleness: int | None = None, lr_scaling: str = "none",
+        asynchrony_compensation: str | None = "auto", fault_timeout_s: float = 60.0, startup_timeout_s: float = 300.0,
+        on_worker_lost: str = "fail", round_samples: int | None = None, round_s: float | None = None,
+        local_steps: str = "proportional", outer_optimizer: Callable[..., torch.optim.Optimizer] | None = None,
+        outer_optimizer_kwargs: dict[str, Any] | None = None, pseudo_gradient_weighting: str = "mean",
+        overlap_round_trip: bool = False, server_shards: int = 1, server_placement: str = "worker",
+        accelerator: pl.accelerators.Accelerator | None = None, parallel_devices: list[torch.device] | None = None,
+        cluster_environment: Any = None, checkpoint_io: Any = None, precision_plugin: Any = None,
         process_group_backend: str | None = None,
-    ) -> None:
-        check_mode(mode)
-        if max_staleness is not None and max_staleness < 0:
-            raise ValueError(f"max_staleness must be >= 0 or None, got {max_staleness}")
-        staleness_lr_factor(0, lr_scaling)
-        check_finite(fault_timeout_s=fault_timeout_s, startup_timeout_s=startup_timeout_s)
-        check_compensation_mode(asynchrony_compensation)
-        if not fault_timeout_s > 0:
-            raise ValueError(f"fault_timeout_s must be positive, got {fault_timeout_s}")
-        if not startup_timeout_s > 0:
-            raise ValueError(f"startup_timeout_s must be positive, got {startup_timeout_s}")
-        if on_worker_lost not in ON_WORKER_LOST:
-            raise ValueError(f"on_worker_lost must be one of {ON_WORKER_LOST}, got {on_worker_lost!r}")
-        if mode == "local" and on_worker_lost == "continue":
-            raise ValueError(
-                "AsyncPSStrategy(mode='local') cannot honour on_worker_lost='continue': every round ends in an "
-                "all-reduce over all ranks, so losing one ends the job. Use on_worker_lost='fail' and resume from the "
-                "last checkpoint, or start in mode='asp' (on_worker_lost='continue' applies to ASP phases only)."
-            )
-        self._init_local(
-            round_samples, round_s, local_steps, outer_optimizer, outer_optimizer_kwargs, pseudo_gradient_weighting
-        )
-        if not isinstance(overlap_round_trip, bool):
-            raise ValueError(f"overlap_round_trip must be True or False, got {overlap_round_trip!r}")
-        check_server_shards(server_shards, on_worker_lost=on_worker_lost)
-        check_server_placement(server_placement, server_shards, on_worker_lost)
+    ) -> None:  # fmt: skip
+        settings = PSSettings(
+            mode, max_staleness, lr_scaling, asynchrony_compensation, fault_timeout_s, startup_timeout_s,
+            on_worker_lost, round_samples, round_s, local_steps, outer_optimizer, outer_optimizer_kwargs,
+            pseudo_gradient_weighting, overlap_round_trip, server_shards, server_placement,
+        )  # fmt: skip
         super().__init__(
-            accelerator=accelerator,
-            parallel_devices=parallel_devices,
-            cluster_environment=cluster_environment,
-            checkpoint_io=checkpoint_io,
-            precision_plugin=precision_plugin,
-            process_group_backend=process_group_backend,
-            timeout=timedelta(seconds=startup_timeout_s),
-        )
-        self._mode: Mode = mode
-        self.max_staleness = max_staleness
-        self.lr_scaling = lr_scaling
-        self._compensation_mode = asynchrony_compensation
-        self._compensation_announced = False
-        self.fault_timeout_s = fault_timeout_s
-        self.startup_timeout_s = startup_timeout_s
-        self.on_worker_lost = on_worker_lost
-        self.overlap_round_trip = overlap_round_trip
-        self.server_shards = server_shards
-        self.server_placement = server_placement
+            accelerator=accelerator, parallel_devices=parallel_devices, cluster_environment=cluster_environment,
+            checkpoint_io=checkpoint_io, precision_plugin=precision_plugin,
+            process_group_backend=process_group_backend, timeout=timedelta(seconds=startup_timeout_s),
+        )  # fmt: skip
+        self._settings = settings
+        for name in PUBLIC_SETTINGS:  # max_staleness, fault_timeout_s, server_shards, ...: readable attributes
+            setattr(self, name, getattr(settings, name))
+        workers = lambda: training_workers(self.world_size, self.server_placement)  # noqa: E731
+        self._compensation = Compensation(asynchrony_compensation, workers, lambda: self.optimizers[0].param_groups)
         #: seconds the last effective :meth:`set_mode` took (``None`` before any switch)
         self.last_switch_s: float | None = None
-        #: updates applied to the model so far (the server's version in ASP, the step count in BSP)
-        self.version = 0
-        #: the server's statistics (rank 0, after fitting): updates, per-worker updates, staleness mean and max,
-        #: ``"server"`` (the cost of shard 0, or of the only server) and with shards ``"shards"`` (each one's cost)
+        #: rank 0, after fitting: the server's updates, staleness and costs (:meth:`.ShardHosting.summary`)
         self.server_summary: dict[str, Any] | None = None
-        self._compute_timer: ComputeEndMark | None = None
-        self._batch_share: Callable[[], float] | None = None
-        self._last_staleness = 0
-        self._epoch_log = EpochLog(gather=lambda tensor: self.all_gather(tensor.to(self.root_device)))
-        self._snapshot: dict[str, Any] | None = None
-        self._restored: dict[str, Any] | None = None
-        self._active = False
-        self._joined = False
-        self._attached_trainer: pl.Trainer | None = None
-        self._flat_model: FlatModel | None = None
-        self._client: AsynchronousClient | None = None
-        self._server: ParameterServer | None = None
-        self._loop: ServerLoop | None = None
-        self._shard_server: ParameterServer | None = None
-        self._shard_loop: ServerLoop | None = None
-        self._shards: list[Shard] | None = None
-        self._group_indices: list[list[int]] = []
-        self._step_schedules = CountedLRSchedulers()
-        self._store: dist.Store | None = None
-        self._membership: Membership | None = None
-        self._needs_meeting = False
-        self._claim_sampler: ClaimSampler | None = None
-        self._chunk = -1
-        self._launched: list[Any] = []
-        self._validation_members: list[int] = []
-
-    # ------------------------------------------------------------------ public API
+        self._counter = StepCounter()
+        self._weighting = BatchWeighting(world_size=lambda: self.world_size)
+        self._engines: dict[str, Engine] = {name: new(settings, self._weighting) for name, new in ENGINES.items()}
+        self._mode: Mode = mode
+        self._checkpointing = Checkpointing(self._engines, self._counter)
+        self._restored = False
+        self._schedules = CountedLRSchedulers()
+        self._log = EpochLog(gather=lambda tensor: self.all_gather(tensor.to(self.root_device)))
+        self._run: bootstrap.Run | None = None  # built at setup when fitting
 
     @property
     def mode(self) -> Mode:
@@ -255,7 +143,17 @@ class AsyncPSStrategy(
     @property
     def in_lock_step(self) -> bool:
         """Whether the ranks train in lock-step now (in BSP); in ASP each rank runs its own number of batches."""
-        return self._mode == "bsp"
+        return self._engine.lock_step
+
+    @property
+    def version(self) -> int:
+        """Updates applied to the model so far (the server's version in ASP, the step count in BSP)."""
+        return self._counter.version
+
+    @property
+    def local_rounds(self) -> LocalRounds | None:
+        """Local SGD's round state (``None`` before its first batch): ``plans``, ``rounds``, ``bytes_sent``."""
+        return self._engines["local"].rounds  # type: ignore[attr-defined]
 
     @property
     @override
@@ -265,179 +163,238 @@ class AsyncPSStrategy(
     @property
     def asynchrony_compensation(self) -> str | None:
         """The asynchrony compensation mode (settable; takes effect at the server's next update)."""
-        return self._compensation_mode
+        return self._compensation.mode
 
     @asynchrony_compensation.setter
     def asynchrony_compensation(self, mode: str | None) -> None:
-        check_compensation_mode(mode)
-        self._compensation_mode = mode
-        server = self._hosted_server
-        if server is not None:
-            with server.cond:
-                server.compensator = self._new_compensator()
-
-    def _new_compensator(self) -> AsynchronyCompensator | None:
-        if self._compensation_mode is None:
-            return None
-        workers = training_workers(self.world_size, self.server_placement)
-        compensator = AsynchronyCompensator(self._compensation_mode, workers=workers)
-        compensator.apply([hyperparameters(group) for group in self.optimizers[0].param_groups])
-        return compensator
+        self._compensation.set(mode, self._run.ctx.servers.hosted if self._run is not None else None)
 
     def attach_hetero_batches(self, compute_timer: ComputeEndMark, batch_share: Callable[[], float]) -> None:
-        """Connect per-rank batch sizes (called once at setup by ``HeteroBatchCallback``).
-
-        The strategy calls ``compute_timer.mark_compute_end()`` as soon as local gradients are ready, before any
-        communication, and weights gradients by :func:`~lightning_hetero.batch_weighting.gradient_weight` of
-        ``batch_share()``: in BSP by the share itself before a SUM all-reduce (a batch-weighted mean); in ASP an
-        update's gradient by ``batch_share() * world_size`` (1 for equal shares), so a worker's update weighs as
-        much as its data would in the synchronous mean.
+        """Connect per-rank batch sizes (called once at setup by ``HeteroBatchCallback``): mark ``compute_timer`` as
+        soon as local gradients are ready, and weight gradients by :func:`~lightning_hetero.batch_weighting.gradient_weight`
+        of ``batch_share()`` (see :class:`~lightning_hetero.contracts.HeteroBatchStrategy`).
 
         Args:
-            compute_timer: a :class:`~lightning_hetero.measurement.ComputeTimer` (anything with
-                ``mark_compute_end()``).
+            compute_timer: anything with ``mark_compute_end()`` (a :class:`~lightning_hetero.measurement.ComputeTimer`).
             batch_share: returns this rank's ``b_k / sum(b)`` for the current step.
         """
         refuse_hetero_batches(self.server_placement, self.on_worker_lost)
-        self._compute_timer = compute_timer
-        self._batch_share = batch_share
+        self._weighting.attach(compute_timer, batch_share)
+
+    def set_mode(self, mode: Mode) -> None:
+        """Switch modes; call on every rank with the same value at an epoch's end (e.g. from ``on_train_epoch_end``).
+        The mode's engine leaves (from ASP every rank takes the server's state) and the new one enters (ASP loads
+        rank 0's state into the server), in process, for the next epoch; the time taken is kept in
+        :attr:`last_switch_s`.
+
+        Args:
+            mode: ``"asp"``, ``"bsp"`` or ``"local"``.
+        """
+        check_mode(mode)
+        if mode == self._mode:
+            return
+        if not self._active:
+            self._mode = mode
+            return
+        assert self._run is not None
+        start = time.perf_counter()
+        switch(self._engine, self._engines[mode], self._run.fault)
+        self._mode = mode
+        if self._run.ctx.servers.server is not None:  # elastic ASP is unsharded: rank 0's server is the only one
+            self._run.ctx.servers.server.tolerate_lost_workers = self._run.fault.tolerates_lost_workers
+        self.last_switch_s = time.perf_counter() - start
 
     @classmethod
     @override
-    def register_strategies(cls, strategy_registry: StrategyRegistryType) -> None:
+    def register_strategies(cls, strategy_registry: Any) -> None:
         if cls.strategy_name not in strategy_registry:
-            strategy_registry.register(
-                cls.strategy_name, cls, description="Asynchronous parameter-server training (lightning-hetero)"
-            )
+            strategy_registry.register(cls.strategy_name, cls, description=DESCRIPTION)
 
-    # ------------------------------------------------------------------ lifecycle (setup: ServerBootstrap)
+    @property
+    def _engine(self) -> Engine:
+        return self._engines[self._mode]
+
+    @property
+    def _active(self) -> bool:
+        return self._run is not None and self._run.ctx.active
+
+    @override
+    def setup_distributed(self) -> None:
+        try:
+            super().setup_distributed()
+        except RuntimeError as err:
+            raise bootstrap.startup_error(err, self.num_nodes * self.num_processes, self.startup_timeout_s) from err
+        # start-up may take long on a busy cluster; once running, a peer that stops answering is a fault
+        set_default_group_timeout(timedelta(seconds=self.fault_timeout_s))
+
+    @override
+    def setup(self, trainer: pl.Trainer) -> None:
+        assert self.accelerator is not None and self.model is not None
+        self._counter.trainer = trainer
+        self.accelerator.setup(trainer)
+        self.model = self.precision_plugin.convert_module(self.model)
+        self.model_to_device()
+        fitting = trainer.state.fn == TrainerFn.FITTING
+        if fitting:
+            bootstrap.check_trainer(self.lightning_module, trainer)
+            self.setup_optimizers(trainer)
+            bootstrap.check_optimizers(self.optimizers)
+        self.setup_precision_plugin()
+        if fitting:
+            optimizers_to_device(self.optimizers, self.root_device)
+            self._start(trainer)
+        else:
+            sync_module_states(self.model)
+
+    def _start(self, trainer: pl.Trainer) -> None:
+        """Build the run's context and collaborators, start the servers and hand all to the engines."""
+        assert self.cluster_environment is not None
+        ddp = super()  # its collectives, ungated
+        ctx, group = bootstrap.build_context(
+            self._settings, trainer, self.optimizers[0], self.precision_plugin, self.root_device, self.global_rank,
+            self.world_size, self.cluster_environment.main_address, ddp.broadcast, self._counter, self._weighting,
+            self._schedules, self._log,
+        )  # fmt: skip
+        engines, compensator = self._engines.values(), self._compensation.new()
+        self._run = bootstrap.start_run(ctx, group, engines, lambda: self._engine, self.launcher, compensator, ddp)
+        replace_sigterm_broadcast(
+            trainer, lambda check: bootstrap.check_sigterm(self._engine.lock_step, trainer, check)
+        )
 
     @override
     def on_train_start(self) -> None:
-        self._epoch_log.restart()
-        if self._restored is not None:
-            self._set_step_counter(self.version, in_step=False)
-        if self._mode == "local":
-            self._enter_local()
-        if self._mode == "asp":
-            self._take_over_step_schedules()
-            self._announce_compensation()
-
-    def _announce_compensation(self) -> None:
-        """Say once, on rank 0, which hyper-parameters the server uses in ASP."""
-        if self._compensation_announced or self._server is None:
-            return
-        self._compensation_announced = True
-        user = self.optimizers[0].param_groups[0]
-        rank_zero_info(compensation_message(user, self._server.compensator, self._compensation_mode))
-
-    def _take_over_step_schedules(self) -> None:
-        """In ASP, step-interval LR schedulers count the server's updates (rank 0's schedulers, which the server's
-        hyper-parameters follow), not each rank's own batches."""
-        assert self._attached_trainer is not None
-        self._step_schedules.take_over(self._attached_trainer.lr_scheduler_configs)
+        self._log.restart()
+        if self._restored:
+            self._counter.set(self._counter.version, in_step=False)
+        self._engine.enter(switch=False)
 
     @override
     def on_train_end(self) -> None:
-        if not self._active:
+        if self._run is None or not self._run.ctx.active:
             return
-        if self._mode == "asp":
-            self._meet()
-            self._pull()
-            self._average_buffers()
-        self._step_schedules.release()
-        if self._server is not None:
-            self.server_summary = self._server_summary()
-        self._leave_servers()
-        self._active = False
+        self._engine.epoch_end()
+        self._schedules.release()
+        self.server_summary = self._run.ctx.servers.finish()
+        self._run.ctx.active = False
 
-    # ------------------------------------------------------------------ stepping
+    @override
+    def teardown(self) -> None:
+        if self._run is not None:
+            self._run.ctx.active = False
+            self._run.ctx.servers.loop = None
+        super().teardown()
+
+    @override
+    def on_exception(self, exception: BaseException) -> None:
+        super().on_exception(exception)
+        if self._run is not None and self._run.ctx.active:
+            self._run.fault.announce_failure(exception)
+        kill_launched(self.launcher, self._run.fault.launched if self._run is not None else [])
 
     @override
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
-        if self._mode == "local" and self._active:
-            self._local_batch_start()
-        asynchronous = self._mode == "asp" and self._active
-        if asynchronous:
-            if not self._joined:
-                # the epoch's first batch: start on the latest parameters and count for the staleness bound from now on
-                self._pull(FLAG_JOIN)
-                self._joined = True
-            self._chunk = self._claim_sampler.next_chunk() if self._claim_sampler is not None else -1
-            # the epoch's first collective after its asynchronous batches is preceded by a meeting of the ranks
-            self._needs_meeting = True
+        active, engine = self._active, self._engine
+        if active:
+            engine.batch_start()
         output = super().training_step(*args, **kwargs)
         if self._active:
-            self._report_step(asynchronous)
+            engine.report_step()
         return output
-
-    def _report_step(self, asynchronous: bool) -> None:
-        """Report an asynchronous update's staleness (every rank), and on rank 0 the momentum and learning rate that
-        updates use: the server's compensated values in ASP, the optimizer's own otherwise (epoch statistics, see
-        :class:`~lightning_hetero.ps.reporting.EpochLog`)."""
-        trainer = self._attached_trainer
-        assert trainer is not None
-        epoch = trainer.current_epoch
-        if asynchronous:
-            report_staleness(self._epoch_log, self.lightning_module, self._last_staleness, epoch)
-        if self.global_rank == SERVER_RANK:
-            compensator = self._server.compensator if self._server is not None and self._mode == "asp" else None
-            group = self.optimizers[0].param_groups[0]
-            report_hyperparameters(self._epoch_log, self.lightning_module, group, compensator, epoch)
 
     @override
     def optimizer_step(self, optimizer: Any, closure: Callable[[], Any], model: Any = None, **kwargs: Any) -> Any:
         model = model or self.lightning_module
         if not self._active:
             return super().optimizer_step(optimizer, closure, model, **kwargs)
-        if self._mode == "bsp":
-            return self._synchronous_step(optimizer, closure, model, **kwargs)
-        if self._mode == "local":
-            return self._local_optimizer_step(
-                lambda: self.precision_plugin.optimizer_step(optimizer, model=model, closure=closure, **kwargs)
-            )
-        remote = RemoteStepOptimizer(optimizer, self._asynchronous_update)
-        return self.precision_plugin.optimizer_step(remote, model=model, closure=closure, **kwargs)
-
-    def _asynchronous_update(self, closure: Callable[[], Any]) -> Any:
-        result = closure()
-        self._mark_compute_end()
-        trainer = self._attached_trainer
-        assert trainer is not None and self._client is not None and self._flat_model is not None
-        flags = FLAG_LAST if is_last_batch(trainer) else 0
-        self._joined = not flags
-        header = self._client.push(
-            self._flat_model.params, flags, self.version, self._share(), trainer.current_epoch, self._chunk
-        )
-        self.version = header.version
-        self._last_staleness = header.staleness if header.status == STATUS_OK else 0
-        self._set_step_counter(header.version, in_step=True)
-        return result
-
-    def _pull(self, flags: int = 0) -> None:
-        assert self._client is not None
-        self.version = self._client.pull(self.version, flags).version
-        self._set_step_counter(self.version, in_step=False)
-
-    def _share(self) -> float:
-        return float(self._batch_share()) if self._batch_share is not None else equal_share(self.world_size)
-
-    def _mark_compute_end(self) -> None:
-        if self._compute_timer is not None:
-            self._compute_timer.mark_compute_end()
-
-    def _set_step_counter(self, version: int, in_step: bool) -> None:
-        """Make ``trainer.global_step`` the number of updates the model received (the loop adds one after a step)."""
-        assert self._attached_trainer is not None
-        set_global_step(self._attached_trainer, version, in_step)
-
-    # ------------------------------------------------------------------ validation
+        return self._engine.optimizer_step(optimizer, closure, model, **kwargs)
 
     @override
     def on_validation_start(self) -> None:
-        trainer = self._attached_trainer
-        if self._active and self._mode == "asp" and trainer is not None and trainer.state.fn == TrainerFn.FITTING:
-            self._meet()
-            self._pull()
-            self._average_buffers()
-            self._reshard_validation(trainer)
+        if self._run is not None and self._run.ctx.active and self._run.ctx.trainer.state.fn == TrainerFn.FITTING:
+            self._engine.epoch_end()
+            self._run.fault.reshard_validation(self._run.ctx.trainer)
+
+    @override
+    def process_dataloader(self, dataloader: object) -> object:
+        """Give the training loader a claim sampler (see :class:`~lightning_hetero.ps.claiming.DataClaiming`)."""
+        return self._run.claiming.process(dataloader) if self._run is not None else dataloader
+
+    @property
+    @override
+    def distributed_sampler_kwargs(self) -> dict[str, Any]:
+        # after a loss in elastic ASP, the remaining ranks share the data
+        kwargs = self._run.fault.sampler_kwargs() if self._run is not None else None
+        return kwargs if kwargs is not None else super().distributed_sampler_kwargs
+
+    def _gated(self, local: Callable[[], Any], run: Callable[[Any], Any], group: Any = None) -> Any:
+        return self._run.gate.gated(local, run, group) if self._run is not None else run(group)
+
+    @override
+    def reduce(self, tensor: Any, group: Any = None, reduce_op: Any = "mean") -> Any:
+        ddp = super()
+        return self._gated(lambda: tensor, lambda group: ddp.reduce(tensor, group, reduce_op), group)
+
+    @override
+    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
+        if self._run is None:
+            return super().reduce_boolean_decision(decision, all)
+        return self._run.gate.boolean_decision(decision, all, lambda count: self.reduce(count, reduce_op="sum"))
+
+    @override
+    def barrier(self, *args: Any, **kwargs: Any) -> None:
+        ddp = super()
+        self._gated(lambda: None, lambda group: ddp.barrier(*args, **kwargs) if group is None else dist.barrier(group))
+
+    @override
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        ddp = super()
+        return self._gated(lambda: obj, lambda group: broadcast_object(obj, src, group, ddp.broadcast))
+
+    @override
+    def all_gather(self, tensor: torch.Tensor, group: Any = None, sync_grads: bool = False) -> torch.Tensor:
+        ddp = super()
+        return self._gated(lambda: tensor.unsqueeze(0), lambda group: ddp.all_gather(tensor, group, sync_grads), group)
+
+    @override
+    def lightning_module_state_dict(self) -> dict[str, Any]:
+        return self._checkpointing.model_state(
+            super().lightning_module_state_dict(), self._engine, self._run.ctx if self._run is not None else None
+        )
+
+    @override
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        state = self._checkpointing.optimizer_state(optimizer)
+        return state if state is not None else super().optimizer_state(optimizer)
+
+    @override
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
+        self._checkpointing.save_into(checkpoint, self._mode)
+        super().save_checkpoint(checkpoint, filepath, storage_options)
+
+    @property
+    @override
+    def restore_checkpoint_after_setup(self) -> bool:
+        return True
+
+    @override
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        checkpoint = super().load_checkpoint(checkpoint_path, weights_only=weights_only)
+        mode = self._checkpointing.restore(checkpoint)
+        if mode is not None:
+            self._restored = True
+            self._mode = mode
+        return checkpoint
+
+    @override
+    def load_model_state_dict(self, checkpoint: Any, strict: bool = True) -> None:
+        super().load_model_state_dict(checkpoint, strict=strict)
+        self._load_servers(None)
+
+    @override
+    def load_optimizer_state_dict(self, checkpoint: Any) -> None:
+        super().load_optimizer_state_dict(checkpoint)
+        self._load_servers(checkpoint["optimizer_states"][0])
+
+    def _load_servers(self, optimizer_state: dict[str, Any] | None) -> None:
+        if self._run is not None:  # after setup (restore_checkpoint_after_setup)
+            self._run.ctx.servers.load(self._run.ctx.flat.flat, optimizer_state, self._counter.version)

@@ -1,0 +1,188 @@
+"""ASP (``mode="asp"``): each worker pushes its gradient to the parameter server, which applies the user's optimizer
+at once and replies with the new parameters (:class:`~lightning_hetero.ps.asp_client.AsynchronousClient`); faster
+workers make more updates. Entering ASP loads rank 0's model and optimizer state into the server (each shard's host
+its cut); leaving it gives every rank the server's parameters, optimizer state, version and rank 0's schedules.
+
+Example::
+
+    >>> from lightning_hetero.ps.context import BatchWeighting
+    >>> engine = AsynchronousEngine(settings=None, weighting=BatchWeighting(world_size=lambda: 2))
+    >>> engine.lock_step, engine.through_server, engine.title
+    (False, True, 'ASP')
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from lightning.pytorch.utilities import rank_zero_info
+
+from lightning_hetero._lightning_internals import is_last_batch, optimizers_to_device, sync_module_states
+from lightning_hetero.param_groups import hyperparameters
+from lightning_hetero.ps.asp_client import RemoteStepOptimizer
+from lightning_hetero.ps.checkpointing import SavedState
+from lightning_hetero.ps.protocol import FLAG_JOIN, FLAG_LAST, SERVER_RANK, STATUS_OK
+from lightning_hetero.ps.reporting import compensation_message, report_hyperparameters, report_staleness
+
+if TYPE_CHECKING:
+    from lightning_hetero.ps.collectives import CollectiveGate
+    from lightning_hetero.ps.context import BatchWeighting, PSContext
+    from lightning_hetero.ps.fault_tolerance import FaultTolerance
+    from lightning_hetero.ps.settings import PSSettings
+
+
+class AsynchronousEngine:
+    """Asynchronous training through the parameter server (see the module's docstring); an
+    :class:`~lightning_hetero.ps.engines.Engine`.
+
+    Args:
+        settings: the strategy's settings.
+        weighting: this rank's batch share (an update's gradient is weighted by it) and compute-end mark.
+    """
+
+    title = "ASP"
+    lock_step = False
+    through_server = True
+    state_key = None
+
+    def __init__(self, settings: PSSettings | None, weighting: BatchWeighting) -> None:
+        self._weighting = weighting
+        self._ctx: PSContext | None = None
+        self._fault: FaultTolerance | None = None
+        self._gate: CollectiveGate | None = None
+        self._joined = False  # this rank pulled at the epoch's start and counts for the staleness bound
+        self._chunk = -1  # the claimed chunk of the batch in hand
+        self._last_staleness = 0
+        self._compensation_announced = False
+
+    def setup(self, ctx: PSContext, fault: FaultTolerance, gate: CollectiveGate) -> None:
+        self._ctx, self._fault, self._gate = ctx, fault, gate
+
+    def _parts(self) -> tuple[PSContext, FaultTolerance, CollectiveGate]:
+        assert self._ctx is not None and self._fault is not None and self._gate is not None
+        return self._ctx, self._fault, self._gate
+
+    # ------------------------------------------------------------------ entering and leaving
+
+    def enter(self, switch: bool) -> None:
+        """Step-interval LR schedulers count the server's updates from now on; at a switch, the server takes rank 0's
+        model and optimizer state (each host its shard's) and the ranks meet."""
+        ctx, fault, _ = self._parts()
+        if switch:
+            self._joined = False
+        # rank 0's schedulers, which the server's hyper-parameters follow, count server updates, not own batches
+        ctx.schedules.take_over(ctx.trainer.lr_scheduler_configs)
+        if switch:
+            ctx.servers.load(ctx.flat.flat, copy.deepcopy(ctx.optimizer.state_dict()), ctx.counter.version)
+        self._announce_compensation()
+        if switch:
+            fault.meet()
+
+    def _announce_compensation(self) -> None:
+        """Say once, on rank 0, which hyper-parameters the server uses in ASP."""
+        ctx, _, _ = self._parts()
+        server = ctx.servers.server
+        if self._compensation_announced or server is None:
+            return
+        self._compensation_announced = True
+        compensator = server.compensator
+        mode = compensator.mode if compensator is not None else None
+        rank_zero_info(compensation_message(ctx.optimizer.param_groups[0], compensator, mode))
+
+    def leave(self) -> None:
+        """Every rank takes the server's parameters, optimizer state and version, and rank 0's hyper-parameters and
+        scheduler states (the server's hyper-parameters date from its last update)."""
+        ctx, _, gate = self._parts()
+        gate.average_buffers()
+        ctx.schedules.release()
+        optimizer = ctx.optimizer
+        schedulers = [config.scheduler for config in ctx.trainer.lr_scheduler_configs]
+        payload_obj = None
+        if ctx.servers.server is not None:
+            state = ctx.servers.server_state()
+            ctx.flat.flat.copy_(state["params"])
+            current = [hyperparameters(group) for group in optimizer.param_groups]
+            payload_obj = (state["optimizer"], state["version"], current, [s.state_dict() for s in schedulers])
+        optimizer_state, version, current, scheduler_states = gate.broadcast(payload_obj, SERVER_RANK)
+        optimizer.load_state_dict(copy.deepcopy(optimizer_state))
+        for group, hyper in zip(optimizer.param_groups, current, strict=True):
+            group.update(hyper)
+        if ctx.rank != SERVER_RANK:  # schedulers counted server updates on rank 0 only
+            for scheduler, scheduler_state in zip(schedulers, scheduler_states, strict=True):
+                scheduler.load_state_dict(scheduler_state)
+        optimizers_to_device([optimizer], ctx.root_device)
+        sync_module_states(ctx.module)
+        ctx.counter.set(version, in_step=False)
+
+    # ------------------------------------------------------------------ stepping
+
+    def batch_start(self) -> None:
+        ctx, fault, _ = self._parts()
+        if not self._joined:
+            # the epoch's first batch: start on the latest parameters and count for the staleness bound from now on
+            self._pull(FLAG_JOIN)
+            self._joined = True
+        self._chunk = ctx.claim_sampler.next_chunk() if ctx.claim_sampler is not None else -1
+        # the epoch's first collective after its asynchronous batches is preceded by a meeting of the ranks
+        fault.needs_meeting = True
+
+    def optimizer_step(self, optimizer: Any, closure: Callable[[], Any], model: Any, **kwargs: Any) -> Any:
+        """Lightning's loop steps a stand-in for the user's optimizer whose step is a round trip to the server."""
+        ctx, _, _ = self._parts()
+        remote = RemoteStepOptimizer(optimizer, self._update)
+        return ctx.precision_plugin.optimizer_step(remote, model=model, closure=closure, **kwargs)
+
+    def _update(self, closure: Callable[[], Any]) -> Any:
+        ctx, _, _ = self._parts()
+        result = closure()
+        self._weighting.mark_compute_end()
+        client = ctx.servers.client
+        assert client is not None
+        flags = FLAG_LAST if is_last_batch(ctx.trainer) else 0
+        self._joined = not flags
+        header = client.push(
+            ctx.flat.params, flags, ctx.counter.version, self._weighting.share(), ctx.trainer.current_epoch, self._chunk
+        )
+        self._last_staleness = header.staleness if header.status == STATUS_OK else 0
+        ctx.counter.set(header.version, in_step=True)
+        return result
+
+    def _pull(self, flags: int = 0) -> None:
+        ctx, _, _ = self._parts()
+        assert ctx.servers.client is not None
+        ctx.counter.set(ctx.servers.client.pull(ctx.counter.version, flags).version, in_step=False)
+
+    def report_step(self) -> None:
+        """Every rank reports its update's staleness; rank 0 the momentum and learning rate the server uses."""
+        ctx, _, _ = self._parts()
+        epoch = ctx.trainer.current_epoch
+        report_staleness(ctx.log, ctx.module, self._last_staleness, epoch)
+        if ctx.rank == SERVER_RANK:
+            server = ctx.servers.server
+            compensator = server.compensator if server is not None else None
+            report_hyperparameters(ctx.log, ctx.module, ctx.optimizer.param_groups[0], compensator, epoch)
+
+    def epoch_end(self) -> None:
+        """The ranks meet, take the server's latest parameters and average their buffers."""
+        _, fault, gate = self._parts()
+        fault.meet()
+        self._pull()
+        gate.average_buffers()
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def saved_state(self) -> SavedState | None:
+        """Rank 0: the server's parameters, optimizer state and version."""
+        ctx, _, _ = self._parts()
+        if ctx.servers.server is None:
+            return None
+        state = ctx.servers.server_state()
+        return SavedState(state["params"], state["optimizer"], state["version"])
+
+    def state_dict(self) -> dict[str, Any] | None:
+        return None
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        """ASP keeps no state of its own (the server's is the model's and the optimizer's)."""
