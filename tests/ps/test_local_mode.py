@@ -13,9 +13,9 @@ from lightning_hetero.ps import AsyncPSStrategy
     ("kwargs", "match"),
     [
         ({"mode": "diloco"}, r"mode must be one of \('bsp', 'asp', 'local'\), got 'diloco'"),
-        ({"round_samples": 0}, "round_samples must be a positive integer, got 0"),
-        ({"round_samples": -64}, "round_samples must be a positive integer"),
-        ({"round_s": 0.0}, "round_s must be positive"),
+        ({"round_samples": 0}, "round_samples must be an integer >= 1, got 0"),
+        ({"round_samples": -64}, "round_samples must be an integer >= 1"),
+        ({"round_s": 0.0}, "round_s must be > 0"),
         ({"round_s": math.nan}, "round_s"),
         ({"round_samples": 64, "round_s": 1.0}, "exactly one of round_samples and round_s"),
         ({"local_steps": "fastest"}, "local_steps must be one of"),

@@ -41,12 +41,12 @@ Pure logic: no threads, no torch.distributed.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from lightning_hetero._validation import check_range
 from lightning_hetero.param_groups import hyperparameters, momentum_key, set_momentum
 from lightning_hetero.param_groups import momentum_of as momentum_of  # re-exported: ps/strategy.py imports it here
 
@@ -141,14 +141,10 @@ class AsynchronyCompensator:
         check_compensation_mode(mode)
         if mode is None:
             raise ValueError("AsynchronyCompensator needs a mode; use no compensator for None")
-        if workers < 1:
-            raise ValueError(f"workers must be >= 1, got {workers}")
-        if not 0.0 < smoothing <= 1.0:
-            raise ValueError(f"smoothing must be in (0, 1], got {smoothing}")
-        if not (math.isfinite(dc_lambda) and dc_lambda > 0):
-            raise ValueError(f"dc_lambda must be a positive number, got {dc_lambda}")
-        if not 0.0 < dc_smoothing <= 1.0:
-            raise ValueError(f"dc_smoothing must be in (0, 1], got {dc_smoothing}")
+        check_range("workers", workers, low=1, integer=True)
+        check_range("smoothing", smoothing, low=0, high=1, low_open=True)
+        check_range("dc_lambda", dc_lambda, low=0, low_open=True)
+        check_range("dc_smoothing", dc_smoothing, low=0, high=1, low_open=True)
         self.mode = mode
         self.workers = workers
         self.smoothing = smoothing

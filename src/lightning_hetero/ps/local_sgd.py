@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lightning_hetero._validation import check_finite
+from lightning_hetero._validation import check_range
 from lightning_hetero.hetero_batch.controller import apportion
 from lightning_hetero.measurement import ThroughputMeter
 from lightning_hetero.ps.outer_optimizer import OuterOptimizer
@@ -50,6 +50,12 @@ LOCAL_STEPS = ("proportional", "equal")
 WEIGHTINGS = ("mean", "samples")
 #: A rank claims its expected steps in a round from the epoch's pool in about this many store round trips.
 CLAIMS_PER_ROUND = 4
+
+
+def check_local_steps(local_steps: str) -> None:
+    """Fail naming the setting unless ``local_steps`` is one of :data:`LOCAL_STEPS`."""
+    if local_steps not in LOCAL_STEPS:
+        raise ValueError(f"local_steps must be one of {LOCAL_STEPS}, got {local_steps!r}")
 
 
 def check_weighting(weighting: str) -> None:
@@ -78,7 +84,7 @@ class RoundBudget:
         >>> RoundBudget(samples=0)
         Traceback (most recent call last):
         ...
-        ValueError: round_samples must be a positive integer, got 0
+        ValueError: round_samples must be an integer >= 1, got 0
     """
 
     samples: int | None = None
@@ -90,14 +96,10 @@ class RoundBudget:
                 f"give exactly one of round_samples and round_s, got round_samples={self.samples!r}, "
                 f"round_s={self.seconds!r}"
             )
-        if self.samples is not None and (
-            isinstance(self.samples, bool) or not isinstance(self.samples, int) or self.samples <= 0
-        ):
-            raise ValueError(f"round_samples must be a positive integer, got {self.samples!r}")
+        if self.samples is not None:
+            check_range("round_samples", self.samples, low=1, integer=True)
         if self.seconds is not None:
-            check_finite(round_s=self.seconds)
-            if not self.seconds > 0:
-                raise ValueError(f"round_s must be positive, got {self.seconds!r}")
+            check_range("round_s", self.seconds, low=0, low_open=True)
 
 
 def plan_local_steps(
@@ -124,10 +126,8 @@ def plan_local_steps(
         >>> plan_local_steps(RoundBudget(seconds=0.5), 32, [320.0, 64.0], "equal")  # the same total, split evenly
         [3, 3]
     """
-    if local_steps not in LOCAL_STEPS:
-        raise ValueError(f"local_steps must be one of {LOCAL_STEPS}, got {local_steps!r}")
-    if batch_size <= 0:
-        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    check_local_steps(local_steps)
+    check_range("batch_size", batch_size, low=0, low_open=True)
     n = len(rates)
     known = [float(r) for r in rates if r is not None and r > 0]
     if len(known) < n:
@@ -204,11 +204,9 @@ class LocalRounds:
         weighting: str = "mean",
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
-        if local_steps not in LOCAL_STEPS:
-            raise ValueError(f"local_steps must be one of {LOCAL_STEPS}, got {local_steps!r}")
+        check_local_steps(local_steps)
         check_weighting(weighting)
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+        check_range("rank", rank, low=0, high=world_size, high_open=True, integer=True)
         self.budget = budget
         self.rank = rank
         self.world_size = world_size
@@ -244,8 +242,7 @@ class LocalRounds:
 
     def begin(self, flat: Tensor, batch_size: int) -> None:
         """Start a round from ``flat`` (this rank's flat parameters, the same on every rank here)."""
-        if batch_size <= 0:
-            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        check_range("batch_size", batch_size, low=0, low_open=True)
         self.batch_size = batch_size
         self.epoch_left = None
         anchor = self.outer.anchor

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 
 from torch.utils.data import Sampler
 
+from lightning_hetero._validation import check_range
 from lightning_hetero.epoch_order import epoch_order as epoch_order  # re-exported: the old import path
 
 #: ``claim(epoch, count) -> start``: atomically reserve ``count`` positions of the epoch's order; return the first.
@@ -106,8 +107,7 @@ class ClaimSampler(Sampler[int]):
         tail: TailFn | None = None,
         reserved_only: Callable[[], bool] = lambda: False,
     ) -> None:
-        if chunk_size <= 0:
-            raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+        check_range("chunk_size", chunk_size, low=1, integer=True)
         self.num_samples = num_samples
         self.chunk_size = chunk_size
         self.claim = claim

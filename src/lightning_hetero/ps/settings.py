@@ -22,7 +22,7 @@ import torch
 from lightning_hetero._validation import check_range
 from lightning_hetero.contracts import Mode, check_mode
 from lightning_hetero.ps.compensation import check_compensation_mode
-from lightning_hetero.ps.local_sgd import LOCAL_STEPS, RoundBudget, check_weighting
+from lightning_hetero.ps.local_sgd import RoundBudget, check_local_steps, check_weighting
 from lightning_hetero.ps.outer_optimizer import OuterOptimizer
 from lightning_hetero.ps.placement import check_server_placement
 from lightning_hetero.ps.sharding import check_server_shards
@@ -77,8 +77,7 @@ class PSSettings:
                 "all-reduce over all ranks, so losing one ends the job. Use on_worker_lost='fail' and resume from the "
                 "last checkpoint, or start in mode='asp' (on_worker_lost='continue' applies to ASP phases only)."
             )
-        if self.local_steps not in LOCAL_STEPS:
-            raise ValueError(f"local_steps must be one of {LOCAL_STEPS}, got {self.local_steps!r}")
+        check_local_steps(self.local_steps)
         check_weighting(self.pseudo_gradient_weighting)
         no_budget = self.round_samples is None and self.round_s is None
         self.round_budget = None if no_budget else RoundBudget(samples=self.round_samples, seconds=self.round_s)

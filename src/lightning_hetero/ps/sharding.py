@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from lightning_hetero._validation import check_range
 from lightning_hetero.ps.layout import FlatLayout
 
 
@@ -63,8 +64,7 @@ def check_server_shards(server_shards: int, world_size: int | None = None, on_wo
         ...
         ValueError: AsyncPSStrategy(server_shards=3) needs at least 3 ranks to host the shards (rank s hosts shard s); the job has 2.
     """
-    if isinstance(server_shards, bool) or not isinstance(server_shards, int) or server_shards < 1:
-        raise ValueError(f"AsyncPSStrategy(server_shards=...) must be an integer >= 1, got {server_shards!r}")
+    check_range("AsyncPSStrategy(server_shards=...)", server_shards, low=1, integer=True)
     if server_shards > 1 and on_worker_lost == "continue":
         raise ValueError(
             f"AsyncPSStrategy(server_shards={server_shards}) does not support on_worker_lost='continue' (elastic "

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from lightning_hetero._validation import check_range
+
 LR_SCALING_RULES = ("none", "inverse")
 
 
@@ -91,8 +93,7 @@ class StalenessGate:
     """
 
     def __init__(self, max_staleness: int | None = None) -> None:
-        if max_staleness is not None and max_staleness < 0:
-            raise ValueError(f"max_staleness must be >= 0 or None, got {max_staleness}")
+        check_range("max_staleness", max_staleness, low=0, integer=True, optional=True)
         self.max_staleness = max_staleness
         self._clocks: dict[int, int] = {}
 
