@@ -5,9 +5,9 @@ ranks meet in one all-reduce, combine their pseudo-gradients (start-of-round min
 :class:`~lightning_hetero.ps.outer_optimizer.OuterOptimizer` applies the result to the start-of-round parameters,
 which every rank then continues from. The pseudo-gradients are combined as a plain mean over the ranks that trained
 in the round (``weighting="mean"``, the default) or weighted by the samples each trained (``"samples"``): with
-speed-proportional local steps the sample-weighted mean lets the fastest ranks' longer trajectories dominate, which
-cost accuracy in this package's benchmark (docs/results.md). Floating-point module buffers (BatchNorm running
-statistics) are averaged in the same all-reduce, weighted the same way.
+speed-proportional local steps the sample-weighted mean lets the fastest ranks' longer trajectories dominate.
+Floating-point module buffers (BatchNorm running statistics) are averaged in the same all-reduce, weighted the same
+way.
 
 A round is a budget of samples over all ranks (``round_samples``) or of seconds (``round_s``). With
 ``local_steps="proportional"`` each rank's share of it follows its measured throughput
@@ -18,8 +18,7 @@ round is a *deadline*: it lasts ``round_s``, or ``round_samples`` over the ranks
 the previous round's all-reduce (which every rank leaves at about the same time), and each rank stops at the step
 that ends closest to it. The ranks then arrive at the all-reduce within about half a step of each other, however
 their speeds drift, where a step count planned from the last round's speeds lets them arrive as far apart as the
-speeds changed (measured on a shared 2-core host: 35 ms apart, median, in rounds of about 170 ms; see
-docs/results.md).
+speeds changed (docs/results.md has the measurements).
 
 The epoch's end: a rank whose share of the epoch is done meets the others with a *done* flag and no samples; it keeps
 joining their round-end all-reduces (contributing nothing) until every rank is done, so the ranks always call the
