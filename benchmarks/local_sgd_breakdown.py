@@ -58,7 +58,8 @@ class BreakdownRecorder(Callback):
         )
 
     def _wrap(self, strategy: Any) -> None:
-        end_round = strategy._end_round
+        engine = strategy._engines["local"]  # the local-SGD engine's round end (private: this is a probe)
+        end_round = engine._end_round
 
         def timed_end_round(done: bool) -> Any:
             enter, cpu = time.time(), time.process_time()
@@ -66,8 +67,8 @@ class BreakdownRecorder(Callback):
             self.epochs[-1]["rounds"].append([enter, time.time(), time.process_time() - cpu, done, outcome.samples])
             return outcome
 
-        strategy._end_round = timed_end_round
-        sampler = strategy._claim_sampler
+        engine._end_round = timed_end_round
+        sampler = strategy._run.ctx.claim_sampler if strategy._run is not None else None
         if sampler is not None:
             claim = sampler.claim
 
