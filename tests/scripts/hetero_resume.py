@@ -27,14 +27,14 @@ class Restored(Callback):
         self.seen: dict = {}
 
     def on_train_start(self, trainer, pl_module):
-        hetero = self.hetero
+        tuner = self.hetero.tuner
         self.seen = {
-            "split": list(hetero.batch_sizes),
-            "costs": [list(c) for c in hetero.costs],
-            "throughputs": list(hetero.throughputs),
-            "policy": hetero.policy.state_dict(),
-            "own_fit": [hetero.cost.overhead_s, hetero.cost.per_sample_s],
-            "history": len(hetero.history),
+            "split": list(tuner.split),
+            "costs": [list(c) for c in tuner.costs],
+            "throughputs": list(tuner.throughputs),
+            "policy": tuner.policy.state_dict(),
+            "own_fit": [tuner.cost.overhead_s, tuner.cost.per_sample_s],
+            "history": len(tuner.history),
             "global_step": trainer.global_step,
         }
 
