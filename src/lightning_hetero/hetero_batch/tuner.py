@@ -48,6 +48,7 @@ class SplitTuner:
         >>> decisions = [tuner.adjust(seen, step=6, epoch=0) for tuner in tuners]
         >>> decisions[0].sizes, decisions[0].reason, decisions[0] == decisions[1]
         ((48, 16), 'balance', True)
+        >>> tuners[1].plan.change_at(7, decisions[1].sizes)  # the caller puts it in force at an agreed step
         >>> tuners[1].split, tuners[1].history[0]["to"]
         ((48, 16), (48, 16))
     """
