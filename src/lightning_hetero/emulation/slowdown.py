@@ -302,6 +302,12 @@ class SlowdownEmulator(Callback):
         self._charge()
 
     @property
+    def emulates_cpu_quota(self) -> bool:
+        """Whether this emulator throttles by a CPU quota (``throttle="cfs"``; see
+        :class:`~lightning_hetero.contracts.CpuQuotaClock`)."""
+        return self.throttle == "cfs"
+
+    @property
     def cpu_quota(self) -> float | None:
         """This rank's emulated CPU quota in CPUs for the current step (``None``: not throttled by a quota)."""
         if self.throttle != "cfs" or self._factor <= 1.0:
