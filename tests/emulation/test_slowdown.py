@@ -90,7 +90,7 @@ def test_stretch_is_proportional_to_compute():
     [
         ({}, "exactly one of"),
         ({"factors": {0: 2.0}, "schedule": {0: {0: 2.0}}}, "exactly one of"),
-        ({"factors": {0: 0.5}}, r"factors\[0\]: a slowdown factor must be"),
+        ({"factors": {0: 0.5}}, r"factors\[0\] \(a slowdown factor\) must be >= 1"),
         ({"factors": {-1: 2.0}}, "ranks must be integers"),
         ({"schedule": {3: {1: float("inf")}}}, r"schedule\[3\]\[1\]"),
         ({"schedule": {-2: {1: 2.0}}}, "starts must be integers"),

@@ -31,6 +31,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from lightning_hetero._validation import check_range
+
 
 @dataclass(frozen=True)
 class PeriodReport:
@@ -79,15 +81,11 @@ class PeriodCostModel:
         min_spread: float = 0.1,
         max_overhead_share: float = 0.9,
     ) -> None:
-        for name, value in (("change_tolerance", change_tolerance), ("min_spread", min_spread)):
-            if not math.isfinite(value) or value <= 0:
-                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-        if not 0 <= max_overhead_share < 1:
-            raise ValueError(f"max_overhead_share must be in [0, 1), got {max_overhead_share!r}")
-        if max_sizes < 1:
-            raise ValueError(f"max_sizes must be >= 1, got {max_sizes}")
-        if memory_steps < 1:
-            raise ValueError(f"memory_steps must be >= 1, got {memory_steps}")
+        check_range("change_tolerance", change_tolerance, low=0, low_open=True)
+        check_range("min_spread", min_spread, low=0, low_open=True)
+        check_range("max_overhead_share", max_overhead_share, low=0, high=1, high_open=True)
+        check_range("max_sizes", max_sizes, low=1, integer=True)
+        check_range("memory_steps", memory_steps, low=1, integer=True)
         self.memory_steps = memory_steps
         self.change_tolerance = change_tolerance
         self.max_sizes = max_sizes
