@@ -59,11 +59,9 @@ class SlowdownSchedule:
             schedule = {0: factors}
         for start, ranks in schedule.items():
             key = "factors" if factors is not None else f"schedule[{start}]"
-            if isinstance(start, bool) or not isinstance(start, int) or start < 0:
-                raise ValueError(f"schedule: starts must be integers >= 0, got {start!r}")
+            check_range("schedule: a start", start, low=0, integer=True)
             for rank, factor in ranks.items():
-                if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
-                    raise ValueError(f"{key}: ranks must be integers >= 0, got {rank!r}")
+                check_range(f"{key}: a rank", rank, low=0, integer=True)
                 check_range(f"{key}[{rank}] (a slowdown factor)", factor, low=1)
         self.unit = unit
         self.starts = sorted(schedule)
