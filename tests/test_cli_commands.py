@@ -96,7 +96,9 @@ def test_help_lists_the_commands(capsys):
 
 
 def test_dry_run_into_a_closed_pipe_exits_cleanly():
-    script = f"{sys.executable} -m lightning_hetero.emulation.cli emulate --dry-run schedule=omnilearn-resnet18 | head -n 1"
+    script = (
+        f"{sys.executable} -m lightning_hetero.emulation.cli emulate --dry-run schedule=omnilearn-resnet18 | head -n 1"
+    )
     result = subprocess.run(["bash", "-o", "pipefail", "-c", script], capture_output=True, text=True, timeout=120)
     assert result.stdout.startswith("dry run:") and result.stdout.count("\n") == 1
     assert result.returncode == 0 and result.stderr == "", result.stderr
