@@ -18,7 +18,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
-from lightning_hetero._deprecation import renamed_argument
+from lightning_hetero._deprecation import renamed_argument, warn_renamed
 from lightning_hetero._lightning_internals import rebuild_train_dataloader
 from lightning_hetero.batch_weighting import averaged_weight, batch_share
 from lightning_hetero.contracts import HeteroBatchStrategy
@@ -39,6 +39,9 @@ from lightning_hetero.measurement import (
     close_compute_window,
     sustained_step_s,
 )
+
+#: the callback's former attributes now on ``callback.tuner`` (deprecated on the callback)
+MOVED_TO_TUNER = ("controller", "policy", "plan", "cost", "period", "costs", "busy_s", "sync_step_s", "throughputs")
 
 
 class HeteroBatchCallback(Callback):
@@ -182,6 +185,14 @@ class HeteroBatchCallback(Callback):
     def history(self) -> list[dict[str, Any]]:
         """One entry per applied change of split: ``step``, ``epoch``, ``from``, ``to``, ``reason`` and more."""
         return [] if self.tuner is None else self.tuner.history
+
+    def __getattr__(self, name: str) -> Any:
+        # the tuner's parts and figures were the callback's attributes before issue 24: served for one more release
+        if name not in MOVED_TO_TUNER:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        warn_renamed(f"HeteroBatchCallback.{name}", f"HeteroBatchCallback.tuner.{name}")
+        tuner = self.__dict__.get("tuner")
+        return None if tuner is None else getattr(tuner, name)
 
     # ------------------------------------------------------------------ setup
 
