@@ -104,7 +104,7 @@ def settling(splits: list[tuple[int, ...]], switch: int, before: tuple[int, ...]
 
 def static_candidates(factors: list[float]) -> list[list[int]]:
     """Splits proportional to speed**gamma, around the plain proportional split (gamma = 1)."""
-    from lightning_hetero.hetero_batch.controller import apportion
+    from lightning_hetero.allocation import apportion
 
     n = len(factors)
     gammas = [0.7, 0.85, 1.0, 1.15, 1.3, 1.6] if n == 2 else [0.8, 1.0, 1.3]

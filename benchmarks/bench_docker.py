@@ -55,11 +55,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from lightning_hetero.allocation import apportion
 from lightning_hetero.emulation.config import load_config
 from lightning_hetero.emulation.docker_backend import DockerBackend
 from lightning_hetero.emulation.plan import ContainerUpdate
 from lightning_hetero.emulation.runner import run_dynamic, run_static
-from lightning_hetero.hetero_batch.controller import apportion
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent

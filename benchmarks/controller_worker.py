@@ -51,8 +51,8 @@ class NoRefinement(Callback):
         self.hetero = hetero
 
     def on_train_start(self, trainer, pl_module):
-        assert self.hetero.policy is not None
-        self.hetero.policy.refine_gain = None
+        assert self.hetero.tuner is not None
+        self.hetero.tuner.policy.refine_gain = None
 
 
 class StepClock(Callback):

@@ -167,10 +167,10 @@ def train(args: argparse.Namespace) -> None:
     if hetero is not None:
         report["hetero"] = {
             "history": hetero.history,
-            "costs": hetero.costs,
-            "busy_s": hetero.busy_s,
-            "sync_step_s": hetero.sync_step_s,
-            "predicted_step_s": hetero.predicted_step_s(),
+            "costs": hetero.tuner.costs,
+            "busy_s": hetero.tuner.busy_s,
+            "sync_step_s": hetero.tuner.sync_step_s,
+            "predicted_step_s": hetero.tuner.predicted_step_s(),
         }
     Path(args.out, f"report-rank{trainer.global_rank}.json").write_text(json.dumps(report))
     if dist.is_initialized():

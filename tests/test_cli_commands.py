@@ -1,4 +1,4 @@
-"""The `lightning-hetero` command (``lightning_hetero.cli``): `emulate` and `cluster` dry runs, errors, help."""
+"""The `lightning-hetero` command (``lightning_hetero.emulation.cli``): `emulate` and `cluster` dry runs, errors, help."""
 
 import subprocess
 import sys
@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from lightning_hetero.cli import main
+from lightning_hetero.emulation.cli import main
 
 
 def test_static_dry_run_prints_the_plan(capsys):
@@ -69,7 +69,7 @@ def test_dry_run_and_help_import_neither_docker_nor_lightning():
     code = textwrap.dedent(
         """
         import contextlib, sys
-        from lightning_hetero.cli import main
+        from lightning_hetero.emulation.cli import main
         main(["emulate", "--dry-run", "level=HL2"])
         with contextlib.suppress(SystemExit):
             main(["--help"])
@@ -96,7 +96,9 @@ def test_help_lists_the_commands(capsys):
 
 
 def test_dry_run_into_a_closed_pipe_exits_cleanly():
-    script = f"{sys.executable} -m lightning_hetero.cli emulate --dry-run schedule=omnilearn-resnet18 | head -n 1"
+    script = (
+        f"{sys.executable} -m lightning_hetero.emulation.cli emulate --dry-run schedule=omnilearn-resnet18 | head -n 1"
+    )
     result = subprocess.run(["bash", "-o", "pipefail", "-c", script], capture_output=True, text=True, timeout=120)
     assert result.stdout.startswith("dry run:") and result.stdout.count("\n") == 1
     assert result.returncode == 0 and result.stderr == "", result.stderr

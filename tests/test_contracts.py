@@ -34,3 +34,12 @@ def test_one_mode_type_and_its_old_import_path():
     assert policies.MODES is MODES and policies.check_mode is check_mode
     with pytest.raises(ValueError, match="mode must be one of"):
         check_mode("sync")
+
+
+def test_the_slowdown_emulator_is_a_cpu_quota_clock_only_when_it_throttles_by_quota():
+    from lightning_hetero.contracts import CpuQuotaClock
+    from lightning_hetero.emulation.slowdown import SlowdownEmulator
+
+    cfs, sleep = SlowdownEmulator({0: 4.0}, throttle="cfs"), SlowdownEmulator({0: 4.0})
+    assert isinstance(cfs, CpuQuotaClock) and isinstance(sleep, CpuQuotaClock)
+    assert cfs.emulates_cpu_quota and not sleep.emulates_cpu_quota

@@ -2,7 +2,8 @@ from types import SimpleNamespace
 
 import torch
 
-from lightning_hetero.lr_schedules import NEVER, CountedLRSchedulers
+from lightning_hetero._lightning_internals import NEVER_STEPPED as NEVER
+from lightning_hetero.lr_schedules import CountedLRSchedulers
 
 
 def _config(interval="step", frequency=1, plateau=False):

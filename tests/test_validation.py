@@ -18,8 +18,8 @@ from lightning_hetero import (
     search_bsp_fraction,
 )
 from lightning_hetero.emulation.config import load_config
-from lightning_hetero.hetero_batch.controller import AdjustmentPolicy
 from lightning_hetero.hetero_batch.cost_model import PeriodCostModel
+from lightning_hetero.hetero_batch.policy import AdjustmentPolicy
 
 NAN, INF = math.nan, math.inf
 

@@ -51,6 +51,36 @@ class ComputeEndMark(Protocol):
 
 
 @runtime_checkable
+class CpuQuotaClock(Protocol):
+    """A CPU quota the rank runs under, emulated in process (``SlowdownEmulator(throttle="cfs")`` is one): the clock
+    whose advance it charges, and its quota in CPUs now. ``HeteroBatchCallback`` finds one among the Trainer's
+    callbacks through this protocol and costs each step at least at the quota's rate.
+
+    Example::
+
+        >>> class Emulated:
+        ...     emulates_cpu_quota = True
+        ...     cpu_quota = 0.25
+        ...     def cpu_clock(self): return 0.0
+        >>> isinstance(Emulated(), CpuQuotaClock), isinstance(object(), CpuQuotaClock)
+        (True, False)
+    """
+
+    #: the CPU time charged against the quota, in seconds
+    cpu_clock: Callable[[], float]
+
+    @property
+    def emulates_cpu_quota(self) -> bool:
+        """Whether the quota is in effect (an emulator of another kind offers none)."""
+        ...
+
+    @property
+    def cpu_quota(self) -> float | None:
+        """The rank's quota in CPUs for the current step (``None``: not throttled now)."""
+        ...
+
+
+@runtime_checkable
 class HeteroBatchStrategy(Protocol):
     """What a strategy offers ``HeteroBatchCallback`` to combine unequal local batches itself (instead of the DDP
     communication hook the callback installs on ``strategy="ddp"``)."""

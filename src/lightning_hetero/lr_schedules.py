@@ -13,22 +13,18 @@ from collections.abc import Iterable
 from typing import Any
 
 from lightning_hetero._lightning_internals import (
-    NEVER_STEPPED,
     lr_scheduler_paused,
     pause_lr_scheduler,
     resume_lr_scheduler,
 )
 
-#: The frequency of a config that Lightning's loop never steps (kept under its old name for ``ps/``).
-NEVER = NEVER_STEPPED
-
 
 class CountedLRSchedulers:
     """Holds the step-interval schedulers taken over from Lightning's loop and steps them by an external count.
 
-    ``ReduceLROnPlateau`` (it needs a metric) and epoch-interval schedulers stay with Lightning. A config whose
-    frequency is already :data:`NEVER` belongs to another owner and is left alone (``SyncSwitchCallback`` takes its
-    schedulers before ``AsyncPSStrategy`` looks).
+    ``ReduceLROnPlateau`` (it needs a metric) and epoch-interval schedulers stay with Lightning. A config that
+    Lightning's loop already no longer steps belongs to another owner and is left alone (``SyncSwitchCallback``
+    takes its schedulers before ``AsyncPSStrategy`` looks).
 
     Example::
 
@@ -39,7 +35,7 @@ class CountedLRSchedulers:
         >>> config = SimpleNamespace(scheduler=scheduler, interval="step", frequency=1, reduce_on_plateau=False)
         >>> schedulers = CountedLRSchedulers()
         >>> schedulers.take_over([config])
-        >>> config.frequency == NEVER  # Lightning's loop no longer steps it
+        >>> lr_scheduler_paused(config)  # Lightning's loop no longer steps it
         True
         >>> optimizer.step()
         >>> for count in range(1, 5):  # four counted steps (e.g. server updates): two StepLR periods

@@ -23,6 +23,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from lightning_hetero._validation import check_range
+
 
 class ComputeTimer:
     """Times one rank's compute window in a step.
@@ -163,10 +165,8 @@ class ThroughputMeter:
     """
 
     def __init__(self, smoothing: float = 0.3, warmup_steps: int = 3) -> None:
-        if not 0.0 < smoothing <= 1.0:
-            raise ValueError(f"smoothing must be in (0, 1], got {smoothing}")
-        if warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
+        check_range("smoothing", smoothing, low=0, high=1, low_open=True)
+        check_range("warmup_steps", warmup_steps, low=0, integer=True)
         self.smoothing = smoothing
         self.warmup_steps = warmup_steps
         self._to_skip = warmup_steps

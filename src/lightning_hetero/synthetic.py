@@ -19,6 +19,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from lightning_hetero._validation import check_range
+
 
 def make_classification(
     num_samples: int, num_features: int = 32, num_classes: int = 4, seed: int = 0, noise: float = 0.5
@@ -32,8 +34,7 @@ def make_classification(
         >>> tuple(x.shape), int(y) in (0, 1)
         ((3,), True)
     """
-    if num_samples <= 0:
-        raise ValueError(f"num_samples must be positive, got {num_samples}")
+    check_range("num_samples", num_samples, low=1, integer=True)
     generator = torch.Generator().manual_seed(seed)
     centres = torch.randn(num_classes, num_features, generator=generator) * 1.5
     labels = torch.randint(num_classes, (num_samples,), generator=generator)

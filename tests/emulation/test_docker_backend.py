@@ -2,7 +2,7 @@
 
 import pytest
 
-from lightning_hetero.cli import main
+from lightning_hetero.emulation.cli import main
 from lightning_hetero.emulation.config import load_config
 from lightning_hetero.emulation.docker_backend import DockerBackend, DockerBackendError
 from lightning_hetero.emulation.plan import ContainerUpdate

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from lightning_hetero.cli import main
+from lightning_hetero.emulation.cli import main
 from lightning_hetero.emulation.docker_backend import DockerBackend
 
 pytestmark = pytest.mark.docker

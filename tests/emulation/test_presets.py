@@ -51,7 +51,7 @@ def test_apportion_sums_exactly_and_respects_minimum():
         ({"name": "HL3"}, "unknown preset 'HL3'"),
         ({"name": "HL1", "variant": "sync"}, "unknown variant"),
         ({"name": "HL1", "allocation": "pin"}, "unknown allocation"),
-        ({"name": "HL1", "host_cpus": 0}, "host_cpus must be positive"),
+        ({"name": "HL1", "host_cpus": 0}, "host_cpus must be an integer >= 1"),
         ({"name": "HL1", "host_cpus": 3, "allocation": "cpuset"}, "the host has 3 cores; use allocation=quota"),
     ],
 )

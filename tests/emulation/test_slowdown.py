@@ -90,10 +90,10 @@ def test_stretch_is_proportional_to_compute():
     [
         ({}, "exactly one of"),
         ({"factors": {0: 2.0}, "schedule": {0: {0: 2.0}}}, "exactly one of"),
-        ({"factors": {0: 0.5}}, r"factors\[0\]: a slowdown factor must be"),
-        ({"factors": {-1: 2.0}}, "ranks must be integers"),
+        ({"factors": {0: 0.5}}, r"factors\[0\] \(a slowdown factor\) must be >= 1"),
+        ({"factors": {-1: 2.0}}, "factors: a rank must be an integer >= 0"),
         ({"schedule": {3: {1: float("inf")}}}, r"schedule\[3\]\[1\]"),
-        ({"schedule": {-2: {1: 2.0}}}, "starts must be integers"),
+        ({"schedule": {-2: {1: 2.0}}}, "schedule: a start must be an integer >= 0"),
         ({"factors": {0: 2.0}, "unit": "batch"}, "unit must be one of"),
         ({"factors": {0: 2.0}, "backward_window": 0}, "backward_window"),
         ({"factors": {0: 2.0}, "throttle": "cgroup"}, "throttle must be one of"),

@@ -13,8 +13,9 @@ import random
 from collections.abc import Sequence
 
 from lightning_hetero.emulation.slowdown import CfsQuota
-from lightning_hetero.hetero_batch.controller import AdjustmentPolicy, BatchSizeController
+from lightning_hetero.hetero_batch.controller import BatchSizeController
 from lightning_hetero.hetero_batch.cost_model import PeriodCostModel
+from lightning_hetero.hetero_batch.policy import AdjustmentPolicy
 
 
 class SimulatedRanks:

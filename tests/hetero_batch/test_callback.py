@@ -90,10 +90,10 @@ class CountingModel(MLPClassifier):
     ("kwargs", "message"),
     [
         ({"min_batch_size": 8, "max_batch_size": 4}, "min_batch_size .8. must not exceed max_batch_size .4."),
-        ({"min_batch_size": 0}, "min_batch_size must be positive"),
-        ({"max_batch_size": -1}, "max_batch_size must be positive"),
-        ({"global_batch_size": 0}, "global_batch_size must be positive"),
-        ({"initial_batch_sizes": [4, 0]}, "initial_batch_sizes must all be positive"),
+        ({"min_batch_size": 0}, "min_batch_size must be an integer >= 1"),
+        ({"max_batch_size": -1}, "max_batch_size must be an integer >= 1"),
+        ({"global_batch_size": 0}, "global_batch_size must be an integer >= 1"),
+        ({"initial_batch_sizes": [4, 0]}, "initial_batch_sizes must be an integer >= 1"),
         ({"adjust_every_n_steps": 0}, "adjust_every_n_steps"),
         ({"batch_lr_scaling": "cubic"}, "batch_lr_scaling"),
     ],
@@ -262,3 +262,24 @@ def test_new_tolerances_are_validated(kwargs, message):
 def test_the_deprecated_lr_scaling_and_its_new_name_together_are_refused():
     with pytest.raises(TypeError, match="give batch_lr_scaling only"):
         HeteroBatchCallback(batch_lr_scaling="sqrt", lr_scaling="linear")
+
+
+def test_attributes_moved_to_the_tuner_still_answer_with_a_deprecation_warning():
+    callback = HeteroBatchCallback(verbose=False)
+    with pytest.warns(DeprecationWarning, match=r"HeteroBatchCallback.policy is deprecated.*tuner.policy"):
+        assert callback.policy is None  # no tuner before the train loader is built
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=1,
+        callbacks=[callback],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(MLPClassifier(), datamodule=SyntheticClassificationDataModule(num_samples=128, batch_size=32))
+    with pytest.warns(DeprecationWarning):
+        assert callback.costs is callback.tuner.costs and callback.plan is callback.tuner.plan
+    with pytest.raises(AttributeError):
+        callback.no_such_attribute

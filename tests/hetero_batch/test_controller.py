@@ -4,13 +4,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lightning_hetero.hetero_batch.controller import (
-    AdjustmentPolicy,
-    BatchSizeController,
-    apportion,
-    order_by_speed,
-    step_time_s,
-)
+from lightning_hetero.allocation import apportion, order_by_speed, step_time_s
+from lightning_hetero.hetero_batch.controller import BatchSizeController
+from lightning_hetero.hetero_batch.policy import AdjustmentPolicy
 from tests.hetero_batch.simulated_ranks import SimulatedRanks, best_static, run_controller
 
 
@@ -106,13 +102,16 @@ def test_memory_caps_tighten_max_batch_size():
     [
         ({"global_batch_size": 8, "world_size": 4, "min_batch_size": 4}, "smaller than world_size x min_batch_size"),
         ({"global_batch_size": 64, "world_size": 2, "max_batch_size": 16}, "exceeds the sum of the per-rank maxima"),
-        ({"global_batch_size": 64, "world_size": 2, "min_batch_size": 0}, "min_batch_size must be positive"),
+        (
+            {"global_batch_size": 64, "world_size": 2, "min_batch_size": 0},
+            r"min_batch_size \(rank 0\) must be an integer >= 1",
+        ),
         (
             {"global_batch_size": 64, "world_size": 2, "min_batch_size": 8, "max_batch_size": 4},
             "exceeds max_batch_size",
         ),
         ({"global_batch_size": 64, "world_size": 2, "min_batch_size": [1, 2, 3]}, "one entry per rank"),
-        ({"global_batch_size": 0, "world_size": 2}, "global_batch_size must be positive"),
+        ({"global_batch_size": 0, "world_size": 2}, "global_batch_size must be an integer >= 1"),
         ({"global_batch_size": 64, "world_size": 2, "deadband": -0.1}, "deadband"),
     ],
 )

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_hetero.hetero_batch.controller import apportion
+from lightning_hetero.allocation import apportion
 from lightning_hetero.hetero_batch.loader import build_hetero_loader
 from lightning_hetero.hetero_batch.sampler import HeteroBatchSampler, SplitPlan
 

@@ -59,7 +59,7 @@ def main() -> None:
     result = {
         "start_split": start_split,
         "final_split": list(hetero.batch_sizes),
-        "throughputs": list(hetero.throughputs or []),
+        "throughputs": list(hetero.tuner.throughputs or []),
         "epochs": trainer.current_epoch,
         "global_step": trainer.global_step,
     }

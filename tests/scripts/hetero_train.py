@@ -128,7 +128,7 @@ class StepTrace(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if batch_idx == 0:  # after the batches already produced (prefetching), identically on every rank
-            self.hetero.plan.change_at(self.hetero.sampler.produced_position + 1, self.new_split)
+            self.hetero.tuner.plan.change_at(self.hetero.sampler.produced_position + 1, self.new_split)
 
 
 def run_exact(args):
@@ -179,7 +179,7 @@ def run_slow(args, resume: bool = False):
     return {
         "start_split": recorder.start_split,
         "final_split": list(hetero.batch_sizes),
-        "throughputs": list(hetero.throughputs or []),
+        "throughputs": list(hetero.tuner.throughputs or []),
         "own_throughput": hetero.meter.value,
         "adjustments": len(hetero.history),
         "history": [{"step": h["step"], "to": list(h["to"]), "reason": h["reason"]} for h in hetero.history],

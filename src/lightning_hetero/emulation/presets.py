@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from lightning_hetero._validation import check_range
+
 #: OmniLearn's heterogeneity levels, in cores per container of a 48-core host. ASP lists the parameter server first.
 OMNILEARN_CORES: dict[str, dict[str, tuple[int, ...]]] = {
     "bsp": {"HL1": (12, 12, 12, 12), "HL2": (12, 12, 8, 16), "HL4": (9, 9, 6, 24), "HL8": (6, 6, 4, 32)},
@@ -132,8 +134,7 @@ def preset_level(name: str, variant: str = "bsp", host_cpus: int = TABLE_HOST_CP
         raise ValueError(f"unknown preset {name!r} (known: {', '.join(table)})")
     if allocation not in ALLOCATION_MODES:
         raise ValueError(f"unknown allocation {allocation!r} (known: {', '.join(ALLOCATION_MODES)})")
-    if host_cpus < 1:
-        raise ValueError(f"host_cpus must be positive, got {host_cpus}")
+    check_range("host_cpus", host_cpus, low=1, integer=True)
     cores = table[name]
     if allocation == "cpuset" or (allocation == "auto" and host_cpus >= TABLE_HOST_CPUS):
         if host_cpus < len(cores):

@@ -29,6 +29,8 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
+from lightning_hetero._validation import check_range
+
 SLOWDOWN_UNITS = ("epoch", "step")
 THROTTLE_MODES = ("sleep", "cfs")
 
@@ -57,13 +59,10 @@ class SlowdownSchedule:
             schedule = {0: factors}
         for start, ranks in schedule.items():
             key = "factors" if factors is not None else f"schedule[{start}]"
-            if isinstance(start, bool) or not isinstance(start, int) or start < 0:
-                raise ValueError(f"schedule: starts must be integers >= 0, got {start!r}")
+            check_range("schedule: a start", start, low=0, integer=True)
             for rank, factor in ranks.items():
-                if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
-                    raise ValueError(f"{key}: ranks must be integers >= 0, got {rank!r}")
-                if not isinstance(factor, (int, float)) or not math.isfinite(factor) or factor < 1:
-                    raise ValueError(f"{key}[{rank}]: a slowdown factor must be a finite number >= 1, got {factor!r}")
+                check_range(f"{key}: a rank", rank, low=0, integer=True)
+                check_range(f"{key}[{rank}] (a slowdown factor)", factor, low=1)
         self.unit = unit
         self.starts = sorted(schedule)
         self.entries = [{rank: float(f) for rank, f in schedule[start].items()} for start in self.starts]
@@ -108,10 +107,8 @@ class CfsQuota:
     """
 
     def __init__(self, quota_cpus: float, period_s: float = 0.1) -> None:
-        if not math.isfinite(quota_cpus) or quota_cpus <= 0:
-            raise ValueError(f"quota_cpus must be a finite number > 0, got {quota_cpus!r}")
-        if not math.isfinite(period_s) or period_s <= 0:
-            raise ValueError(f"period_s must be a finite number > 0, got {period_s!r}")
+        check_range("quota_cpus", quota_cpus, low=0, low_open=True)
+        check_range("period_s", period_s, low=0, low_open=True)
         self.quota_cpus = quota_cpus
         self.period_s = period_s
         self.remaining_s = self.quota_s
@@ -206,12 +203,10 @@ class SlowdownEmulator(Callback):
         period_ms: float = 100.0,
         cpu_clock: Callable[[], float] = time.process_time,
     ) -> None:
-        if backward_window < 1:
-            raise ValueError(f"backward_window must be >= 1, got {backward_window}")
+        check_range("backward_window", backward_window, low=1, integer=True)
         if throttle not in THROTTLE_MODES:
             raise ValueError(f"throttle must be one of {', '.join(THROTTLE_MODES)}, got {throttle!r}")
-        if isinstance(period_ms, bool) or not isinstance(period_ms, (int, float)) or not 0 < period_ms < math.inf:
-            raise ValueError(f"period_ms must be a finite number > 0, got {period_ms!r}")
+        check_range("period_ms", period_ms, low=0, low_open=True)
         self.schedule = SlowdownSchedule(factors, schedule, unit)
         self.throttle = throttle
         self.period_ms = float(period_ms)
@@ -300,6 +295,12 @@ class SlowdownEmulator(Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         self._charge()
+
+    @property
+    def emulates_cpu_quota(self) -> bool:
+        """Whether this emulator throttles by a CPU quota (``throttle="cfs"``; see
+        :class:`~lightning_hetero.contracts.CpuQuotaClock`)."""
+        return self.throttle == "cfs"
 
     @property
     def cpu_quota(self) -> float | None:

@@ -4,7 +4,7 @@ With unequal local batches DDP's plain mean ``(1/N) Σ g_k`` over-weights the sa
 gradient is ``Σ b_k g_k / Σ b_k`` (each ``g_k`` being the mean over rank ``k``'s batch). If rank ``k`` back-propagates
 ``N b_k / Σ b`` instead of 1 from its loss (:func:`~lightning_hetero.batch_weighting.averaged_weight`), its gradient
 is ``N b_k g_k / Σ b`` and DDP's built-in C++ all-reduce, which averages over the ``N`` ranks, yields exactly the
-big-batch gradient. No Python communication hook runs per bucket (that cost about 0.3 ms of CPU per step), a user's
+big-batch gradient. No Python communication hook runs per bucket (it would cost CPU time every step), a user's
 ``ddp_comm_hook`` that averages composes with it, and anything downstream of the all-reduce (gradient clipping,
 AMP's unscaling) sees the same gradients as with one big batch. With equal shares the weight is exactly 1 and the
 gradient is left untouched.

@@ -1,12 +1,12 @@
-"""``HeteroBatchCallback``: Lightning glue that feeds the controller and applies its splits.
+"""``HeteroBatchCallback``: Lightning glue that feeds the tuner from Trainer hooks and applies its splits.
 
-The arithmetic lives elsewhere (``controller``, ``sampler``, ``aggregation``, ``lr_scaling``,
-:mod:`lightning_hetero.measurement`); this module wires it to Trainer hooks.
+The decisions live in :class:`~lightning_hetero.hetero_batch.tuner.SplitTuner` (no Trainer in it); this module
+measures each step, runs the one exchange per adjustment, puts decided splits in force in the loader, and weights
+each rank's gradient by its batch share.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -18,20 +18,19 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
-from lightning_hetero._deprecation import renamed_argument
+from lightning_hetero._deprecation import renamed_argument, warn_renamed
 from lightning_hetero._lightning_internals import rebuild_train_dataloader
 from lightning_hetero.batch_weighting import averaged_weight, batch_share
 from lightning_hetero.contracts import HeteroBatchStrategy
 from lightning_hetero.hetero_batch.aggregation import weight_backward
-from lightning_hetero.hetero_batch.controller import AdjustmentPolicy, BatchSizeController
-from lightning_hetero.hetero_batch.cost_model import PeriodCostModel
-from lightning_hetero.hetero_batch.exchange import gather_rows, own_row, read_rows, trimmed
+from lightning_hetero.hetero_batch.controller import BatchSizeController
+from lightning_hetero.hetero_batch.exchange import gather_rows, read_rows
 from lightning_hetero.hetero_batch.loader import build_hetero_loader, starting_batch_size
 from lightning_hetero.hetero_batch.lr_scaling import lr_scale_factor, scale_learning_rates
-from lightning_hetero.hetero_batch.period import MeasuredPeriod
-from lightning_hetero.hetero_batch.sampler import HeteroBatchSampler, SplitPlan
+from lightning_hetero.hetero_batch.sampler import HeteroBatchSampler
 from lightning_hetero.hetero_batch.settings import check_settings
-from lightning_hetero.hetero_batch.summary import adjustment_metrics, format_summary
+from lightning_hetero.hetero_batch.summary import adjustment_metrics
+from lightning_hetero.hetero_batch.tuner import SplitTuner
 from lightning_hetero.hetero_batch.window import ComputeEndMarks, WaitExclusion, quota_source
 from lightning_hetero.measurement import (
     BusyTimer,
@@ -40,6 +39,9 @@ from lightning_hetero.measurement import (
     close_compute_window,
     sustained_step_s,
 )
+
+#: the callback's former attributes now on ``callback.tuner`` (deprecated on the callback)
+MOVED_TO_TUNER = ("controller", "policy", "plan", "cost", "period", "costs", "busy_s", "sync_step_s", "throughputs")
 
 
 class HeteroBatchCallback(Callback):
@@ -50,7 +52,7 @@ class HeteroBatchCallback(Callback):
     it per adjustment period as a fixed overhead plus a per-sample cost
     (:class:`~lightning_hetero.hetero_batch.cost_model.PeriodCostModel`). At each adjustment all ranks exchange their
     fits and the measured synchronous step (:mod:`~lightning_hetero.hetero_batch.exchange`) and apply the same
-    decision (:class:`~lightning_hetero.hetero_batch.controller.AdjustmentPolicy`): the split that equalises their
+    decision (:class:`~lightning_hetero.hetero_batch.policy.AdjustmentPolicy`): the split that equalises their
     predicted step times, never giving a slower rank more samples than a faster one, rolled back if the synchronous
     step measured after it is slower. The global batch stays constant, every sample is used once per epoch, every
     rank does the same number of steps, and gradients are combined as the batch-weighted mean ``Σ b_k g_k / Σ b_k``:
@@ -77,7 +79,7 @@ class HeteroBatchCallback(Callback):
         deadband: apply a new split only when it is predicted to shorten the synchronous step by more than this
             fraction (a cluster-wide decision); a smaller gain beyond 2% and the measurement noise, proposed at two
             adjustments in a row, is applied too (a refinement, see
-            :class:`~lightning_hetero.hetero_batch.controller.AdjustmentPolicy`).
+            :class:`~lightning_hetero.hetero_batch.policy.AdjustmentPolicy`).
         smoothing: EWMA weight of the newest compute-window throughput in ``meter`` (which
             :class:`~lightning_hetero.switching.SyncSwitchCallback` reads); the split itself follows busy times.
         warmup_steps: measurements discarded at the start of fit (and one after each change of split).
@@ -153,41 +155,44 @@ class HeteroBatchCallback(Callback):
         self.seed = seed
         self.verbose = verbose
         self.rollback_tolerance = rollback_tolerance
+        self.change_tolerance = change_tolerance
         self.warmup_steps = warmup_steps
         self.meter = ThroughputMeter(smoothing=smoothing, warmup_steps=warmup_steps)
-        self.cost = PeriodCostModel(change_tolerance=change_tolerance)
-        #: every rank's (overhead_s, per_sample_s) at the last exchange
-        self.costs: tuple[tuple[float, float], ...] | None = None
-        #: every rank's mean busy seconds per step at its current batch size, at the last exchange
-        self.busy_s: tuple[float, ...] | None = None
-        #: the synchronous step (wall seconds per step at the current split) measured in the last period
-        self.sync_step_s: float | None = None
         self.timer = ComputeTimer()
         self.busy = BusyTimer()
-        self.controller: BatchSizeController | None = None
-        self.policy: AdjustmentPolicy | None = None
-        self.plan: SplitPlan | None = None
+        self.exclusion = WaitExclusion(self.busy)
+        #: the decisions, built with the train loader (the global batch depends on its ``batch_size``)
+        self.tuner: SplitTuner | None = None
         self.sampler: HeteroBatchSampler | None = None
-        self.throughputs: tuple[float, ...] | None = None
-        self.history: list[dict[str, Any]] = []
         self._rank = 0
         self._world_size = 1
         self._share = 1.0
         self._loss_weight: float | None = None  # what this rank back-propagates from its loss (None: the strategy's)
         self._local_batch_size = 0
         self._marks: ComputeEndMarks | None = None  # built at fit start, from the timer in place then
+        self._loader_global_batch: int | None = None  # the loader's batch_size x world size
         self._lr_scale_applied = False
         self._restored: dict[str, Any] | None = None
-        self._fit_trainer: L.Trainer | None = None
         self._step_split: tuple[int, ...] | None = None
-        self.period = MeasuredPeriod(skip=warmup_steps)
-        self.exclusion = WaitExclusion(self.busy)
         self._quota_source: Callable[[], float | None] | None = None
 
     @property
     def batch_sizes(self) -> tuple[int, ...] | None:
         """The newest split, one size per rank (``None`` before the train loader is built)."""
-        return None if self.plan is None else self.plan.current
+        return None if self.tuner is None else self.tuner.split
+
+    @property
+    def history(self) -> list[dict[str, Any]]:
+        """One entry per applied change of split: ``step``, ``epoch``, ``from``, ``to``, ``reason`` and more."""
+        return [] if self.tuner is None else self.tuner.history
+
+    def __getattr__(self, name: str) -> Any:
+        # the tuner's parts and figures were the callback's attributes before issue 24: served for one more release
+        if name not in MOVED_TO_TUNER:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        warn_renamed(f"HeteroBatchCallback.{name}", f"HeteroBatchCallback.tuner.{name}")
+        tuner = self.__dict__.get("tuner")
+        return None if tuner is None else getattr(tuner, name)
 
     # ------------------------------------------------------------------ setup
 
@@ -195,7 +200,6 @@ class HeteroBatchCallback(Callback):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
-        self._fit_trainer = trainer
         self._rank, self._world_size = trainer.global_rank, trainer.world_size
         if trainer.accumulate_grad_batches != 1:
             raise ValueError(
@@ -232,20 +236,38 @@ class HeteroBatchCallback(Callback):
         self._quota_source = quota_source(trainer.callbacks, self.busy)
 
     @override
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # once per run (the checkpoint remembers it): the train loader, built by now, fixed both global batches
+        if self._lr_scale_applied or self.tuner is None or self._loader_global_batch is None:
+            return
+        factor = lr_scale_factor(
+            self.batch_lr_scaling, self._loader_global_batch, self.tuner.controller.global_batch_size
+        )
+        scale_learning_rates(trainer.optimizers, [c.scheduler for c in trainer.lr_scheduler_configs], factor)
+        self._lr_scale_applied = True
+
+    @override
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self.exclusion.remove(trainer.strategy)
 
     def _rebuild_loader(self, dataloader: Any) -> torch.utils.data.DataLoader:
         start = starting_batch_size(dataloader)
-        base_global = start * self._world_size
+        self._loader_global_batch = start * self._world_size
         global_batch = self.global_batch_size or (
-            sum(self.initial_batch_sizes) if self.initial_batch_sizes else base_global
+            sum(self.initial_batch_sizes) if self.initial_batch_sizes else self._loader_global_batch
         )
+        if self.tuner is None or self.tuner.controller.global_batch_size != global_batch:
+            self.tuner = self._new_tuner(global_batch)
+        loader = build_hetero_loader(dataloader, self.tuner.plan, rank=self._rank, seed=self.seed)
+        self.sampler = loader.sampler  # type: ignore[assignment]
+        return loader
+
+    def _new_tuner(self, global_batch: int) -> SplitTuner:
         if self.initial_batch_sizes is not None and sum(self.initial_batch_sizes) != global_batch:
             raise ValueError(
                 f"initial_batch_sizes sum to {sum(self.initial_batch_sizes)}, not the global batch {global_batch}"
             )
-        self.controller = BatchSizeController(
+        controller = BatchSizeController(
             global_batch,
             self._world_size,
             min_batch_size=self.min_batch_size,
@@ -253,43 +275,18 @@ class HeteroBatchCallback(Callback):
             memory_caps=self.memory_caps,
             deadband=self.deadband,
         )
-        if self.policy is None or self.policy.controller.global_batch_size != global_batch:
-            self.policy = AdjustmentPolicy(self.controller, rollback_tolerance=self.rollback_tolerance)
-        else:
-            self.policy.controller = self.controller
-        if self.plan is None:
-            self.plan = SplitPlan(self._starting_split(global_batch))
-        if not self._lr_scale_applied:
-            factor = lr_scale_factor(self.batch_lr_scaling, base_global, global_batch)
-            trainer = self._fit_trainer
-            assert trainer is not None
-            scale_learning_rates(trainer.optimizers, [c.scheduler for c in trainer.lr_scheduler_configs], factor)
-            self._lr_scale_applied = True
-        loader = build_hetero_loader(dataloader, self.plan, rank=self._rank, seed=self.seed)
-        self.sampler = loader.sampler  # type: ignore[assignment]
-        return loader
-
-    def _starting_split(self, global_batch: int) -> tuple[int, ...]:
-        assert self.controller is not None
-        restored = self._restored
-        if restored is not None:
-            split = tuple(restored["split"])
-            if len(split) != self._world_size or sum(split) != global_batch:
-                raise ValueError(
-                    f"the checkpoint's split {split} does not fit this run ({self._world_size} ranks, global batch "
-                    f"{global_batch}); resume with the same devices and batch size"
-                )
-            if restored.get("throughputs"):
-                self.throughputs = tuple(restored["throughputs"])
-            if restored.get("costs"):
-                self.costs = tuple(tuple(c) for c in restored["costs"])
-                self.cost.overhead_s, self.cost.per_sample_s = self.costs[self._rank]
-            if restored.get("policy") and self.policy is not None:
-                self.policy.load_state_dict(restored["policy"])
-            return split
-        if self.initial_batch_sizes is not None:
-            return self.initial_batch_sizes
-        return self.controller.equal_split()
+        tuner = SplitTuner(
+            controller,
+            self._rank,
+            start=self.initial_batch_sizes,
+            rollback_tolerance=self.rollback_tolerance,
+            change_tolerance=self.change_tolerance,
+            warmup_steps=self.warmup_steps,
+        )
+        if self._restored is not None:
+            tuner.load_state_dict(self._restored)
+            self._restored = None
+        return tuner
 
     # ------------------------------------------------------------------ per step
 
@@ -297,17 +294,17 @@ class HeteroBatchCallback(Callback):
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        assert self.sampler is not None
+        assert self.sampler is not None and self.tuner is not None
         quota = None if self._quota_source is None else self._quota_source()
         busy_s = self.busy.step_start()
         wall_s = self.busy.last_wall_s
         if busy_s is not None and wall_s is not None and self._step_split is not None:
             # a step's sustained cost is at least its CPU time at the quota's rate (see `sustained_step_s`)
             floor = sustained_step_s(0.0, self.busy.last_cpu_s, quota)
-            self.period.record(self._step_split, self._rank, busy_s, floor, wall_s)
+            self.tuner.record_step(self._step_split, busy_s, floor, wall_s)
         sizes = tuple(self.sampler.next_sizes())
         if self._step_split is not None and sizes != self._step_split:
-            self.period.skip_next()  # the first step at a new split pays for it (allocator, caches)
+            self.tuner.skip_next()  # the first step at a new split pays for it (allocator, caches)
         self._step_split = sizes
         self._local_batch_size = sizes[self._rank]
         self._share = batch_share(sizes, self._rank)
@@ -349,104 +346,46 @@ class HeteroBatchCallback(Callback):
         self._adjust(trainer, epoch_end=True)
 
     def _adjust(self, trainer: L.Trainer, epoch_end: bool) -> None:
-        assert self.sampler is not None and self.plan is not None and self.controller is not None
-        assert self.policy is not None
-        current = self.plan.current
-        steps, measured, period_walls = self.period.close(current, self._rank)
-        report = self.cost.update(steps)
-        fit = (self.cost.overhead_s, self.cost.per_sample_s, len(self.cost.sizes))
-        local = own_row(
-            fit,
-            self.cost.latest_fit(),
-            report.changed,
-            self.sampler.produced_position,
-            measured,
-            trimmed(self.period.sync_walls),
-            trimmed(period_walls),
-            self.cost.relative_error(current[self._rank]),
-        )
-        seen = read_rows(gather_rows(trainer.strategy, local, self.busy))
-        if any(seen.changed):
-            # a rank saw its speed change: every rank restarts from the same (newest) period
-            self.period.restart_sync(current, period_walls)
-            if not report.changed:
-                self.cost.restart_from_latest()
-        if seen.costs is None:
+        tuner, sampler = self.tuner, self.sampler
+        assert tuner is not None and sampler is not None
+        row = tuner.close_period(sampler.produced_position)
+        seen = read_rows(gather_rows(trainer.strategy, row, self.busy))
+        decision = tuner.adjust(seen, step=trainer.global_step, epoch=trainer.current_epoch)
+        if decision is None:
             return
-        self.costs = seen.costs
-        self.sync_step_s = seen.sync_step_s
-        if all(math.isfinite(b) for b in seen.busy_s):
-            self.busy_s = seen.busy_s
-        self.throughputs = tuple(b / (a + c * b) for b, (a, c) in zip(current, self.costs, strict=True))
-        decision = self.policy.decide(
-            current,
-            self.costs,
-            self.sync_step_s,
-            known_sizes=seen.known_sizes,
-            sync_steps=seen.sync_steps,
-            relative_errors=seen.relative_errors,
-        )
-        predicted = self.predicted_step_s()  # at the split measured, before the decision
+        predicted = tuner.predicted_step_s()  # at the split measured, before the decision
         if decision.apply:
             position = seen.position + 1
             if epoch_end:
-                position = max(position, self.sampler.position(trainer.current_epoch + 1, 0))
-            self.plan.change_at(position, decision.sizes)
+                position = max(position, sampler.position(trainer.current_epoch + 1, 0))
+            tuner.plan.change_at(position, decision.sizes)
             self.meter.restart_warmup(1)
-            self.history.append(
-                {
-                    "step": trainer.global_step,
-                    "epoch": trainer.current_epoch,
-                    "from": current,
-                    "to": decision.sizes,
-                    "reason": decision.reason,
-                    "costs": self.costs,
-                    "sync_step_s": self.sync_step_s,
-                    "changed": list(seen.changed),
-                }
-            )
-        metrics = adjustment_metrics(predicted, self.sync_step_s, self.plan.current)
+        metrics = adjustment_metrics(predicted, tuner.sync_step_s, tuner.split)
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=trainer.global_step)
-
-    def predicted_step_s(self, split: Sequence[int] | None = None) -> tuple[float, ...]:
-        """Each rank's predicted busy seconds per step at ``split`` (default: the current one), from the last fits."""
-        if self.costs is None or self.plan is None:
-            return ()
-        split = self.plan.current if split is None else split
-        return tuple(a + c * b for b, (a, c) in zip(split, self.costs, strict=True))
 
     # ------------------------------------------------------------------ summary and state
 
     @override
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.verbose and trainer.is_global_zero and self.plan is not None:
+        if self.verbose and trainer.is_global_zero and self.tuner is not None:
             rank_zero_info(self.summary())
 
     def summary(self) -> str:
         """A one-screen table (see :func:`~lightning_hetero.hetero_batch.summary.format_summary`)."""
-        assert self.plan is not None and self.controller is not None
-        predicted = self.predicted_step_s()
-        equal = self.predicted_step_s(self.controller.equal_split()) if predicted else None
-        return format_summary(self.plan.current, predicted, self.busy_s, self.history, self.sync_step_s, equal)
+        assert self.tuner is not None
+        return self.tuner.summary()
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "split": None if self.plan is None else list(self.plan.current),
-            "throughputs": None if self.throughputs is None else list(self.throughputs),
-            "costs": None if self.costs is None else [list(c) for c in self.costs],
-            "policy": None if self.policy is None else self.policy.state_dict(),
-            "lr_scale_applied": self._lr_scale_applied,
-            "history": self.history,
-        }
+        state = {"split": None, "history": []} if self.tuner is None else self.tuner.state_dict()
+        return {**state, "lr_scale_applied": self._lr_scale_applied}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._restored = state_dict if state_dict.get("split") else None
+        self._restored = state_dict
         self._lr_scale_applied = state_dict.get("lr_scale_applied", False)
-        self.history = list(state_dict.get("history", []))
-        self.plan = None
+        self.tuner = None  # rebuilt from the restored state with the train loader
 
 
 def _in_lock_step(strategy: object) -> bool:

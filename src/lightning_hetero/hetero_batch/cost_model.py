@@ -3,8 +3,8 @@
 Each adjustment period a rank reports its *busy* seconds per step (see :class:`~lightning_hetero.measurement.BusyTimer`:
 wall time between step starts minus time spent waiting for other ranks) for the batch sizes it ran. Raw steps are
 a poor basis for a fit: under a CPU quota they jump by whole throttling periods, and a least-squares line through a
-narrow range of sizes then has an arbitrary intercept (one real run fitted 81.7 ms of overhead + 1.47 ms/sample and
-gave the throttled rank most of the batch). This model instead
+narrow range of sizes then has an arbitrary intercept (which can hand a throttled rank most of the batch). This model
+instead
 
 - reduces each period to the **mean busy time of each distinct batch size** (a mean, not a median: a throttle that
   hits one step in four is a real cost that a median would hide, and the mean over a period is the sustained rate),
@@ -30,6 +30,8 @@ import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
+
+from lightning_hetero._validation import check_range
 
 
 @dataclass(frozen=True)
@@ -79,15 +81,11 @@ class PeriodCostModel:
         min_spread: float = 0.1,
         max_overhead_share: float = 0.9,
     ) -> None:
-        for name, value in (("change_tolerance", change_tolerance), ("min_spread", min_spread)):
-            if not math.isfinite(value) or value <= 0:
-                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-        if not 0 <= max_overhead_share < 1:
-            raise ValueError(f"max_overhead_share must be in [0, 1), got {max_overhead_share!r}")
-        if max_sizes < 1:
-            raise ValueError(f"max_sizes must be >= 1, got {max_sizes}")
-        if memory_steps < 1:
-            raise ValueError(f"memory_steps must be >= 1, got {memory_steps}")
+        check_range("change_tolerance", change_tolerance, low=0, low_open=True)
+        check_range("min_spread", min_spread, low=0, low_open=True)
+        check_range("max_overhead_share", max_overhead_share, low=0, high=1, high_open=True)
+        check_range("max_sizes", max_sizes, low=1, integer=True)
+        check_range("memory_steps", memory_steps, low=1, integer=True)
         self.memory_steps = memory_steps
         self.change_tolerance = change_tolerance
         self.max_sizes = max_sizes
@@ -255,8 +253,8 @@ class PeriodCostModel:
         With an identified fit, its prediction. Otherwise the overhead is unknown (one size measured, or sizes too
         close): every line through the measured level with an overhead from 0 to ``max_overhead_share`` of it is
         as plausible, so a move to a distant size that lands between them is information about the overhead, not
-        a change of speed (treating it as one discarded the sizes the fit needs: a throttled container at a quota
-        of 0.25 CPU whose overhead is 90% of its step took 5 periods to reach its balanced batch, 2 now).
+        a change of speed (treating it as one would discard the sizes the fit needs, and a rank with a large
+        overhead would take several more periods to reach its balanced batch).
         """
         predicted = self.step_time_s(batch)
         if self.identified or not self.sizes:

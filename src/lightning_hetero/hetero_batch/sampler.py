@@ -20,8 +20,8 @@ from typing import Any
 from torch.utils.data import Dataset, DistributedSampler
 
 from lightning_hetero._deprecation import warn_renamed
+from lightning_hetero.allocation import apportion
 from lightning_hetero.epoch_order import epoch_order
-from lightning_hetero.hetero_batch.controller import apportion
 
 
 class SplitPlan:

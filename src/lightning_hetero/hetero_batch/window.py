@@ -13,6 +13,7 @@ from typing import Any
 
 from torch.nn.parallel import DistributedDataParallel
 
+from lightning_hetero.contracts import CpuQuotaClock
 from lightning_hetero.measurement import BusyTimer, ComputeTimer, cgroup_cpu_quota
 
 #: strategy methods that run collectives; time spent in them is waiting for other ranks, not this rank's cost
@@ -103,25 +104,24 @@ class WaitExclusion:
 
 
 def quota_source(callbacks: Iterable[Any], busy: BusyTimer) -> Callable[[], float | None]:
-    """Where the rank's CPU quota comes from: an in-process CFS :class:`SlowdownEmulator` when there is one (whose CPU
-    clock ``busy`` then reads), else the cgroup, read once; with neither, ``busy`` reads no CPU clock (the floor
-    needs a quota, and the process CPU clock cost 80 us per step in a 2-rank gloo run on a VM).
+    """Where the rank's CPU quota comes from: an in-process :class:`~lightning_hetero.contracts.CpuQuotaClock` among
+    ``callbacks`` when one emulates a quota (whose CPU clock ``busy`` then reads), else the cgroup, read once; with
+    neither, ``busy`` reads no CPU clock (the floor needs a quota, and the process CPU clock costs time every step).
 
     Example::
 
-        >>> from lightning_hetero.emulation.slowdown import SlowdownEmulator
-        >>> emulator, busy = SlowdownEmulator({1: 4.0}, throttle="cfs"), BusyTimer()
-        >>> source = quota_source([emulator], busy)
-        >>> source() == emulator.cpu_quota, busy.cpu_clock == emulator.cpu_clock
-        (True, True)
+        >>> class Quota:
+        ...     emulates_cpu_quota, cpu_quota = True, 0.25
+        ...     def cpu_clock(self): return 1.5
+        >>> busy = BusyTimer()
+        >>> source = quota_source([object(), Quota()], busy)
+        >>> source(), busy.cpu_clock()
+        (0.25, 1.5)
     """
-    # imported here: the emulation module imports Lightning, whose plugin registration imports this package
-    from lightning_hetero.emulation.slowdown import SlowdownEmulator
-
-    emulators = [cb for cb in callbacks if isinstance(cb, SlowdownEmulator) and cb.throttle == "cfs"]
-    if emulators:
-        busy.cpu_clock = emulators[0].cpu_clock
-        return lambda: emulators[0].cpu_quota
+    clocks = [cb for cb in callbacks if isinstance(cb, CpuQuotaClock) and cb.emulates_cpu_quota]
+    if clocks:
+        busy.cpu_clock = clocks[0].cpu_clock
+        return lambda: clocks[0].cpu_quota
     quota = cgroup_cpu_quota()
     if quota is None:
         busy.cpu_clock = None

@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 
 from lightning_hetero._validation import check_range
-from lightning_hetero.hetero_batch.controller import apportion
+from lightning_hetero.allocation import apportion
 from lightning_hetero.measurement import ThroughputMeter
 from lightning_hetero.ps.outer_optimizer import OuterOptimizer
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lightning_hetero._deprecation import renamed_attributes
-from lightning_hetero._validation import check_finite
+from lightning_hetero._validation import check_range
 from lightning_hetero.contracts import check_mode
 from lightning_hetero.param_groups import momentum_of, scale_learning_rates, set_momentum
 
@@ -49,15 +49,10 @@ class PhaseHyperparams:
     momentum_ramp_start: float = 0.0
 
     def __post_init__(self) -> None:
-        check_finite(lr_scale=self.lr_scale, momentum=self.momentum, momentum_ramp_start=self.momentum_ramp_start)
-        if not self.lr_scale > 0:
-            raise ValueError(f"lr_scale must be > 0, got {self.lr_scale}")
-        if self.momentum is not None and not 0.0 <= self.momentum < 1.0:
-            raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
-        if self.momentum_ramp_steps < 0:
-            raise ValueError(f"momentum_ramp_steps must be >= 0, got {self.momentum_ramp_steps}")
-        if not 0.0 <= self.momentum_ramp_start <= 1.0:
-            raise ValueError(f"momentum_ramp_start must be in [0, 1], got {self.momentum_ramp_start}")
+        check_range("lr_scale", self.lr_scale, low=0, low_open=True)
+        check_range("momentum", self.momentum, low=0, high=1, high_open=True, optional=True)
+        check_range("momentum_ramp_steps", self.momentum_ramp_steps, low=0, integer=True)
+        check_range("momentum_ramp_start", self.momentum_ramp_start, low=0, high=1)
 
     def momentum_factor(self, steps_since_switch: int) -> float:
         """The fraction of this phase's momentum to use ``steps_since_switch`` steps after a switch into it."""
@@ -218,8 +213,7 @@ class LRScheduleClock:
     """
 
     def __init__(self, steps_per_epoch: int | None = None) -> None:
-        if steps_per_epoch is not None and steps_per_epoch < 1:
-            raise ValueError(f"steps_per_epoch must be >= 1 or None, got {steps_per_epoch}")
+        check_range("steps_per_epoch", steps_per_epoch, low=1, integer=True, optional=True)
         self.steps_per_epoch = steps_per_epoch
         self.taken = 0
         self._epoch = 0

@@ -24,7 +24,7 @@ import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
-from lightning_hetero._validation import check_finite
+from lightning_hetero._validation import check_range
 from lightning_hetero.contracts import MODES, Mode, check_mode  # noqa: F401  (check_mode: the old import path)
 
 # Fractions such as 0.07 * 100 = 7.000000000000001 must not round up to an extra epoch.
@@ -103,9 +103,7 @@ class FixedFractionPolicy(SwitchPolicy):
     needs_max_epochs = True
 
     def __init__(self, bsp_fraction: float = 0.05, first: Mode = "bsp") -> None:
-        check_finite(bsp_fraction=bsp_fraction)
-        if not 0.0 <= bsp_fraction <= 1.0:
-            raise ValueError(f"bsp_fraction must be in [0, 1], got {bsp_fraction}")
+        check_range("bsp_fraction", bsp_fraction, low=0, high=1)
         self.bsp_fraction = bsp_fraction
         if first not in ("bsp", "asp"):
             raise ValueError(f"first must be 'bsp' or 'asp', got {first!r}")
@@ -250,9 +248,7 @@ class GreedyPolicy(SwitchPolicy):
     uses_stragglers = True
 
     def __init__(self, bsp_fraction: float = 1.0) -> None:
-        check_finite(bsp_fraction=bsp_fraction)
-        if not 0.0 <= bsp_fraction <= 1.0:
-            raise ValueError(f"bsp_fraction must be in [0, 1], got {bsp_fraction}")
+        check_range("bsp_fraction", bsp_fraction, low=0, high=1)
         self.bsp_fraction = bsp_fraction
 
     def check_max_epochs(self, max_epochs: int | None) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from lightning_hetero._validation import check_finite
+from lightning_hetero._validation import check_range
 
 
 @dataclass(frozen=True)
@@ -63,13 +63,9 @@ def search_bsp_fraction(
         >>> [f for f, _ in result.trials]
         [1.0, 0.5, 0.25, 0.125, 0.0625, 0.09375, 0.109375]
     """
-    check_finite(tolerance=tolerance, min_fraction=min_fraction)
-    if tolerance < 0:
-        raise ValueError(f"tolerance must be >= 0, got {tolerance}")
-    if not 0.0 < min_fraction <= 1.0:
-        raise ValueError(f"min_fraction must be in (0, 1], got {min_fraction}")
-    if refine_steps < 0:
-        raise ValueError(f"refine_steps must be >= 0, got {refine_steps}")
+    check_range("tolerance", tolerance, low=0)
+    check_range("min_fraction", min_fraction, low=0, high=1, low_open=True)
+    check_range("refine_steps", refine_steps, low=0, integer=True)
     trials: list[tuple[float, float]] = []
 
     def matches(fraction: float) -> bool:

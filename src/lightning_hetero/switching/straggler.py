@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from lightning_hetero._validation import check_finite
+from lightning_hetero._validation import check_range
 
 
 class StragglerDetector:
@@ -37,13 +37,9 @@ class StragglerDetector:
     """
 
     def __init__(self, threshold: float = 0.7, k: int = 3, baseline_measurements: int = 5) -> None:
-        check_finite(threshold=threshold)
-        if not 0.0 < threshold < 1.0:
-            raise ValueError(f"threshold must be in (0, 1), got {threshold}")
-        if k < 1:
-            raise ValueError(f"k must be >= 1, got {k}")
-        if baseline_measurements < 1:
-            raise ValueError(f"baseline_measurements must be >= 1, got {baseline_measurements}")
+        check_range("threshold", threshold, low=0, high=1, low_open=True, high_open=True)
+        check_range("k", k, low=1, integer=True)
+        check_range("baseline_measurements", baseline_measurements, low=1, integer=True)
         self.threshold = threshold
         self.k = k
         self.baseline_measurements = baseline_measurements

@@ -1,0 +1,280 @@
+"""HeteroBatch's adjustment policy: what to do at one adjustment, one method per rule (hold, rollback, balance,
+refine, explore), each change of split a :class:`Trial` judged by the synchronous step measured after it."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from lightning_hetero._validation import check_range
+from lightning_hetero.allocation import line_times_s, order_by_speed, step_time_s
+from lightning_hetero.hetero_batch.controller import BatchSizeController, Decision
+
+
+@dataclass(frozen=True)
+class Trial:
+    """An applied change of split, on probation until the synchronous step at the new split has been measured.
+
+    Example::
+
+        >>> trial = Trial(before=(32, 32), before_s=0.128, before_steps=6)
+        >>> trial.counted(min_steps=3), Trial((32, 32), 0.128, before_steps=None).counted(min_steps=3)
+        (True, False)
+    """
+
+    #: the split before the change
+    before: tuple[int, ...]
+    #: the synchronous step measured at ``before`` (``None``: not measured)
+    before_s: float | None
+    #: how many steps ``before_s`` rests on (``None``: the caller gives no counts, taken as enough)
+    before_steps: int | None
+
+    def counted(self, min_steps: int) -> bool:
+        """Whether the baseline was counted and rests on at least ``min_steps`` steps."""
+        return self.before_steps is not None and self.before_steps >= min_steps
+
+    def judges(self, min_steps: int) -> bool:
+        """Whether the baseline can judge the change (a baseline on fewer steps judges nothing)."""
+        return self.before_steps is None or self.before_steps >= min_steps
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """A refinement proposed at consecutive adjustments, not yet applied."""
+
+    sizes: tuple[int, ...]
+    in_a_row: int
+
+
+class AdjustmentPolicy:
+    """What to do at one adjustment, from every rank's fitted cost and the measured synchronous step: a stateful,
+    deterministic wrapper around :class:`BatchSizeController` that checks its own decisions against measurements.
+
+    - **Balance**: the min-max split of the fitted costs, never inverted (:func:`order_by_speed`), applied when its
+      predicted gain clears the deadband.
+    - **Refine**: a balancing split whose predicted gain is under the deadband is still applied when the gain
+      exceeds ``refine_gain`` and twice the noise of the comparison (``2 x sqrt(2) x`` the largest relative
+      standard error of a rank's measured level), the adjustment before proposed the same split (``refine_after``
+      adjustments in a row), and it is not the split the last change left (no A -> B -> A). Near the balance point
+      one sample can be worth 2-5% of the step (a rank at 20 samples of a 64-sample global batch): the deadband
+      alone stops one sample short, and the noise gate and persistence keep noise from moving the split.
+    - **Rollback**: each applied change is a trial. Once the synchronous step at the new split rests on at least
+      ``min_sync_steps`` steps, it is compared with the one measured before the change; if it is slower by more
+      than ``rollback_tolerance``, the previous split comes back (unless that split is now inverted, i.e. the ranks'
+      speeds changed under it) and the rejected split is not proposed again for ``reject_periods`` adjustments.
+      Until then the split is held (a change takes effect a step or two after it is decided, so with short
+      periods the first measurement at it can rest on one step, and one throttled step must not undo it); a
+      baseline on fewer steps judges nothing.
+    - **Explore**: a rank that sat at its lower bound for ``explore_after`` adjustments while its cost was known at a
+      single batch size is offered one notch more, so its cost can be measured at a second size and it can leave
+      the minimum when the minimum was a misfit (a trial like any other: rolled back if slower).
+
+    Args:
+        controller: the bounds, global batch and deadband.
+        rollback_tolerance: fractional slow-down of the measured synchronous step that rolls a change back.
+        reject_periods: adjustments during which a rolled-back split is not proposed again.
+        explore_after: adjustments at the lower bound (with one known size) before exploring; ``None``: never.
+        min_sync_steps: steps a synchronous-step measurement needs to judge a trial (when the caller gives counts).
+        refine_gain: smallest predicted gain of a refinement (below the controller's deadband); ``None``: never refine.
+        refine_after: adjustments in a row that must propose the same refinement before it is applied.
+
+    Example::
+
+        >>> policy = AdjustmentPolicy(BatchSizeController(global_batch_size=64, world_size=2))
+        >>> policy.decide([32, 32], costs=[(0.0, 0.001), (0.0, 0.004)], sync_step_s=0.128).sizes
+        (52, 12)
+        >>> # measured after the change: 0.160 s, slower than before by more than 15%: back to [32, 32]
+        >>> policy.decide([52, 12], costs=[(0.0, 0.001), (0.0, 0.004)], sync_step_s=0.160).reason
+        'rollback'
+        >>> policy.decide([32, 32], costs=[(0.0, 0.001), (0.0, 0.004)], sync_step_s=0.128).apply  # (52, 12) rejected
+        False
+    """
+
+    def __init__(
+        self,
+        controller: BatchSizeController,
+        rollback_tolerance: float = 0.15,
+        reject_periods: int = 3,
+        explore_after: int | None = 3,
+        min_sync_steps: int = 3,
+        refine_gain: float | None = 0.02,
+        refine_after: int = 2,
+    ) -> None:
+        check_range("rollback_tolerance", rollback_tolerance, low=0)
+        check_range("reject_periods", reject_periods, low=0, integer=True)
+        check_range("explore_after", explore_after, low=1, integer=True, optional=True)
+        check_range("min_sync_steps", min_sync_steps, low=1, integer=True)
+        check_range("refine_gain", refine_gain, low=0, optional=True)
+        check_range("refine_after", refine_after, low=1, integer=True)
+        self.controller = controller
+        self.min_sync_steps = min_sync_steps
+        self.rollback_tolerance = rollback_tolerance
+        self.reject_periods = reject_periods
+        self.explore_after = explore_after
+        self.refine_gain = refine_gain
+        self.refine_after = refine_after
+        self._trial: Trial | None = None  # the last applied change, until it is judged
+        self._rejected: dict[tuple[int, ...], int] = {}  # rolled-back split -> adjustments it stays rejected
+        self._at_floor = [0] * controller.world_size  # adjustments each rank sat at its lower bound
+        self._proposed: Proposal | None = None  # the refinement proposed at the last adjustment
+        self._left: tuple[int, ...] | None = None  # the split the last applied change left
+
+    def decide(
+        self,
+        current: Sequence[int],
+        costs: Sequence[tuple[float, float]],
+        sync_step_s: float | None = None,
+        known_sizes: Sequence[int] | None = None,
+        sync_steps: int | None = None,
+        relative_errors: Sequence[float] | None = None,
+    ) -> Decision:
+        """Decide from every rank's ``(overhead_s, per_sample_s)`` and the synchronous step measured at ``current``.
+
+        ``known_sizes``: how many distinct batch sizes each rank's cost model rests on (for exploration).
+        ``sync_steps``: how many steps ``sync_step_s`` rests on (``None``: enough).
+        ``relative_errors``: each rank's relative standard error of its measured level at ``current`` (for
+        refinements; ``None``: not known, no noise gate; NaN: unmeasured, no refinement).
+
+        Example::
+
+            >>> policy = AdjustmentPolicy(BatchSizeController(global_batch_size=64, world_size=2))
+            >>> costs = [(0.0, 0.001), (0.0, 0.004)]
+            >>> policy.decide([32, 32], costs, sync_step_s=0.128, sync_steps=6).sizes
+            (52, 12)
+            >>> policy.decide([52, 12], costs, sync_step_s=0.160, sync_steps=1).reason  # one step: held, not judged
+            'hold'
+            >>> policy.decide([52, 12], costs, sync_step_s=0.066, sync_steps=5).apply  # judged: faster, kept
+            False
+        """
+        current = tuple(current)
+        self._rejected = {split: left - 1 for split, left in self._rejected.items() if left > 1}
+        trial, self._trial = self._trial, None
+        if trial is not None:
+            judged = self._hold(trial, current, sync_steps) or self._rollback(trial, current, costs, sync_step_s)
+            if judged is not None:
+                return judged
+        rates = [1.0 / c for _, c in costs]
+        overheads = [a for a, _ in costs]
+        balanced = self.controller.decide(current, rates, overheads)
+        proposed, reason = balanced.sizes, "balance"
+        if self._refine(balanced, current, relative_errors):
+            reason = "refine"
+        self._count_floor(current)
+        if not balanced.apply and reason != "refine":
+            explored = self._explore(proposed, known_sizes)
+            if explored is not None:
+                proposed, reason = explored, "explore"
+        apply = proposed != current and proposed not in self._rejected and (balanced.apply or reason != "balance")
+        if apply:
+            self._trial = Trial(current, sync_step_s, sync_steps)
+            self._left, self._proposed = current, None
+        now = step_time_s(current, rates, overheads)
+        gain = (now - step_time_s(proposed, rates, overheads)) / now
+        return Decision(proposed, gain, apply=apply, reason=reason)
+
+    def _hold(self, trial: Trial, current: tuple[int, ...], sync_steps: int | None) -> Decision | None:
+        """Hold the split until the last change has been measured on as many steps as its baseline needed."""
+        enough = sync_steps is None or sync_steps >= self.min_sync_steps
+        if enough or not trial.counted(self.min_sync_steps):
+            return None
+        self._trial = trial  # judge it once the new split has been measured on enough steps
+        return Decision(current, 0.0, apply=False, reason="hold")
+
+    def _rollback(
+        self,
+        trial: Trial,
+        current: tuple[int, ...],
+        costs: Sequence[tuple[float, float]],
+        sync_step_s: float | None,
+    ) -> Decision | None:
+        """Return to the split before the last change when the step measured since is slower beyond the tolerance,
+        unless that split is now inverted (the ranks' speeds changed under it)."""
+        if not trial.judges(self.min_sync_steps) or trial.before == current:
+            return None
+        if sync_step_s is None or trial.before_s is None:
+            return None
+        if sync_step_s <= trial.before_s * (1 + self.rollback_tolerance):
+            return None
+        controller = self.controller
+        equal_share = controller.global_batch_size / controller.world_size
+        speed_times = line_times_s([equal_share] * controller.world_size, costs)
+        if order_by_speed(trial.before, speed_times, controller.lower, controller.upper) != trial.before:
+            return None
+        if self.reject_periods:
+            self._rejected[current] = self.reject_periods
+        self._left, self._proposed = current, None
+        return Decision(trial.before, (trial.before_s - sync_step_s) / sync_step_s, apply=True, reason="rollback")
+
+    def _refine(self, balanced: Decision, current: tuple[int, ...], relative_errors: Sequence[float] | None) -> bool:
+        """Whether to apply a balancing move under the deadband: above ``refine_gain`` and the comparison's noise,
+        proposed ``refine_after`` adjustments in a row, and not back to the split the last change left."""
+        proposed = balanced.sizes
+        refinable = (
+            self.refine_gain is not None
+            and not balanced.apply
+            and proposed != current
+            and proposed != self._left
+            and balanced.predicted_gain > self.refine_gain
+            and balanced.predicted_gain > 2 * math.sqrt(2) * _largest(relative_errors or [0.0])
+        )
+        last = self._proposed
+        in_a_row = last.in_a_row + 1 if refinable and last is not None and last.sizes == proposed else 1
+        refine = refinable and in_a_row >= self.refine_after
+        self._proposed = Proposal(proposed, in_a_row) if refinable and not refine else None
+        return refine
+
+    def _count_floor(self, current: tuple[int, ...]) -> None:
+        lower = self.controller.lower
+        self._at_floor = [n + 1 if b <= lo else 0 for n, b, lo in zip(self._at_floor, current, lower, strict=True)]
+
+    def _explore(self, proposed: tuple[int, ...], known_sizes: Sequence[int] | None) -> tuple[int, ...] | None:
+        """Offer a rank that sat at its lower bound, with its cost known at one size only, one notch more."""
+        controller = self.controller
+        lower, upper = controller.lower, controller.upper
+        explorable = [
+            k
+            for k in range(controller.world_size)
+            if self.explore_after is not None
+            and self._at_floor[k] >= self.explore_after
+            and proposed[k] <= lower[k]
+            and (known_sizes is None or known_sizes[k] <= 1)
+        ]
+        if not explorable:
+            return None
+        k = explorable[0]
+        donors = [j for j in range(controller.world_size) if j != k and proposed[j] > lower[j]]
+        if not donors or proposed[k] >= upper[k]:
+            return None
+        donor = max(donors, key=lambda j: (proposed[j], -j))
+        step = min(max(1, lower[k] // 2), proposed[donor] - lower[donor])
+        explored = list(proposed)
+        explored[k] += min(step, upper[k] - proposed[k])
+        explored[donor] -= explored[k] - proposed[k]
+        self._at_floor[k] = 0
+        return tuple(explored)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The rejected splits, the adjustments at the floor, the pending refinement and the split last left."""
+        return {
+            "rejected": [[list(split), left] for split, left in self._rejected.items()],
+            "at_floor": self._at_floor,
+            "proposed": None if self._proposed is None else [list(self._proposed.sizes), self._proposed.in_a_row],
+            "left": None if self._left is None else list(self._left),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned (a different world size keeps the floor counts at zero)."""
+        self._rejected = {tuple(split): int(left) for split, left in state.get("rejected", [])}
+        at_floor = list(state.get("at_floor", []))
+        if len(at_floor) == self.controller.world_size:
+            self._at_floor = at_floor
+        proposed = state.get("proposed")
+        self._proposed = None if proposed is None else Proposal(tuple(proposed[0]), int(proposed[1]))
+        self._left = None if state.get("left") is None else tuple(state["left"])
+
+
+def _largest(values: Sequence[float]) -> float:
+    """The largest value, infinite if any is NaN (unmeasured)."""
+    return max(values) if all(math.isfinite(v) for v in values) else math.inf

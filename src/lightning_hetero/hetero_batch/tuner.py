@@ -1,0 +1,205 @@
+"""HeteroBatch's tuner: one object that turns measured steps into split decisions, with no Trainer in it.
+
+The callback feeds it each finished step (:meth:`SplitTuner.record_step`), sends the row it returns at the end of
+an adjustment period (:meth:`SplitTuner.close_period`) through one all-gather, hands back what every rank read
+(:meth:`SplitTuner.adjust`) and applies the decision to the loader. The tuner owns the period's measurements
+(:class:`~lightning_hetero.hetero_batch.period.MeasuredPeriod`), this rank's cost model
+(:class:`~lightning_hetero.hetero_batch.cost_model.PeriodCostModel`), the adjustment policy and its controller,
+and the split plan the sampler reads; its :meth:`~SplitTuner.state_dict` is the callback's checkpoint state.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from lightning_hetero.allocation import line_times_s
+from lightning_hetero.hetero_batch.controller import BatchSizeController, Decision
+from lightning_hetero.hetero_batch.cost_model import PeriodCostModel
+from lightning_hetero.hetero_batch.exchange import Exchanged, own_row, trimmed
+from lightning_hetero.hetero_batch.period import MeasuredPeriod
+from lightning_hetero.hetero_batch.policy import AdjustmentPolicy
+from lightning_hetero.hetero_batch.sampler import SplitPlan
+from lightning_hetero.hetero_batch.summary import format_summary
+
+
+class SplitTuner:
+    """Measured periods in, split decisions out: every rank's tuner reads the same exchange and decides alike.
+
+    Args:
+        controller: the bounds, the global batch and the deadband.
+        rank: this rank (whose steps :meth:`record_step` receives).
+        start: the split to start from (default: the controller's equal split).
+        rollback_tolerance: passed to :class:`~lightning_hetero.hetero_batch.policy.AdjustmentPolicy`.
+        change_tolerance: passed to :class:`~lightning_hetero.hetero_batch.cost_model.PeriodCostModel`.
+        warmup_steps: steps not measured at the start.
+
+    Example::
+
+        >>> from lightning_hetero.hetero_batch.exchange import read_rows
+        >>> tuners = [SplitTuner(BatchSizeController(global_batch_size=64, world_size=2), rank=r) for r in (0, 1)]
+        >>> for _ in range(6):  # rank 1 is three times slower per sample; the step waits for it
+        ...     for rank, tuner in enumerate(tuners):
+        ...         tuner.record_step((32, 32), busy_s=0.001 * 32 * (3 if rank else 1), floor_s=0.0, wall_s=0.1)
+        >>> seen = read_rows(torch.stack([tuner.close_period(position=6) for tuner in tuners]))
+        >>> decisions = [tuner.adjust(seen, step=6, epoch=0) for tuner in tuners]
+        >>> decisions[0].sizes, decisions[0].reason, decisions[0] == decisions[1]
+        ((48, 16), 'balance', True)
+        >>> tuners[1].plan.change_at(7, decisions[1].sizes)  # the caller puts it in force at an agreed step
+        >>> tuners[1].split, tuners[1].history[0]["to"]
+        ((48, 16), (48, 16))
+    """
+
+    def __init__(
+        self,
+        controller: BatchSizeController,
+        rank: int,
+        start: Sequence[int] | None = None,
+        rollback_tolerance: float = 0.15,
+        change_tolerance: float = 0.4,
+        warmup_steps: int = 0,
+    ) -> None:
+        self.controller = controller
+        self.rank = rank
+        self.policy = AdjustmentPolicy(controller, rollback_tolerance=rollback_tolerance)
+        self.cost = PeriodCostModel(change_tolerance=change_tolerance)
+        self.period = MeasuredPeriod(skip=warmup_steps)
+        self.plan = SplitPlan(controller.equal_split() if start is None else start)
+        #: every rank's (overhead_s, per_sample_s) at the last exchange
+        self.costs: tuple[tuple[float, float], ...] | None = None
+        #: every rank's mean busy seconds per step at its current batch size, at the last exchange
+        self.busy_s: tuple[float, ...] | None = None
+        #: the synchronous step (wall seconds per step at the current split) measured in the last period
+        self.sync_step_s: float | None = None
+        #: every rank's samples per second at the split measured, from the last fits
+        self.throughputs: tuple[float, ...] | None = None
+        #: one entry per applied change of split
+        self.history: list[dict[str, Any]] = []
+        self._period_walls: list[float] = []
+        self._changed = False
+
+    @property
+    def split(self) -> tuple[int, ...]:
+        """The newest split, one size per rank."""
+        return self.plan.current
+
+    def record_step(self, split: tuple[int, ...], busy_s: float, floor_s: float, wall_s: float) -> None:
+        """One finished step taken at ``split``: this rank's busy seconds, its CPU-at-quota floor and wall seconds."""
+        self.period.record(split, self.rank, busy_s, floor_s, wall_s)
+
+    def skip_next(self) -> None:
+        """Do not measure the next step (the first at a new split pays for it)."""
+        self.period.skip_next()
+
+    def close_period(self, position: int) -> torch.Tensor:
+        """End the period: fold its steps into the cost model and return this rank's row for the exchange
+        (:func:`~lightning_hetero.hetero_batch.exchange.own_row`); ``position`` is how far this rank's loader got."""
+        current, cost = self.plan.current, self.cost
+        steps, busy_s, self._period_walls = self.period.close(current, self.rank)
+        self._changed = cost.update(steps).changed
+        return own_row(
+            (cost.overhead_s, cost.per_sample_s, len(cost.sizes)),
+            cost.latest_fit(),
+            self._changed,
+            position,
+            busy_s,
+            trimmed(self.period.sync_walls),
+            trimmed(self._period_walls),
+            cost.relative_error(current[self.rank]),
+        )
+
+    def adjust(self, seen: Exchanged, step: int, epoch: int) -> Decision | None:
+        """Decide from what every rank read from the exchange (``None`` while some rank has no fit yet).
+
+        An applied decision is recorded in :attr:`history` (at the trainer's ``step`` and ``epoch``); the caller
+        puts its split in force at a step every rank agrees on (:meth:`SplitPlan.change_at` on :attr:`plan`).
+        """
+        current = self.plan.current
+        if any(seen.changed):
+            # a rank saw its speed change: every rank restarts from the same (newest) period
+            self.period.restart_sync(current, self._period_walls)
+            if not self._changed:
+                self.cost.restart_from_latest()
+        if seen.costs is None:
+            return None
+        self.costs, self.sync_step_s = seen.costs, seen.sync_step_s
+        if all(math.isfinite(b) for b in seen.busy_s):
+            self.busy_s = seen.busy_s
+        self.throughputs = tuple(b / t for b, t in zip(current, line_times_s(current, self.costs), strict=True))
+        decision = self.policy.decide(
+            current,
+            self.costs,
+            self.sync_step_s,
+            known_sizes=seen.known_sizes,
+            sync_steps=seen.sync_steps,
+            relative_errors=seen.relative_errors,
+        )
+        if decision.apply:
+            self.history.append(
+                {
+                    "step": step,
+                    "epoch": epoch,
+                    "from": current,
+                    "to": decision.sizes,
+                    "reason": decision.reason,
+                    "costs": self.costs,
+                    "sync_step_s": self.sync_step_s,
+                    "changed": list(seen.changed),
+                }
+            )
+        return decision
+
+    def predicted_step_s(self, split: Sequence[int] | None = None) -> tuple[float, ...]:
+        """Each rank's predicted busy seconds per step at ``split`` (default: the current one), from the last fits."""
+        if self.costs is None:
+            return ()
+        return line_times_s(self.plan.current if split is None else split, self.costs)
+
+    def summary(self) -> str:
+        """A one-screen table (see :func:`~lightning_hetero.hetero_batch.summary.format_summary`)."""
+        predicted = self.predicted_step_s()
+        equal = self.predicted_step_s(self.controller.equal_split()) if predicted else None
+        return format_summary(self.plan.current, predicted, self.busy_s, self.history, self.sync_step_s, equal)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The split in force, every rank's fit and throughput, the policy's state and the history.
+
+        Lightning saves rank 0's callback state only, so it holds what every rank knows alike: each rank's cost model
+        resumes from its own fit in ``costs`` (its per-size means are its own and start again).
+        """
+        return {
+            "split": list(self.plan.current),
+            "throughputs": None if self.throughputs is None else list(self.throughputs),
+            "costs": None if self.costs is None else [list(c) for c in self.costs],
+            "policy": self.policy.state_dict(),
+            "history": self.history,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s output (also a checkpoint of the release before the tuner, same keys).
+
+        Raises:
+            ValueError: the saved split does not fit this run's ranks or global batch.
+        """
+        self.history = list(state.get("history", []))
+        if not state.get("split"):
+            return
+        split = tuple(state["split"])
+        world_size, global_batch = self.controller.world_size, self.controller.global_batch_size
+        if len(split) != world_size or sum(split) != global_batch:
+            raise ValueError(
+                f"the checkpoint's split {split} does not fit this run ({world_size} ranks, global batch "
+                f"{global_batch}); resume with the same devices and batch size"
+            )
+        self.plan = SplitPlan(split)
+        if state.get("throughputs"):
+            self.throughputs = tuple(state["throughputs"])
+        if state.get("costs"):
+            self.costs = tuple((a, c) for a, c in state["costs"])
+            overhead_s, per_sample_s = self.costs[self.rank]
+            self.cost.load_state_dict({"overhead_s": overhead_s, "per_sample_s": per_sample_s})
+        if state.get("policy"):
+            self.policy.load_state_dict(state["policy"])
