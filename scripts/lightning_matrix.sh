@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The version matrix: the fast tests against the oldest Lightning the package declares and against the newest
+# release, each in its own venv (.venv-lightning-oldest, .venv-lightning-latest) with the same CPU torch as .venv.
+#
+#   scripts/lightning_matrix.sh              both ends, oldest first
+#   scripts/lightning_matrix.sh oldest       one end only (oldest | latest)
+#
+# "oldest" is the newest patch release of the floor pyproject declares (lightning>=2.2 -> 2.2.5), "latest" is
+# whatever pip resolves with --upgrade. The fast tests are every test not marked multiprocess, docker or timing,
+# plus FAST_EXTRA (a few key multi-process tests); PYTEST_ARGS overrides the selection.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+OLDEST=${LIGHTNING_OLDEST:-2.2.5}
+FAST_MARKERS='not multiprocess and not docker and not timing'
+# One real multi-process training per feature path, so that the launcher/strategy glue is exercised per version.
+FAST_EXTRA=${FAST_EXTRA:-}
+status=0
+
+run_end() {
+    local end=$1 venv=.venv-lightning-$1 start
+    start=$(date +%s)
+    if [ "$end" = oldest ]; then
+        printf 'lightning==%s\n' "$OLDEST" >"/tmp/lightning-matrix-$end.txt"
+    else
+        : >"/tmp/lightning-matrix-$end.txt"
+    fi
+    # bootstrap.sh installs the local CPU torch wheel first, then the package with [dev]; the constraint pins Lightning
+    if ! PIP_CONSTRAINT="/tmp/lightning-matrix-$end.txt" VENV=$venv bash scripts/bootstrap.sh >"/tmp/lightning-matrix-$end.log" 2>&1; then
+        echo "lightning-matrix: $end: venv failed (see /tmp/lightning-matrix-$end.log)"; tail -n 20 "/tmp/lightning-matrix-$end.log"
+        return 1
+    fi
+    [ "$end" = latest ] && "$venv/bin/python" -m pip install -q --disable-pip-version-check --upgrade lightning \
+        >>"/tmp/lightning-matrix-$end.log" 2>&1
+    VENV=$venv bash scripts/bootstrap.sh --check-cpu-only || return 1
+    local versions
+    versions=$("$venv/bin/python" -c 'import lightning, torch; print(f"lightning {lightning.__version__}, torch {torch.__version__}")')
+    echo "lightning-matrix: $end: $versions (venv ready in $(($(date +%s) - start)) s)"
+    local args
+    if [ -n "${PYTEST_ARGS:-}" ]; then
+        # shellcheck disable=SC2206
+        args=($PYTEST_ARGS)
+    else
+        args=(-q -p no:cacheprovider -m "$FAST_MARKERS")
+    fi
+    "$venv/bin/python" -m pytest "${args[@]}" $FAST_EXTRA 2>&1 | tail -n 15
+    local rc=${PIPESTATUS[0]}
+    echo "lightning-matrix: $end: $versions: pytest exit $rc in $(($(date +%s) - start)) s (venv + tests)"
+    return "$rc"
+}
+
+ends=("$@")
+[ ${#ends[@]} -eq 0 ] && ends=(oldest latest)
+for end in "${ends[@]}"; do
+    case "$end" in
+        oldest | latest) run_end "$end" || status=1 ;;
+        *) echo "usage: $0 [oldest] [latest]" >&2; exit 2 ;;
+    esac
+done
+exit "$status"
