@@ -17,7 +17,7 @@ import lightning_hetero  # noqa: E402
 
 project = "lightning-hetero"
 author = "The lightning-hetero authors"
-copyright = "The lightning-hetero authors"  # noqa: A001
+copyright = "The lightning-hetero authors"
 release = lightning_hetero.__version__
 version = release
 

@@ -63,7 +63,7 @@ def signature_params(obj: object, what: str) -> set[str] | None:
     return {name for name in signature.parameters if name not in ("self", "cls")}
 
 
-def check(app, what, name, obj, options, lines) -> None:  # noqa: ARG001 (Sphinx's event signature)
+def check(app, what, name, obj, options, lines) -> None:
     _documented.add(name)
     if what not in ("class", "function", "method"):
         return
@@ -88,7 +88,7 @@ def check(app, what, name, obj, options, lines) -> None:  # noqa: ARG001 (Sphinx
 _documented: set[str] = set()
 
 
-def check_coverage(app, env) -> None:  # noqa: ARG001
+def check_coverage(app, env) -> None:
     import lightning_hetero
 
     public = {f"lightning_hetero.{name}" for name in lightning_hetero.__all__ if not name.startswith("_")}
