@@ -21,7 +21,8 @@ run_end() {
     local end=$1 venv=.venv-lightning-$1 start
     start=$(date +%s)
     if [ "$end" = oldest ]; then
-        printf 'lightning==%s\n' "$OLDEST" >"/tmp/lightning-matrix-$end.txt"
+        # Lightning 2.2's lightning.fabric imports pkg_resources, which setuptools removed in 81
+        printf 'lightning==%s\nsetuptools<81\n' "$OLDEST" >"/tmp/lightning-matrix-$end.txt"
     else
         : >"/tmp/lightning-matrix-$end.txt"
     fi
@@ -30,11 +31,19 @@ run_end() {
         echo "lightning-matrix: $end: venv failed (see /tmp/lightning-matrix-$end.log)"; tail -n 20 "/tmp/lightning-matrix-$end.log"
         return 1
     fi
-    [ "$end" = latest ] && "$venv/bin/python" -m pip install -q --disable-pip-version-check --upgrade lightning \
-        >>"/tmp/lightning-matrix-$end.log" 2>&1
+    if [ "$end" = latest ]; then
+        "$venv/bin/python" -m pip install -q --disable-pip-version-check --upgrade lightning \
+            >>"/tmp/lightning-matrix-$end.log" 2>&1
+    else
+        "$venv/bin/python" -m pip install -q --disable-pip-version-check "setuptools<81" \
+            >>"/tmp/lightning-matrix-$end.log" 2>&1
+    fi
     VENV=$venv bash scripts/bootstrap.sh --check-cpu-only || return 1
     local versions
-    versions=$("$venv/bin/python" -c 'import lightning, torch; print(f"lightning {lightning.__version__}, torch {torch.__version__}")')
+    if ! versions=$("$venv/bin/python" -c 'import lightning, torch; print(f"lightning {lightning.__version__}, torch {torch.__version__}")'); then
+        echo "lightning-matrix: $end: lightning does not import in $venv"
+        return 1
+    fi
     echo "lightning-matrix: $end: $versions (venv ready in $(($(date +%s) - start)) s)"
     local args
     if [ -n "${PYTEST_ARGS:-}" ]; then
