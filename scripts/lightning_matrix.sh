@@ -22,7 +22,7 @@ run_end() {
     start=$(date +%s)
     if [ "$end" = oldest ]; then
         # Lightning 2.2's lightning.fabric imports pkg_resources, which setuptools removed in 81
-        printf 'lightning==%s\nsetuptools<81\n' "$OLDEST" >"/tmp/lightning-matrix-$end.txt"
+        printf 'lightning==%s\npytorch-lightning==%s\nsetuptools<81\n' "$OLDEST" "$OLDEST" >"/tmp/lightning-matrix-$end.txt"
     else
         : >"/tmp/lightning-matrix-$end.txt"
     fi
