@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from torch.optim import Optimizer
 from typing_extensions import override
 
+from lightning_hetero._lightning_internals import load_strategy_checkpoint
 from lightning_hetero.param_groups import hyperparameters
 
 if TYPE_CHECKING:
@@ -81,7 +82,7 @@ class Checkpointing:
 
     @override
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
-        checkpoint = super().load_checkpoint(checkpoint_path, weights_only=weights_only)
+        checkpoint = load_strategy_checkpoint(super().load_checkpoint, checkpoint_path, weights_only)
         self._restored = checkpoint.get(CHECKPOINT_KEY)
         if self._restored is not None:
             self.version = int(self._restored["version"])
