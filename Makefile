@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: venv demo test lint format clean
+.PHONY: venv demo test lint format docs matrix clean
 
 venv:
 	VENV=$(VENV) bash scripts/bootstrap.sh
@@ -23,5 +23,14 @@ format: venv
 	$(PY) -m ruff format .
 	$(PY) -m ruff check --fix .
 
+# The API reference from the docstrings, warnings as errors (-W); HTML in build/docs/html (git-ignored).
+docs:
+	VENV=$(VENV) EXTRAS=dev,docs bash scripts/bootstrap.sh
+	$(PY) -m sphinx -W --keep-going -E -q -b html docs/api build/docs/html
+
+# The fast tests against the oldest Lightning pyproject declares and the newest release (their own venvs).
+matrix:
+	bash scripts/lightning_matrix.sh
+
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-lightning-oldest .venv-lightning-latest build dist src/*.egg-info .pytest_cache .ruff_cache

@@ -110,7 +110,9 @@ def train_all(out: Path) -> None:
             return len(self.sizes)
 
     def fit(callbacks: list[Callback], epochs: int, batch_sampler=None) -> tuple[L.Trainer, StepClock]:
-        L.seed_everything(0, verbose=False)
+        # quiet on every supported Lightning: seed_everything(verbose=False) is Lightning 2.4+
+        logging.getLogger("lightning.fabric.utilities.seed").setLevel(logging.WARNING)
+        L.seed_everything(0)
         clock = StepClock()
         trainer = L.Trainer(
             accelerator="cpu",

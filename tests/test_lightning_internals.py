@@ -3,6 +3,7 @@ private name or attribute the function relies on."""
 
 from __future__ import annotations
 
+import inspect
 import signal
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import torch
 import torch.distributed as dist
 from lightning.fabric.plugins.environments import LightningEnvironment
 from lightning.pytorch.callbacks import Callback
+from packaging.version import Version
 from torch.utils.data import DataLoader, SequentialSampler
 
 from lightning_hetero._lightning_internals import (
@@ -22,6 +24,7 @@ from lightning_hetero._lightning_internals import (
     is_last_batch,
     kill_launched_processes,
     launched_processes,
+    load_strategy_checkpoint,
     lr_scheduler_paused,
     optimizers_to_device,
     pause_lr_scheduler,
@@ -37,6 +40,10 @@ from lightning_hetero._lightning_internals import (
     with_sampler,
 )
 from lightning_hetero.synthetic import MLPClassifier, SyntheticClassificationDataModule
+
+#: Lightning 2.6 added time-based ``val_check_interval`` and the epoch loop's SIGTERM broadcast; before it, the
+#: functions that rely on them have nothing to read or replace (the version matrix runs the oldest declared Lightning).
+LIGHTNING_2_6 = Version(L.__version__).release >= (2, 6)
 
 # --- trainer, loops and data ---
 
@@ -204,6 +211,8 @@ def test_uses_distributed_sampler_reads_the_trainer_argument():
 
 def test_validates_on_time_interval_sees_a_duration_and_fails_loudly_without_the_attribute():
     assert validates_on_time_interval(L.Trainer(accelerator="cpu", logger=False)) is False
+    if not LIGHTNING_2_6:
+        pytest.skip(f"Lightning {L.__version__} has no time-based val_check_interval (False above is the answer)")
     timed = L.Trainer(accelerator="cpu", logger=False, val_check_interval=timedelta(seconds=5))
     assert validates_on_time_interval(timed) is True
     del timed._val_check_time_interval
@@ -213,6 +222,10 @@ def test_validates_on_time_interval_sees_a_duration_and_fails_loudly_without_the
 
 def test_replace_sigterm_broadcast_hands_lightnings_own_broadcast_to_the_check():
     trainer = L.Trainer(accelerator="cpu", logger=False)
+    if not LIGHTNING_2_6:
+        replace_sigterm_broadcast(trainer, pytest.fail)  # nothing to replace: each rank checks its own flag
+        assert not hasattr(trainer.fit_loop.epoch_loop, "_broadcast_sigterm_tensor")
+        return
     original = trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor
     received = []
     replace_sigterm_broadcast(trainer, received.append)
@@ -255,3 +268,14 @@ def test_set_default_group_timeout_sets_the_gloo_backends_timeout(single_rank_gr
     set_default_group_timeout(timedelta(seconds=42))
     backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
     assert backend.options._timeout == timedelta(seconds=42)
+
+
+def test_load_strategy_checkpoint_passes_weights_only_where_lightnings_strategy_takes_it(tmp_path):
+    from lightning.pytorch.strategies import SingleDeviceStrategy
+
+    path = tmp_path / "last.ckpt"
+    torch.save({"state_dict": {}, "epoch": 3}, path)
+    strategy = SingleDeviceStrategy(torch.device("cpu"))
+    assert load_strategy_checkpoint(strategy.load_checkpoint, path, None)["epoch"] == 3
+    takes_it = "weights_only" in inspect.signature(strategy.load_checkpoint).parameters
+    assert takes_it == LIGHTNING_2_6  # Lightning 2.6 added the parameter; a change here needs a look at the function

@@ -8,6 +8,7 @@ with a clear name instead of silently turning a feature off.
 
 from __future__ import annotations
 
+import inspect
 import signal
 import subprocess
 import sys
@@ -216,6 +217,31 @@ def replace_sigterm_broadcast(trainer: pl.Trainer, check: Callable[[Callable[[],
         _require_before_2_6("the training epoch loop's _broadcast_sigterm_tensor")
         return
     epoch_loop._broadcast_sigterm_tensor = lambda: check(synchronous)
+
+
+def load_strategy_checkpoint(
+    load: Callable[..., dict[str, Any]], checkpoint_path: Any, weights_only: bool | None
+) -> dict[str, Any]:
+    """Call a strategy's ``load_checkpoint`` (``load``, e.g. ``super().load_checkpoint``), passing ``weights_only``
+    only where Lightning's ``Strategy.load_checkpoint`` takes it.
+
+    Checked against Lightning 2.6.6, where the Trainer passes ``weights_only`` through; Lightning before 2.6 has no such
+    parameter (its Trainer never passes one, so ``weights_only`` is then ``None``) and gets the path alone.
+
+    Example::
+
+        >>> def before_2_6(path):
+        ...     return {"path": path}
+        >>> def from_2_6(path, weights_only=None):
+        ...     return {"path": path, "weights_only": weights_only}
+        >>> load_strategy_checkpoint(before_2_6, "last.ckpt", None)
+        {'path': 'last.ckpt'}
+        >>> load_strategy_checkpoint(from_2_6, "last.ckpt", False)
+        {'path': 'last.ckpt', 'weights_only': False}
+    """
+    if "weights_only" in inspect.signature(load).parameters:
+        return load(checkpoint_path, weights_only=weights_only)
+    return load(checkpoint_path)
 
 
 def is_last_batch(trainer: pl.Trainer) -> bool:

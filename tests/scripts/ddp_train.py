@@ -4,6 +4,7 @@ Usage: python ddp_train.py OUT_DIR [DEVICES]
 """
 
 import json
+import logging
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -28,7 +29,9 @@ def main() -> None:
     out_dir = Path(sys.argv[1])
     devices = int(sys.argv[2]) if len(sys.argv) > 2 else 2
     torch.set_num_threads(1)
-    L.seed_everything(0, verbose=False)
+    # quiet on every supported Lightning: seed_everything(verbose=False) is Lightning 2.4+
+    logging.getLogger("lightning.fabric.utilities.seed").setLevel(logging.WARNING)
+    L.seed_everything(0)
     recorder = LossRecorder()
     trainer = L.Trainer(
         accelerator="cpu",

@@ -10,6 +10,7 @@ speed. Rank r writes OUT_DIR/result-rank{r}.json with the split it started and e
 
 import argparse
 import json
+import logging
 import os
 from datetime import timedelta
 from pathlib import Path
@@ -30,7 +31,9 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64, help="per-rank batch size at the start")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    L.seed_everything(0, verbose=False)
+    # quiet on every supported Lightning: seed_everything(verbose=False) is Lightning 2.4+
+    logging.getLogger("lightning.fabric.utilities.seed").setLevel(logging.WARNING)
+    L.seed_everything(0)
     model = MLPClassifier(num_features=512, hidden=4096, lr=0.05)
     dm = SyntheticClassificationDataModule(num_samples=args.samples, batch_size=args.batch_size, num_features=512)
     hetero = HeteroBatchCallback(warmup_steps=2, verbose=False)

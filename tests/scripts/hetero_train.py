@@ -13,6 +13,7 @@ Usage: python hetero_train.py OUT_DIR MODE [options]; modes:
 
 import argparse
 import json
+import logging
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -148,7 +149,9 @@ def run_exact(args):
 
 
 def run_slow(args, resume: bool = False):
-    L.seed_everything(0, verbose=False)
+    # quiet on every supported Lightning: seed_everything(verbose=False) is Lightning 2.4+
+    logging.getLogger("lightning.fabric.utilities.seed").setLevel(logging.WARNING)
+    L.seed_everything(0)
     extra: list[Callback] = []
     if args.mode == "cfs":
         model = QuotaModel(per_sample_s=args.per_sample_s)

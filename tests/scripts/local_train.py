@@ -9,6 +9,7 @@ final parameters and buffers, and the validation accuracy.
 
 import argparse
 import json
+import logging
 from pathlib import Path
 
 import lightning as L
@@ -62,7 +63,9 @@ def main() -> None:
     parser.add_argument("--fault-timeout-s", type=float, default=60.0)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    L.seed_everything(0, verbose=False)
+    # quiet on every supported Lightning: seed_everything(verbose=False) is Lightning 2.4+
+    logging.getLogger("lightning.fabric.utilities.seed").setLevel(logging.WARNING)
+    L.seed_everything(0)
     strategy = AsyncPSStrategy(
         mode="bsp" if args.schedule else "local",
         round_samples=args.round_samples,

@@ -9,6 +9,7 @@ global step, the strategy's version and mode, a checksum of its final parameters
 
 import argparse
 import json
+import logging
 import os
 import signal
 import sys
@@ -194,7 +195,9 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(1)
-    L.seed_everything(0, verbose=False)
+    # quiet on every supported Lightning: seed_everything(verbose=False) is Lightning 2.4+
+    logging.getLogger("lightning.fabric.utilities.seed").setLevel(logging.WARNING)
+    L.seed_everything(0)
     strategy = AsyncPSStrategy(
         mode=args.mode,
         max_staleness=args.max_staleness,

@@ -5,6 +5,7 @@ Usage: python slowdown_ddp.py OUT_DIR FACTOR
 """
 
 import json
+import logging
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -47,7 +48,9 @@ class CommHookWindow(Callback):
 def main() -> None:
     out_dir, factor = Path(sys.argv[1]), float(sys.argv[2])
     torch.set_num_threads(1)
-    L.seed_everything(0, verbose=False)
+    # quiet on every supported Lightning: seed_everything(verbose=False) is Lightning 2.4+
+    logging.getLogger("lightning.fabric.utilities.seed").setLevel(logging.WARNING)
+    L.seed_everything(0)
     emulator = SlowdownEmulator(factors={1: factor})
     window = CommHookWindow(emulator)
     trainer = L.Trainer(

@@ -9,6 +9,7 @@ Scenarios:
 """
 
 import json
+import logging
 import sys
 import time
 from pathlib import Path
@@ -69,7 +70,9 @@ class Recorder(Callback):
 def main() -> None:
     out_dir, scenario = Path(sys.argv[1]), sys.argv[2]
     torch.set_num_threads(1)
-    L.seed_everything(0, verbose=False)
+    # quiet on every supported Lightning: seed_everything(verbose=False) is Lightning 2.4+
+    logging.getLogger("lightning.fabric.utilities.seed").setLevel(logging.WARNING)
+    L.seed_everything(0)
     recorder = Recorder()
     callbacks = [recorder]
     model = ScheduledModel(lr=0.05)

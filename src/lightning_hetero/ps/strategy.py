@@ -18,6 +18,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
 from lightning_hetero._lightning_internals import (
+    load_strategy_checkpoint,
     optimizers_to_device,
     replace_sigterm_broadcast,
     set_default_group_timeout,
@@ -138,6 +139,7 @@ class AsyncPSStrategy(DDPStrategy):
 
     @property
     def mode(self) -> Mode:
+        """The synchronisation mode in force: ``"asp"``, ``"bsp"`` or ``"local"``."""
         return self._mode
 
     @property
@@ -183,9 +185,8 @@ class AsyncPSStrategy(DDPStrategy):
 
     def set_mode(self, mode: Mode) -> None:
         """Switch modes; call on every rank with the same value at an epoch's end (e.g. from ``on_train_epoch_end``).
-        The mode's engine leaves (from ASP every rank takes the server's state) and the new one enters (ASP loads
-        rank 0's state into the server), in process, for the next epoch; the time taken is kept in
-        :attr:`last_switch_s`.
+        The mode's engine leaves (from ASP every rank takes the server's state) and the new one enters (ASP loads rank
+        0's state into the server), in process, for the next epoch; the time taken is kept in :attr:`last_switch_s`.
 
         Args:
             mode: ``"asp"``, ``"bsp"`` or ``"local"``.
@@ -257,9 +258,8 @@ class AsyncPSStrategy(DDPStrategy):
         )  # fmt: skip
         engines, compensator = self._engines.values(), self._compensation.new()
         self._run = bootstrap.start_run(ctx, group, engines, lambda: self._engine, self.launcher, compensator, ddp)
-        replace_sigterm_broadcast(
-            trainer, lambda check: bootstrap.check_sigterm(self._engine.lock_step, trainer, check)
-        )
+        sigterm_check = lambda check: bootstrap.check_sigterm(self._engine.lock_step, trainer, check)  # noqa: E731
+        replace_sigterm_broadcast(trainer, sigterm_check)
 
     @override
     def on_train_start(self) -> None:
@@ -310,7 +310,7 @@ class AsyncPSStrategy(DDPStrategy):
 
     @override
     def on_validation_start(self) -> None:
-        if self._run is not None and self._run.ctx.active and self._run.ctx.trainer.state.fn == TrainerFn.FITTING:
+        if self._active and self._run.ctx.trainer.state.fn == TrainerFn.FITTING:  # type: ignore[union-attr]
             self._engine.epoch_end()
             self._run.fault.reshard_validation(self._run.ctx.trainer)
 
@@ -378,7 +378,7 @@ class AsyncPSStrategy(DDPStrategy):
 
     @override
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
-        checkpoint = super().load_checkpoint(checkpoint_path, weights_only=weights_only)
+        checkpoint = load_strategy_checkpoint(super().load_checkpoint, checkpoint_path, weights_only)
         mode = self._checkpointing.restore(checkpoint)
         if mode is not None:
             self._restored = True
