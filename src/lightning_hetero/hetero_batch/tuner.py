@@ -136,6 +136,7 @@ class SplitTuner:
             known_sizes=seen.known_sizes,
             sync_steps=seen.sync_steps,
             relative_errors=seen.relative_errors,
+            speeds_changed=any(seen.changed),
         )
         if decision.apply:
             self.history.append(
