@@ -283,7 +283,7 @@ def print_table(args: argparse.Namespace, results: list[dict]) -> None:
             print(
                 f"{row['title']:<24} {row['controller_samples_per_s']:>7.0f} {best:>18} "
                 f"{row['fraction_of_best_static']:>8.3f} {row['fraction_of_sweep_max']:>12.3f} "
-                f"{row['split_changes']:>7} {row['worst_inversion']:>9} {str(row['late_changes']):>12}"
+                f"{row['split_changes']:>7} {row['worst_inversion']:>9} {row['late_changes']!s:>12}"
             )
     for row in results:
         if "settled_periods" in row:
@@ -349,7 +349,10 @@ def main() -> None:
             plan.append((f"sleep {level}, 4 ranks", lambda f=factors, n=level: static_scenario(n, f, "sleep", args)))
         plan.append(("cfs, 4 ranks", lambda: static_scenario("cfs 1,1/2,1/2,1/4", [1.0, 2.0, 2.0, 4.0], "cfs", args)))
         plan.append(
-            ("cfs cpu, 4 ranks", lambda: static_scenario("cfs cpu 1,1,1,1/4", [1.0, 1.0, 1.0, 4.0], "cfs", args, "spin"))
+            (
+                "cfs cpu, 4 ranks",
+                lambda: static_scenario("cfs cpu 1,1,1,1/4", [1.0, 1.0, 1.0, 4.0], "cfs", args, "spin"),
+            )
         )
         plan.append(("flip HL4, 4 ranks", lambda: flip_scenario("flip HL4", FOUR_RANKS["HL4"], "sleep", args)))
     only = {name.strip() for name in args.only.split(";") if name.strip()}

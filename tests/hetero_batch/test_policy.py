@@ -1,6 +1,8 @@
 """AdjustmentPolicy's memory of rolled-back moves (issue 25): a rejected move is not retried until the evidence
 changes, so under a CPU quota the split settles instead of alternating at every adjustment."""
 
+from itertools import pairwise
+
 from lightning_hetero.hetero_batch.controller import BatchSizeController
 from lightning_hetero.hetero_batch.policy import AdjustmentPolicy, Rejection
 
@@ -40,8 +42,8 @@ def test_a_rolled_back_move_is_not_retried_with_a_neighbouring_split():
     splits = run_quota(AdjustmentPolicy(BatchSizeController(64, 2)), adjustments=48)
     away = [n for n, split in enumerate(splits) if split != SETTLED]
     assert len(away) <= 3, away
-    gaps = [b - a for a, b in zip(away, away[1:], strict=False)]
-    assert all(later >= 3 * g for g, later in zip(gaps, gaps[1:], strict=False)) and gaps[0] >= 3, away  # back-off
+    gaps = [b - a for a, b in pairwise(away)]
+    assert all(later >= 3 * g for g, later in pairwise(gaps)) and gaps[0] >= 3, away  # back-off
     assert all(split == SETTLED for split in splits[-25:])  # settled: no change in the last 25 adjustments
 
 

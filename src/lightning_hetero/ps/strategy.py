@@ -34,7 +34,7 @@ from lightning_hetero.ps.context import BatchWeighting, StepCounter
 from lightning_hetero.ps.engines import ENGINES, Engine, switch
 from lightning_hetero.ps.fault_tolerance import kill_launched
 from lightning_hetero.ps.local_sgd import LocalRounds
-from lightning_hetero.ps.placement import refuse_hetero_batches, training_workers
+from lightning_hetero.ps.placement import refuse_hetero_batches, updates_in_flight
 from lightning_hetero.ps.reporting import EpochLog
 from lightning_hetero.ps.settings import PUBLIC_SETTINGS, PSSettings
 
@@ -66,10 +66,11 @@ class AsyncPSStrategy(DDPStrategy):
         round_s: local SGD: or this many seconds (give at most one; neither: 16 local steps per rank on average).
         local_steps: local SGD: ``"proportional"`` (each rank's steps follow its throughput) or ``"equal"``.
         outer_optimizer: local SGD: the outer optimizer's class (default ``torch.optim.SGD``).
-        outer_optimizer_kwargs: its arguments (default DiLoCo's ``lr=0.7, momentum=0.9, nesterov=True``).
+        outer_optimizer_kwargs: its arguments (default ``lr=1.0``: plain averaging; DiLoCo's: ``lr=0.7, momentum=0.9,
+            nesterov=True``).
         pseudo_gradient_weighting: local SGD: ``"mean"`` over the ranks that trained, or by their ``"samples"``.
-        overlap_round_trip: ``True``: the push and the reply travel while the next batch is computed (a bounded
-            extra staleness of one own update); ``False``: textbook ASP, each worker waits for its reply.
+        overlap_round_trip: ``True`` (default): the push and the reply travel while the next batch is computed (a
+            bounded extra staleness of one own update, which the compensation counts); ``False``: textbook ASP.
         server_shards: split the server into this many shards of whole tensors, hosted by ranks
             ``0 .. server_shards - 1`` (``docs/async_ps.md``, Sharding); not with ``on_worker_lost="continue"``.
         server_placement: ``"worker"``: rank 0 hosts the server and trains like the others; ``"dedicated"``: in ASP
@@ -103,7 +104,7 @@ class AsyncPSStrategy(DDPStrategy):
         on_worker_lost: str = "fail", round_samples: int | None = None, round_s: float | None = None,
         local_steps: str = "proportional", outer_optimizer: Callable[..., torch.optim.Optimizer] | None = None,
         outer_optimizer_kwargs: dict[str, Any] | None = None, pseudo_gradient_weighting: str = "mean",
-        overlap_round_trip: bool = False, server_shards: int = 1, server_placement: str = "worker",
+        overlap_round_trip: bool = True, server_shards: int = 1, server_placement: str = "worker",
         accelerator: pl.accelerators.Accelerator | None = None, parallel_devices: list[torch.device] | None = None,
         cluster_environment: Any = None, checkpoint_io: Any = None, precision_plugin: Any = None,
         process_group_backend: str | None = None,
@@ -121,7 +122,7 @@ class AsyncPSStrategy(DDPStrategy):
         self._settings = settings
         for name in PUBLIC_SETTINGS:  # max_staleness, fault_timeout_s, server_shards, ...: readable attributes
             setattr(self, name, getattr(settings, name))
-        workers = lambda: training_workers(self.world_size, self.server_placement)  # noqa: E731
+        workers = lambda: updates_in_flight(self.world_size, settings)  # noqa: E731
         self._compensation = Compensation(asynchrony_compensation, workers, lambda: self.optimizers[0].param_groups)
         #: seconds the last effective :meth:`set_mode` took (``None`` before any switch)
         self.last_switch_s: float | None = None

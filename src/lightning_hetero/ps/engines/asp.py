@@ -24,7 +24,12 @@ from lightning_hetero.param_groups import hyperparameters
 from lightning_hetero.ps.asp_client import RemoteStepOptimizer
 from lightning_hetero.ps.checkpointing import SavedState
 from lightning_hetero.ps.protocol import FLAG_JOIN, FLAG_LAST, SERVER_RANK, STATUS_OK
-from lightning_hetero.ps.reporting import compensation_message, report_hyperparameters, report_staleness
+from lightning_hetero.ps.reporting import (
+    compensation_message,
+    report_hyperparameters,
+    report_staleness,
+    round_trip_message,
+)
 
 if TYPE_CHECKING:
     from lightning_hetero.ps.collectives import CollectiveGate
@@ -89,7 +94,9 @@ class AsynchronousEngine:
         self._compensation_announced = True
         compensator = server.compensator
         mode = compensator.mode if compensator is not None else None
-        rank_zero_info(compensation_message(ctx.optimizer.param_groups[0], compensator, mode))
+        overlap = ctx.servers.client is not None and ctx.servers.client.overlap
+        message = compensation_message(ctx.optimizer.param_groups[0], compensator, mode)
+        rank_zero_info(message + round_trip_message(overlap))
 
     def leave(self) -> None:
         """Every rank takes the server's parameters, optimizer state and version, and rank 0's hyper-parameters and
