@@ -148,7 +148,12 @@ def test_asp_compensates_momentum_and_entering_bsp_restores_the_users_hyperparam
         assert report["hyper_seen"]["2"] == [[0.1, 0.9]]
         assert report["mode"] == "bsp"
     assert reports[0]["checksum"] == reports[1]["checksum"]
-    assert (result.stdout + result.stderr).count("asynchrony_compensation='auto': in ASP with 2") == 1
+    output = result.stdout + result.stderr
+    assert output.count("asynchrony_compensation='auto': in ASP with 2") == 1
+    assert output.count("Each worker waits for the server's reply (overlap_round_trip=False") == 1  # the script's
+    # once, after the first ASP epoch: the sizing rule with the measured numbers (a small model: one shard)
+    assert output.count("server sizing from the first ASP epoch") == 1
+    assert "keeps server_shards=1 and server_placement='worker'" in output
 
 
 def test_bsp_is_the_same_with_or_without_compensation_and_unhandled_optimizers_are_named(run_script, tmp_path):

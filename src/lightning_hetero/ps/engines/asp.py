@@ -30,6 +30,7 @@ from lightning_hetero.ps.reporting import (
     report_staleness,
     round_trip_message,
 )
+from lightning_hetero.ps.server_sizing import sizing_advice
 
 if TYPE_CHECKING:
     from lightning_hetero.ps.collectives import CollectiveGate
@@ -61,6 +62,7 @@ class AsynchronousEngine:
         self._chunk = -1  # the claimed chunk of the batch in hand
         self._last_staleness = 0
         self._compensation_announced = False
+        self._sizing_advised = False
 
     def setup(self, ctx: PSContext, fault: FaultTolerance, gate: CollectiveGate) -> None:
         self._ctx, self._fault, self._gate = ctx, fault, gate
@@ -172,8 +174,14 @@ class AsynchronousEngine:
             report_hyperparameters(ctx.log, ctx.module, ctx.optimizer.param_groups[0], compensator, epoch)
 
     def epoch_end(self) -> None:
-        """The ranks meet, take the server's latest parameters and average their buffers."""
-        _, fault, gate = self._parts()
+        """The ranks meet, take the server's latest parameters and average their buffers; after the first epoch rank 0
+        says what the server-sizing rule recommends from the server's measured cost and load."""
+        ctx, fault, gate = self._parts()
+        server = ctx.servers.server
+        if not self._sizing_advised and server is not None and server.tracker.updates:
+            self._sizing_advised = True
+            shards = 1 if ctx.servers.shards is None else len(ctx.servers.shards)
+            rank_zero_info(sizing_advice(server.statistics(), shards).message)
         fault.meet()
         self._pull()
         gate.average_buffers()
