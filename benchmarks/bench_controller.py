@@ -4,6 +4,7 @@ Scenarios (2 and 4 DDP ranks on gloo, global batch 64, adjustments every 8 steps
   sleep HL2 / HL4 / HL8   SlowdownEmulator sleeps; 4-rank factors follow OmniLearn's BSP core counts
   cfs                     SlowdownEmulator(throttle="cfs"): a CPU quota of 1/factor per 100 ms period
   cfs cpu                 the same quota on real CPU work (a busy loop): the ranks compete for the host's cores
+                          (2 ranks at 1 and 1/4 CPU; 4 ranks at 1/2, 1/2, 1/2 and 1/8)
   flip                    the slow and fast ranks swap 2 steps after an adjustment (sleep HL4, then cfs 1/4)
   homogeneous             equal ranks: HeteroBatch against plain DDP, and plain DDP against itself (the noise
                           floor), the three arms in rotating order
@@ -351,7 +352,8 @@ def main() -> None:
         plan.append(
             (
                 "cfs cpu, 4 ranks",
-                lambda: static_scenario("cfs cpu 1,1,1,1/4", [1.0, 1.0, 1.0, 4.0], "cfs", args, "spin"),
+                # quotas summing to 1.6 CPUs: 4 CPU-bound ranks at full speed would oversubscribe the 2 cores
+                lambda: static_scenario("cfs cpu 1/2,1/2,1/2,1/8", [2.0, 2.0, 2.0, 8.0], "cfs", args, "spin"),
             )
         )
         plan.append(("flip HL4, 4 ranks", lambda: flip_scenario("flip HL4", FOUR_RANKS["HL4"], "sleep", args)))
