@@ -66,8 +66,7 @@ class AsyncPSStrategy(DDPStrategy):
         round_s: local SGD: or this many seconds (give at most one; neither: 16 local steps per rank on average).
         local_steps: local SGD: ``"proportional"`` (each rank's steps follow its throughput) or ``"equal"``.
         outer_optimizer: local SGD: the outer optimizer's class (default ``torch.optim.SGD``).
-        outer_optimizer_kwargs: its arguments (default ``lr=1.0``: plain averaging; DiLoCo's: ``lr=0.7, momentum=0.9,
-            nesterov=True``).
+        outer_optimizer_kwargs: its arguments (default ``lr=1.0``: plain averaging; DiLoCo's: 0.7, Nesterov 0.9).
         pseudo_gradient_weighting: local SGD: ``"mean"`` over the ranks that trained, or by their ``"samples"``.
         overlap_round_trip: ``True`` (default): the push and the reply travel while the next batch is computed (a
             bounded extra staleness of one own update, which the compensation counts); ``False``: textbook ASP.
