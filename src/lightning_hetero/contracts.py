@@ -99,6 +99,16 @@ class HeteroBatchStrategy(Protocol):
 
 
 @runtime_checkable
+class ModeSwitcher(Protocol):
+    """What a callback that switches the strategy's mode during training (``SyncSwitchCallback``) tells the strategy:
+    the mode it starts in is not the only one, so what holds in one mode only (manual optimization, mid-epoch
+    validation, a step estimate per rank) does not hold for the run."""
+
+    #: the modes the callback may switch the strategy to
+    switch_modes: tuple[Mode, ...]
+
+
+@runtime_checkable
 class SwitchableStrategy(Protocol):
     """What a strategy offers ``SyncSwitchCallback``: its mode, switched in process at epoch boundaries."""
 

@@ -37,6 +37,7 @@ from lightning_hetero.ps.local_sgd import LocalRounds
 from lightning_hetero.ps.placement import refuse_hetero_batches, training_workers
 from lightning_hetero.ps.reporting import EpochLog
 from lightning_hetero.ps.settings import PUBLIC_SETTINGS, PSSettings
+from lightning_hetero.ps.trainer_limits import TrainerLimits
 
 DESCRIPTION = "Asynchronous parameter-server training (lightning-hetero)"
 
@@ -136,6 +137,7 @@ class AsyncPSStrategy(DDPStrategy):
         self._schedules = CountedLRSchedulers()
         self._log = EpochLog(gather=lambda tensor: self.all_gather(tensor.to(self.root_device)))
         self._run: bootstrap.Run | None = None  # built at setup when fitting
+        self._limits = TrainerLimits()
 
     @property
     def mode(self) -> Mode:
@@ -237,7 +239,7 @@ class AsyncPSStrategy(DDPStrategy):
         self.model_to_device()
         fitting = trainer.state.fn == TrainerFn.FITTING
         if fitting:
-            bootstrap.check_trainer(self.lightning_module, trainer)
+            self._limits.check(self.lightning_module, trainer, self._mode, self.world_size)
             self.setup_optimizers(trainer)
             bootstrap.check_optimizers(self.optimizers)
         self.setup_precision_plugin()
@@ -254,7 +256,7 @@ class AsyncPSStrategy(DDPStrategy):
         ctx, group = bootstrap.build_context(
             self._settings, trainer, self.optimizers[0], self.precision_plugin, self.root_device, self.global_rank,
             self.world_size, self.cluster_environment.main_address, ddp.broadcast, self._counter, self._weighting,
-            self._schedules, self._log,
+            self._schedules, self._log, self._limits.limit,
         )  # fmt: skip
         engines, compensator = self._engines.values(), self._compensation.new()
         self._run = bootstrap.start_run(ctx, group, engines, lambda: self._engine, self.launcher, compensator, ddp)
@@ -316,8 +318,8 @@ class AsyncPSStrategy(DDPStrategy):
 
     @override
     def process_dataloader(self, dataloader: object) -> object:
-        """Give the training loader a claim sampler (see :class:`~lightning_hetero.ps.claiming.DataClaiming`)."""
-        return self._run.claiming.process(dataloader) if self._run is not None else dataloader
+        """The training loader's claim sampler (:class:`~lightning_hetero.ps.claiming.DataClaiming`); before: sized."""
+        return self._run.claiming.process(dataloader) if self._run is not None else self._limits.loader(dataloader)
 
     @property
     @override
