@@ -100,12 +100,12 @@ class HeteroBatchStrategy(Protocol):
 
 @runtime_checkable
 class ModeSwitcher(Protocol):
-    """What a callback that switches the strategy's mode during training (``SyncSwitchCallback``) tells the strategy:
-    the mode it starts in is not the only one, so what holds in one mode only (manual optimization, mid-epoch
-    validation, a step estimate per rank) does not hold for the run."""
+    """What marks a callback that switches the strategy's mode during training (``SyncSwitchCallback``): its switching
+    ``policy``. With one, the mode the strategy starts in is not the only one, so what holds in one mode only (manual
+    optimization, mid-epoch validation, a step estimate per rank) does not hold for the run."""
 
-    #: the modes the callback may switch the strategy to
-    switch_modes: tuple[Mode, ...]
+    #: chooses the mode of each epoch (a ``lightning_hetero.switching.policies.SwitchPolicy``)
+    policy: object
 
 
 @runtime_checkable

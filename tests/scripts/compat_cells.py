@@ -110,7 +110,7 @@ def cell_setup(cell: str) -> tuple[L.LightningModule, L.LightningDataModule | No
         kwargs["accumulate_grad_batches"] = 2
     elif cell in ("manual", "boring", "transformer"):
         model = {"manual": ManualOptimBoringModel, "boring": BoringModel, "transformer": TinyTransformer}[cell]()
-        data, kwargs = None, {"max_epochs": 1, "limit_val_batches": 4}
+        data, kwargs = None, {"max_epochs": 2, "limit_val_batches": 4}
     return model, data, kwargs
 
 
@@ -131,7 +131,9 @@ def run_cell(feature: str, cell: str) -> dict:
         outcome = {"status": "refused" if seen.batches == 0 else "error", "message": f"{type(err).__name__}: {err}"}
     params = torch.cat([p.detach().reshape(-1).double() for p in model.parameters()])
     acc = trainer.callback_metrics.get("val_acc")
+    hetero = next((c for c in callbacks if isinstance(c, HeteroBatchCallback)), None)
     outcome.update(
+        split=None if hetero is None or hetero.tuner is None else list(hetero.tuner.plan.current),
         batches=seen.batches,
         global_step=trainer.global_step,
         checksum=float(params.sum()) if torch.isfinite(params).all() else math.nan,

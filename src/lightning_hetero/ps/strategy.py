@@ -1,7 +1,6 @@
 """``AsyncPSStrategy``: the Lightning strategy's lifecycle and hooks, one engine per mode
-(:mod:`~lightning_hetero.ps.engines`) and the collaborators built at setup (:mod:`~lightning_hetero.ps.bootstrap`).
-See ``docs/async_ps.md`` for how steps, epochs, logging, checkpoints and faults work, ``docs/architecture.md`` for
-the modules."""
+(:mod:`~lightning_hetero.ps.engines`) and the collaborators built at setup (:mod:`~lightning_hetero.ps.bootstrap`);
+``docs/async_ps.md`` tells how steps, epochs, logging, checkpoints and faults work."""
 
 from __future__ import annotations
 
@@ -83,8 +82,8 @@ class AsyncPSStrategy(DDPStrategy):
         process_group_backend: backend of the default group (used in BSP); the server always talks gloo.
 
     Notes:
-        Supports automatic optimization with exactly one optimizer. In ASP, ``trainer.global_step`` is the server's
-        version (updates from all workers) and ``max_steps`` bounds it; validation runs at epoch ends only.
+        Exactly one optimizer; manual optimization in BSP only. In ASP ``trainer.global_step`` is the server's version
+        and ``max_steps`` bounds it; every rank stops at the same epoch's end; validation at epoch ends only.
 
     Example::
 
@@ -133,11 +132,10 @@ class AsyncPSStrategy(DDPStrategy):
         self._engines: dict[str, Engine] = {name: new(settings, self._weighting) for name, new in ENGINES.items()}
         self._mode: Mode = mode
         self._checkpointing = Checkpointing(self._engines, self._counter)
-        self._restored = False
+        self._restored, self._limits = False, TrainerLimits()  # the Trainer's settings (refusals, estimates)
         self._schedules = CountedLRSchedulers()
         self._log = EpochLog(gather=lambda tensor: self.all_gather(tensor.to(self.root_device)))
         self._run: bootstrap.Run | None = None  # built at setup when fitting
-        self._limits = TrainerLimits()
 
     @property
     def mode(self) -> Mode:
