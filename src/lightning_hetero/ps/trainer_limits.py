@@ -59,10 +59,11 @@ def check_trainer(module: pl.LightningModule, trainer: pl.Trainer, mode: str) ->
             "together, and torch's SyncBatchNorm needs a GPU backend); remove sync_batchnorm, or use strategy='ddp' "
             "on GPUs."
         )
-    interval = trainer.val_check_interval
-    mid_epoch = validates_on_time_interval(trainer) or isinstance(interval, int) or interval != 1.0
-    if mid_epoch and not (lock_step and isinstance(interval, int) and not validates_on_time_interval(trainer)):
-        got = "a duration" if validates_on_time_interval(trainer) else repr(interval)
+    timed = validates_on_time_interval(trainer)  # a duration leaves no `trainer.val_check_interval` at all
+    interval = None if timed else trainer.val_check_interval
+    mid_epoch = timed or isinstance(interval, int) or interval != 1.0
+    if mid_epoch and not (lock_step and isinstance(interval, int)):
+        got = "a duration" if timed else repr(interval)
         raise ValueError(
             f"AsyncPSStrategy validates at epoch ends only (val_check_interval={got}): the ranks run different "
             "numbers of batches in ASP and local SGD and meet only where an epoch ends (BSP alone also takes an "
