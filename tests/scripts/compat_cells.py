@@ -3,9 +3,12 @@
 its outcome (``"pass"``, ``"refused"`` with the message, or ``"error"``), the training batches it ran, its final
 ``global_step``, a checksum of its parameters and the validation accuracy.
 
-Usage: python compat_cells.py OUT_DIR FEATURE [CELL ...]   (FEATURE: one of FEATURES; no cells: all of CELLS)
+Usage: python compat_cells.py OUT_DIR FEATURE [CELL ...] [--samples N --noise X --seed S]
+(FEATURE: one of FEATURES; no cells: all of CELLS). ``benchmarks/bench_compat.py`` runs it on harder data to compare
+the features' accuracy on each usage.
 """
 
+import argparse
 import json
 import logging
 import math
@@ -33,16 +36,19 @@ CELLS = (
     "plain", "max_steps", "max_time", "onecycle", "batchnorm", "sync_batchnorm", "limit_train_batches",
     "val_check_interval", "accumulate", "manual", "boring", "transformer",
 )  # fmt: skip
-SAMPLES, BATCH = 384, 16  # 24 batches of 16 an epoch over both ranks: max_steps=22 falls in an epoch's last updates
+BATCH = 16  # over both ranks; with 384 samples an epoch is 24 batches, and max_steps=22 falls in its last updates
 
 
 class BatchNormClassifier(MLPClassifier):
     def __init__(self) -> None:
-        super().__init__(lr=0.05)
+        super().__init__(lr=0.05, num_classes=OPTIONS.classes)
         self.net.insert(1, nn.BatchNorm1d(self.hparams.hidden))
 
 
 class OneCycleClassifier(MLPClassifier):
+    def __init__(self) -> None:
+        super().__init__(num_classes=OPTIONS.classes)
+
     def configure_optimizers(self):
         optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
         total = self.trainer.estimated_stepping_batches
@@ -66,7 +72,7 @@ class TinyTransformer(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
     def train_dataloader(self):
-        tokens = torch.randint(0, 15, (SAMPLES // 4, 8), generator=torch.Generator().manual_seed(0))
+        tokens = torch.randint(0, 15, (OPTIONS.samples // 4, 8), generator=torch.Generator().manual_seed(0))
         return DataLoader(TensorDataset(tokens, tokens + 1), batch_size=8, shuffle=True)
 
 
@@ -89,18 +95,19 @@ def strategy_and_callbacks(feature: str) -> tuple[object, list[Callback]]:
 
 
 def cell_setup(cell: str) -> tuple[L.LightningModule, L.LightningDataModule | None, dict]:
-    data = SyntheticClassificationDataModule(num_samples=SAMPLES, batch_size=BATCH // 2)
-    kwargs: dict = {"max_epochs": 2}
-    model: L.LightningModule = MLPClassifier(lr=0.1)
-    if cell == "max_steps":
-        kwargs.update(max_epochs=10, max_steps=22)
+    samples, noise, classes = OPTIONS.samples, OPTIONS.noise, OPTIONS.classes
+    data = SyntheticClassificationDataModule(samples, BATCH // 2, num_classes=classes, seed=OPTIONS.seed, noise=noise)
+    kwargs: dict = {"max_epochs": OPTIONS.epochs}
+    model: L.LightningModule = MLPClassifier(lr=0.1, num_classes=classes)
+    if cell == "max_steps":  # two updates before an epoch's end
+        kwargs.update(max_epochs=10, max_steps=OPTIONS.epochs * samples // BATCH - 2)
     elif cell == "max_time":
-        kwargs.update(max_epochs=1000, max_time={"seconds": 2})
+        kwargs.update(max_epochs=1000, max_time={"seconds": OPTIONS.max_time_s})
     elif cell == "onecycle":
         model = OneCycleClassifier()
     elif cell in ("batchnorm", "sync_batchnorm"):
         model = BatchNormClassifier()  # 390 samples: the epoch's last global batch is short
-        data = SyntheticClassificationDataModule(num_samples=SAMPLES + 6, batch_size=4)
+        data = SyntheticClassificationDataModule(samples + 6, 4, num_classes=classes, seed=OPTIONS.seed, noise=noise)
         kwargs["sync_batchnorm"] = cell == "sync_batchnorm"
     elif cell == "limit_train_batches":
         kwargs["limit_train_batches"] = 0.5
@@ -115,7 +122,7 @@ def cell_setup(cell: str) -> tuple[L.LightningModule, L.LightningDataModule | No
 
 
 def run_cell(feature: str, cell: str) -> dict:
-    torch.manual_seed(0)
+    torch.manual_seed(OPTIONS.seed)
     model, data, kwargs = cell_setup(cell)
     strategy, callbacks = strategy_and_callbacks(feature)
     seen = Seen()
@@ -143,8 +150,25 @@ def run_cell(feature: str, cell: str) -> dict:
     return outcome
 
 
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out", type=Path)
+    parser.add_argument("feature", choices=FEATURES)
+    parser.add_argument("cells", nargs="*", help=f"some of {CELLS} (default: all)")
+    parser.add_argument("--samples", type=int, default=384)
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--noise", type=float, default=0.5)
+    parser.add_argument("--classes", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-time-s", type=float, default=2.0)
+    return parser.parse_args(argv)
+
+
+OPTIONS = parse(sys.argv[1:])
+
+
 def main() -> None:
-    out, feature, cells = Path(sys.argv[1]), sys.argv[2], sys.argv[3:] or list(CELLS)
+    out, feature, cells = OPTIONS.out, OPTIONS.feature, OPTIONS.cells or list(CELLS)
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore")
     results = {}
