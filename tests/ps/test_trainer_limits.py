@@ -9,6 +9,7 @@ from lightning_hetero.ps.trainer_limits import (
     EstimateSampler,
     check_trainer,
     estimating_loader,
+    lock_step_interval,
     pool_chunks,
     steps_per_epoch,
 )
@@ -40,7 +41,12 @@ TIME_BASED = pytest.mark.skipif(
         (MLPClassifier(), "asp", {"val_check_interval": 10}, "val_check_interval=10"),
         (MLPClassifier(), "local", {"val_check_interval": 1}, r"val_check_interval=1\)"),
         (MLPClassifier(), "asp", {"val_check_interval": 0.5}, r"val_check_interval=0.5.*limit_train_batches=0.5"),
-        (MLPClassifier(), "bsp", {"val_check_interval": 0.5}, "val_check_interval=0.5"),
+        (
+            MLPClassifier(),
+            "bsp",
+            {"callbacks": [SyncSwitchCallback("bsp:0-0,asp:1-")], "val_check_interval": 0.5},
+            "0.5",
+        ),
         pytest.param(
             MLPClassifier(), "asp", {"val_check_interval": timedelta(seconds=5)}, "a duration", marks=TIME_BASED
         ),
@@ -57,8 +63,17 @@ def test_sync_batchnorm_is_refused_rather_than_ignored():
         check_trainer(MLPClassifier(), trainer, "asp")
 
 
-def test_bsp_alone_takes_manual_optimization_and_integer_validation_intervals():
-    check_trainer(_Manual(), _trainer(val_check_interval=10), "bsp")
+@pytest.mark.parametrize("interval", [10, 0.5])
+def test_bsp_alone_takes_manual_optimization_and_mid_epoch_validation(interval):
+    check_trainer(_Manual(), _trainer(val_check_interval=interval), "bsp")
+
+
+def test_a_fractional_interval_becomes_the_batch_count_it_means_in_bsp():
+    trainer = _trainer(val_check_interval=0.25)
+    lock_step_interval(trainer, batches_per_rank=12)
+    assert trainer.val_check_interval == 3
+    lock_step_interval(trainer, batches_per_rank=12)  # an integer stays as it is
+    assert trainer.val_check_interval == 3
 
 
 @pytest.mark.parametrize("limit", [0.5, 3])

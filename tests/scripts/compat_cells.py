@@ -78,10 +78,13 @@ class TinyTransformer(L.LightningModule):
 
 class Seen(Callback):
     def __init__(self) -> None:
-        self.batches = 0
+        self.batches = self.validations = 0
 
     def on_train_batch_start(self, *args, **kwargs) -> None:
         self.batches += 1
+
+    def on_validation_start(self, *args, **kwargs) -> None:
+        self.validations += 1
 
 
 def strategy_and_callbacks(feature: str) -> tuple[object, list[Callback]]:
@@ -142,6 +145,7 @@ def run_cell(feature: str, cell: str) -> dict:
     outcome.update(
         split=None if hetero is None or hetero.tuner is None else list(hetero.tuner.plan.current),
         batches=seen.batches,
+        validations=seen.validations,
         global_step=trainer.global_step,
         checksum=float(params.sum()) if torch.isfinite(params).all() else math.nan,
         val_acc=None if acc is None else float(acc),

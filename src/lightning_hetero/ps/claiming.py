@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, Samp
 from lightning_hetero._lightning_internals import uses_distributed_sampler, with_sampler
 from lightning_hetero.ps.placement import reserved_only
 from lightning_hetero.ps.sampler import ClaimSampler
-from lightning_hetero.ps.trainer_limits import pool_chunks
+from lightning_hetero.ps.trainer_limits import lock_step_interval, mode_switcher, pool_chunks
 
 if TYPE_CHECKING:
     from lightning_hetero.ps.context import PSContext
@@ -153,4 +153,6 @@ class DataClaiming:
         if claiming is None:
             return dataloader
         loader, ctx.claim_sampler = claiming
+        if self._engine().lock_step and mode_switcher(trainer) is None:  # BSP alone validates inside an epoch
+            lock_step_interval(trainer, -(-ctx.claim_sampler.epoch_samples // loader.batch_size // ctx.world_size))
         return loader

@@ -62,12 +62,12 @@ def check_trainer(module: pl.LightningModule, trainer: pl.Trainer, mode: str) ->
     timed = validates_on_time_interval(trainer)  # a duration leaves no `trainer.val_check_interval` at all
     interval = None if timed else trainer.val_check_interval
     mid_epoch = timed or isinstance(interval, int) or interval != 1.0
-    if mid_epoch and not (lock_step and isinstance(interval, int)):
+    if (mid_epoch and not lock_step) or timed:
         got = "a duration" if timed else repr(interval)
         raise ValueError(
             f"AsyncPSStrategy validates at epoch ends only (val_check_interval={got}): the ranks run different "
-            "numbers of batches in ASP and local SGD and meet only where an epoch ends (BSP alone also takes an "
-            "integer); use limit_train_batches to make epochs shorter (val_check_interval=0.5 is "
+            "numbers of batches in ASP and local SGD and meet only where an epoch ends (BSP alone takes a fraction "
+            "or a count); use limit_train_batches to make epochs shorter (val_check_interval=0.5 is "
             "limit_train_batches=0.5 with twice the max_epochs), or check_val_every_n_epoch."
         )
     limit = trainer.limit_train_batches
@@ -75,6 +75,19 @@ def check_trainer(module: pl.LightningModule, trainer: pl.Trainer, mode: str) ->
         return 1.0
     trainer.limit_train_batches = 1.0  # the claim pool applies it (Lightning would refuse it on the claim loader)
     return limit
+
+
+def lock_step_interval(trainer: pl.Trainer, batches_per_rank: int) -> None:
+    """BSP alone: a fractional ``val_check_interval`` becomes the batch count it means (Lightning needs the loader's
+    length for a fraction, and the claim loader has none).
+
+    Args:
+        trainer: the Trainer.
+        batches_per_rank: each rank's batches per epoch.
+    """
+    interval = trainer.val_check_interval
+    if isinstance(interval, float) and interval != 1.0:
+        trainer.val_check_interval = max(1, int(batches_per_rank * interval))
 
 
 def pool_chunks(chunks: int, limit: float | int, world_size: int) -> int:
