@@ -12,6 +12,7 @@ import pytest
 
 from tests.helpers import read_json
 
+pytestmark = pytest.mark.multiprocess
 FEATURES = ("ddp_hetero", "asp", "hybrid", "local", "bsp")
 CELLS = (
     "plain", "max_steps", "max_time", "onecycle", "batchnorm", "sync_batchnorm", "limit_train_batches",
