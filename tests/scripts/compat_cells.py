@@ -3,7 +3,7 @@
 its outcome (``"pass"``, ``"refused"`` with the message, or ``"error"``), the training batches it ran, its final
 ``global_step``, a checksum of its parameters and the validation accuracy.
 
-Usage: python compat_cells.py OUT_DIR FEATURE [CELL ...] [--samples N --noise X --seed S]
+Usage: python compat_cells.py OUT_DIR FEATURE [CELL ...] [--samples N --noise X --seed S --throttle cfs]
 (FEATURE: one of FEATURES; no cells: all of CELLS). ``benchmarks/bench_compat.py`` runs it on harder data to compare
 the features' accuracy on each usage.
 """
@@ -130,7 +130,7 @@ def run_cell(feature: str, cell: str) -> dict:
     strategy, callbacks = strategy_and_callbacks(feature)
     seen = Seen()
     trainer = L.Trainer(
-        accelerator="cpu", devices=2, strategy=strategy, callbacks=[*callbacks, SlowdownEmulator({1: 3.0}), seen],
+        accelerator="cpu", devices=2, strategy=strategy, callbacks=[*callbacks, SlowdownEmulator({1: 3.0}, throttle=OPTIONS.throttle), seen],
         logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         num_sanity_val_steps=0, **kwargs,
     )  # fmt: skip
@@ -165,6 +165,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--classes", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-time-s", type=float, default=2.0)
+    parser.add_argument("--throttle", choices=("sleep", "cfs"), default="sleep", help="how rank 1 is slowed")
     return parser.parse_args(argv)
 
 
