@@ -103,7 +103,7 @@ def cell_setup(cell: str) -> tuple[L.LightningModule, L.LightningDataModule | No
     kwargs: dict = {"max_epochs": OPTIONS.epochs}
     model: L.LightningModule = MLPClassifier(lr=0.1, num_classes=classes)
     if cell == "max_steps":  # two updates before an epoch's end
-        kwargs.update(max_epochs=10, max_steps=OPTIONS.epochs * samples // BATCH - 2)
+        kwargs.update(max_epochs=10, max_steps=samples // BATCH - 2)
     elif cell == "max_time":
         kwargs.update(max_epochs=1000, max_time={"seconds": OPTIONS.max_time_s})
     elif cell == "onecycle":
