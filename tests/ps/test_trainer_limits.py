@@ -115,3 +115,12 @@ def test_the_hybrid_estimate_is_the_asynchronous_one():
     trainer.state.fn, trainer.state.stage = "fit", "train"
     loader = estimating_loader(DataLoader(make_classification(192), batch_size=8), trainer, "bsp", 2, limit=1.0)
     assert len(loader) == 24
+
+
+def test_a_loader_the_claim_sampler_leaves_alone_gets_lightnings_own_limit_back():
+    trainer = _trainer(limit_train_batches=0.5)
+    limit = check_trainer(MLPClassifier(), trainer, "asp")
+    trainer.state.fn, trainer.state.stage = "fit", "train"
+    custom = DataLoader(make_classification(64), batch_size=8, sampler=list(range(64)))
+    assert estimating_loader(custom, trainer, "asp", world_size=2, limit=limit) is custom
+    assert trainer.limit_train_batches == 0.5

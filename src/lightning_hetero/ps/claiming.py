@@ -19,27 +19,17 @@ from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn
-from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, Sampler, SequentialSampler
+from torch.utils.data import DataLoader
 
 from lightning_hetero._lightning_internals import uses_distributed_sampler, with_sampler
 from lightning_hetero.ps.placement import reserved_only
-from lightning_hetero.ps.sampler import ClaimSampler
+from lightning_hetero.ps.sampler import ClaimSampler, sampler_order
 from lightning_hetero.ps.trainer_limits import lock_step_interval, mode_switcher, pool_chunks
 
 if TYPE_CHECKING:
     from lightning_hetero.ps.context import PSContext
     from lightning_hetero.ps.engines import Engine
     from lightning_hetero.ps.fault_tolerance import FaultTolerance
-
-
-def sampler_order(sampler: Sampler | object) -> tuple[bool, int] | None:
-    """``(shuffle, seed)`` of a sampler the claim sampler may replace (Lightning's ``DistributedSampler`` or a plain
-    random or sequential one); ``None`` for a custom sampler, which decides itself which rank sees what."""
-    if isinstance(sampler, DistributedSampler):
-        return sampler.shuffle, sampler.seed
-    if isinstance(sampler, (RandomSampler, SequentialSampler)):
-        return isinstance(sampler, RandomSampler), 0
-    return None
 
 
 class StoreClaims:
@@ -150,7 +140,8 @@ class DataClaiming:
             reserved_only=lambda: reserved_only(ctx.settings.server_placement, self._engine().through_server, ctx.rank),
             limit=ctx.train_limit,
         )
-        if claiming is None:
+        if claiming is None:  # a loader of its own (HeteroBatch's, a custom sampler): Lightning's limit applies
+            trainer.limit_train_batches = ctx.train_limit
             return dataloader
         loader, ctx.claim_sampler = claiming
         if self._engine().lock_step and mode_switcher(trainer) is None:  # BSP alone validates inside an epoch

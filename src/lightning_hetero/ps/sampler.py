@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterator
 
-from torch.utils.data import Sampler
+from torch.utils.data import DistributedSampler, RandomSampler, Sampler, SequentialSampler
 
 from lightning_hetero._validation import check_range
 from lightning_hetero.epoch_order import epoch_order as epoch_order  # re-exported: the old import path
@@ -23,6 +23,16 @@ ClaimFn = Callable[[int, int], int]
 #: ``tail(epoch, own_chunks) -> chunks``: once the claims run out, the chunks this worker must still train (the ones
 #: a lost worker had claimed but not pushed); may block until the other workers are done with the epoch.
 TailFn = Callable[[int, set[int]], list[int]]
+
+
+def sampler_order(sampler: Sampler | object) -> tuple[bool, int] | None:
+    """``(shuffle, seed)`` of a sampler the claim sampler may replace (Lightning's ``DistributedSampler`` or a plain
+    random or sequential one); ``None`` for a custom sampler, which decides itself which rank sees what."""
+    if isinstance(sampler, DistributedSampler):
+        return sampler.shuffle, sampler.seed
+    if isinstance(sampler, (RandomSampler, SequentialSampler)):
+        return isinstance(sampler, RandomSampler), 0
+    return None
 
 
 def round_robin_chunks(num_samples: int, chunk_size: int, rank: int, world_size: int) -> list[tuple[int, int]]:

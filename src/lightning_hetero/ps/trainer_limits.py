@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, Sampler
 
 from lightning_hetero._lightning_internals import layer_sync_requested, validates_on_time_interval, with_sampler
 from lightning_hetero.contracts import ModeSwitcher
+from lightning_hetero.ps.sampler import sampler_order
 
 
 def mode_switcher(trainer: pl.Trainer) -> ModeSwitcher | None:
@@ -138,10 +139,17 @@ def estimating_loader(
         trainer: the Trainer.
         mode: the strategy's mode at the start.
         world_size: the number of ranks.
-        limit: the taken-over ``limit_train_batches``.
+        limit: the taken-over ``limit_train_batches`` (given back to Lightning for a loader the claim sampler will
+            leave alone).
     """
-    training = trainer.state.fn == TrainerFn.FITTING and trainer.state.stage == RunningStage.TRAINING
-    if not training or not isinstance(dataloader, DataLoader) or dataloader.batch_size is None:
+    if trainer.state.fn != TrainerFn.FITTING or trainer.state.stage != RunningStage.TRAINING:
+        return dataloader
+    if (
+        not isinstance(dataloader, DataLoader)
+        or dataloader.batch_size is None
+        or sampler_order(dataloader.sampler) is None
+    ):
+        trainer.limit_train_batches = limit  # a loader the claim sampler leaves alone: Lightning's limit applies
         return dataloader
     batch = dataloader.batch_size
     chunks = pool_chunks(math.ceil(len(dataloader.dataset) / batch), limit, world_size)  # type: ignore[arg-type]
