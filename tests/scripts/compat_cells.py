@@ -139,6 +139,9 @@ def run_cell(feature: str, cell: str) -> dict:
         trainer.fit(model, datamodule=data)
     except Exception as err:  # a refusal names the setting; anything after the first batch is an error
         outcome = {"status": "refused" if seen.batches == 0 else "error", "message": f"{type(err).__name__}: {err}"}
+    unvalidated = outcome["status"] == "pass" and "val_acc" not in trainer.callback_metrics
+    if OPTIONS.final_validate and unvalidated and data is not None:
+        trainer.validate(model, datamodule=data, verbose=False)
     params = torch.cat([p.detach().reshape(-1).double() for p in model.parameters()])
     acc = trainer.callback_metrics.get("val_acc")
     hetero = next((c for c in callbacks if isinstance(c, HeteroBatchCallback)), None)
@@ -165,6 +168,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--classes", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-time-s", type=float, default=2.0)
+    parser.add_argument("--final-validate", action="store_true", help="validate after fit if the fit did not")
     parser.add_argument("--throttle", choices=("sleep", "cfs"), default="sleep", help="how rank 1 is slowed")
     return parser.parse_args(argv)
 
