@@ -59,9 +59,11 @@ def run_feature(feature: str, seed: int, usages: Sequence[str], timeout_s: float
         command = [sys.executable, str(WORKER), out, feature, *usages, *DATA, "--seed", str(seed)]
         proc = subprocess.run(command, cwd=WORKER.parent, capture_output=True, text=True, timeout=timeout_s)
         report = Path(out) / "rank0.json"
-        if proc.returncode != 0 or not report.exists():
+        if not report.exists():  # the worker writes it after the last cell; an exit-time abort after it is recorded
             raise RuntimeError(f"{feature} seed {seed} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-        return json.loads(report.read_text())
+        outcomes = json.loads(report.read_text())
+        outcomes["exit_code"] = proc.returncode
+        return outcomes
 
 
 def summarise(runs: dict[str, list[dict[str, Any]]], usages: Sequence[str]) -> list[dict[str, Any]]:
@@ -148,6 +150,18 @@ def conditions(seeds: Sequence[int], wall_s: float) -> dict[str, Any]:
     }
 
 
+def write_report(
+    runs: dict[str, list[dict[str, Any]]], usages: Sequence[str], seeds: Sequence[int], wall_s: float, out: Path
+) -> dict[str, Any]:
+    """The report so far (the seeds every feature has run), written to ``out`` after each run."""
+    done = min(len(seeds_run) for seeds_run in runs.values())
+    complete = {feature: seeds_run[:done] for feature, seeds_run in runs.items()}
+    report = {"conditions": conditions(seeds[:done], wall_s), "rows": summarise(complete, usages), "runs": runs}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1))
+    return report
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--features", default=",".join(FEATURES))
@@ -166,10 +180,8 @@ def main() -> None:
         for feature in features:
             runs[feature].append(run_feature(feature, seed, usages, args.timeout_s))
             print(f"seed {seed} {feature}: done at {time.perf_counter() - started:.0f} s", flush=True)
-    rows = summarise(runs, usages)
-    report = {"conditions": conditions(seeds, time.perf_counter() - started), "rows": rows, "runs": runs}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1))
+            report = write_report(runs, usages, seeds[: len(runs[feature])], time.perf_counter() - started, args.out)
+    rows = report["rows"]
     print()
     print(format_table(rows, features))
     missed = [f"{row['feature']}/{row['usage']}" for row in rows if row["feature"] != "ddp" and not row["within"]]
