@@ -188,6 +188,9 @@ def main() -> None:
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
     out.mkdir(parents=True, exist_ok=True)
     (out / f"rank{rank}.json").write_text(json.dumps(results, indent=1))
+    if torch.distributed.is_initialized():  # leave together: a rank exiting while gloo's threads run can abort
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
