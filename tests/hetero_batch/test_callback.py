@@ -146,18 +146,11 @@ def test_bad_setups_fail_before_any_training_step(callback_kwargs, loader, messa
     assert model.steps == 0
 
 
-def test_gradient_accumulation_is_refused():
-    trainer = L.Trainer(
-        accelerator="cpu",
-        devices=1,
-        accumulate_grad_batches=2,
-        callbacks=[HeteroBatchCallback()],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-    )
-    with pytest.raises(ValueError, match="accumulate_grad_batches=1"):
-        trainer.fit(CountingModel(), datamodule=SyntheticClassificationDataModule(num_samples=256))
+def test_gradient_accumulation_steps_once_per_window():
+    model = CountingModel()
+    trainer = _single_device_trainer(HeteroBatchCallback(verbose=False), accumulate_grad_batches=2)
+    trainer.fit(model, datamodule=SyntheticClassificationDataModule(num_samples=256, batch_size=32))
+    assert model.steps == 8 and trainer.global_step == 4
 
 
 @pytest.mark.parametrize("argument", ["batch_lr_scaling", "lr_scaling"])

@@ -246,7 +246,10 @@ def test_parameter_server_killed_mid_run_stops_the_workers_naming_it(run_script,
 
 @pytest.mark.parametrize(
     ("flag", "message"),
-    [("--manual", "supports automatic optimization only"), ("--two-optimizers", "multiple optimizers")],
+    [
+        ("--manual", "manual optimization (`self.automatic_optimization = False`) in BSP only"),
+        ("--two-optimizers", "multiple optimizers"),
+    ],
 )
 def test_unsupported_setups_raise_at_setup(run_script, tmp_path, flag, message):
     proc = run_script("ps_train.py", str(tmp_path), "--devices", "1", flag, timeout_s=60, expect_ok=False)

@@ -13,22 +13,23 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities import rank_zero_info
 from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
 from lightning_hetero._deprecation import renamed_argument, warn_renamed
 from lightning_hetero._lightning_internals import rebuild_train_dataloader
-from lightning_hetero.batch_weighting import averaged_weight, batch_share
+from lightning_hetero.batch_weighting import batch_share
 from lightning_hetero.contracts import HeteroBatchStrategy
+from lightning_hetero.hetero_batch.accumulation import step_weight
 from lightning_hetero.hetero_batch.aggregation import weight_backward
+from lightning_hetero.hetero_batch.batch_statistics import model_floor, raised_min_batch_size
 from lightning_hetero.hetero_batch.controller import BatchSizeController
 from lightning_hetero.hetero_batch.exchange import gather_rows, read_rows
 from lightning_hetero.hetero_batch.loader import build_hetero_loader, starting_batch_size
 from lightning_hetero.hetero_batch.lr_scaling import lr_scale_factor, scale_learning_rates
 from lightning_hetero.hetero_batch.sampler import HeteroBatchSampler
-from lightning_hetero.hetero_batch.settings import check_settings
+from lightning_hetero.hetero_batch.settings import check_settings, check_trainer
 from lightning_hetero.hetero_batch.summary import adjustment_metrics
 from lightning_hetero.hetero_batch.tuner import SplitTuner
 from lightning_hetero.hetero_batch.window import ComputeEndMarks, WaitExclusion, quota_source
@@ -105,7 +106,8 @@ class HeteroBatchCallback(Callback):
           ``b_k / Σ b`` yields the big-batch mean. Batch norm sees per-rank batches of different sizes.
         - Collectives called directly through ``torch.distributed`` (not through the strategy) are not seen and
           count as the rank's own busy time.
-        - Gradient accumulation is not supported (``accumulate_grad_batches`` must be 1).
+        - With ``accumulate_grad_batches`` each micro-batch's loss is weighted so that a step's gradient is the big
+          batch's over all its micro-batches (:mod:`~lightning_hetero.hetero_batch.accumulation`).
         - While a strategy trains asynchronously (``AsyncPSStrategy`` in ASP) ranks are not in lock-step, so
           ``adjust_every_n_steps`` is ignored there and the split changes at epoch ends only.
         - The split in force is part of the callback's checkpoint state; a resumed run continues with it.
@@ -164,8 +166,7 @@ class HeteroBatchCallback(Callback):
         #: the decisions, built with the train loader (the global batch depends on its ``batch_size``)
         self.tuner: SplitTuner | None = None
         self.sampler: HeteroBatchSampler | None = None
-        self._rank = 0
-        self._world_size = 1
+        self._rank, self._world_size, self._floor = 0, 1, 1  # _floor: samples a rank needs (2 with BatchNorm)
         self._share = 1.0
         self._loss_weight: float | None = None  # what this rank back-propagates from its loss (None: the strategy's)
         self._local_batch_size = 0
@@ -201,33 +202,25 @@ class HeteroBatchCallback(Callback):
         if stage != "fit":
             return
         self._rank, self._world_size = trainer.global_rank, trainer.world_size
-        if trainer.accumulate_grad_batches != 1:
-            raise ValueError(
-                "HeteroBatchCallback does not support gradient accumulation: set Trainer(accumulate_grad_batches=1)"
-            )
-        if not pl_module.automatic_optimization:
-            raise ValueError("HeteroBatchCallback needs automatic optimization (self.automatic_optimization = True)")
-        strategy = trainer.strategy
-        if self._world_size > 1 and not isinstance(strategy, (DDPStrategy, HeteroBatchStrategy)):
-            raise ValueError(
-                f"HeteroBatchCallback supports strategy='ddp' (and strategies offering HeteroBatchStrategy), "
-                f"not {type(strategy).__name__}"
-            )
+        check_trainer(trainer, pl_module)
         if self.initial_batch_sizes is not None and len(self.initial_batch_sizes) != self._world_size:
             raise ValueError(
                 f"initial_batch_sizes has {len(self.initial_batch_sizes)} entries but the world size is "
                 f"{self._world_size}"
             )
+        self._floor = model_floor(pl_module, self.min_batch_size)
         rebuild_train_dataloader(trainer, self._rebuild_loader)
 
     @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         strategy = trainer.strategy
         # the strategy weights gradients and marks the end of compute, or the loss's gradient hook does (`aggregation`)
-        self._loss_weight = None if isinstance(strategy, HeteroBatchStrategy) else 1.0
+        # accumulating, each micro-batch weighs its loss (`accumulation`) and the strategy averages, as DDP does
+        own = isinstance(strategy, HeteroBatchStrategy) and trainer.accumulate_grad_batches == 1
+        self._loss_weight = None if own else 1.0
         self._marks = ComputeEndMarks(self.timer, self.busy)
         if isinstance(strategy, HeteroBatchStrategy):
-            strategy.attach_hetero_batches(self._marks, lambda: self._share)
+            strategy.attach_hetero_batches(self._marks, lambda: self._share if own else 1 / self._world_size)
         elif isinstance(strategy.model, DistributedDataParallel):
             self.exclusion.exclude_buffer_broadcast(strategy.model)
         self.exclusion.exclude_strategy_collectives(strategy)
@@ -258,7 +251,7 @@ class HeteroBatchCallback(Callback):
         )
         if self.tuner is None or self.tuner.controller.global_batch_size != global_batch:
             self.tuner = self._new_tuner(global_batch)
-        loader = build_hetero_loader(dataloader, self.tuner.plan, rank=self._rank, seed=self.seed)
+        loader = build_hetero_loader(dataloader, self.tuner.plan, rank=self._rank, seed=self.seed, min_size=self._floor)
         self.sampler = loader.sampler  # type: ignore[assignment]
         return loader
 
@@ -270,7 +263,7 @@ class HeteroBatchCallback(Callback):
         controller = BatchSizeController(
             global_batch,
             self._world_size,
-            min_batch_size=self.min_batch_size,
+            min_batch_size=raised_min_batch_size(self.min_batch_size, self._floor),
             max_batch_size=self.max_batch_size,
             memory_caps=self.memory_caps,
             deadband=self.deadband,
@@ -309,7 +302,11 @@ class HeteroBatchCallback(Callback):
         self._local_batch_size = sizes[self._rank]
         self._share = batch_share(sizes, self._rank)
         if self._loss_weight is not None:
-            self._loss_weight = averaged_weight(sizes, self._rank)
+            epoch, sampler = self.sampler.epoch, self.sampler
+            self._loss_weight = step_weight(
+                sizes, self._rank, batch_idx, trainer.accumulate_grad_batches, len(sampler),
+                lambda step: sum(sampler.sizes_at(epoch, step)),
+            )  # fmt: skip
         self.timer.start()
 
     @override

@@ -1,10 +1,15 @@
-"""The checks behind ``HeteroBatchCallback(...)``: a bad setting fails at construction, naming it."""
+"""The checks behind ``HeteroBatchCallback(...)``: a bad setting fails at construction, naming it; what the callback
+cannot run with fails at setup, before the first batch (:func:`check_trainer`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import lightning.pytorch as pl
+from lightning.pytorch.strategies import DDPStrategy
+
 from lightning_hetero._validation import check_range
+from lightning_hetero.contracts import HeteroBatchStrategy
 from lightning_hetero.hetero_batch.lr_scaling import LR_SCALING_RULES
 
 
@@ -49,3 +54,25 @@ def check_settings(
         raise ValueError(f"batch_lr_scaling must be one of {LR_SCALING_RULES} or None, got {batch_lr_scaling!r}")
     check_range("rollback_tolerance", rollback_tolerance, low=0)
     check_range("change_tolerance", change_tolerance, low=0, low_open=True)
+
+
+def check_trainer(trainer: pl.Trainer, module: pl.LightningModule) -> None:
+    """Fail at setup, naming the setting, the reason and the alternative, for manual optimization and for a strategy
+    that neither is DDP nor offers :class:`~lightning_hetero.contracts.HeteroBatchStrategy`.
+
+    Args:
+        trainer: the Trainer.
+        module: the LightningModule.
+    """
+    if not module.automatic_optimization:
+        raise ValueError(
+            "HeteroBatchCallback needs automatic optimization (`self.automatic_optimization = False` found): it "
+            "weights each rank's loss in Lightning's automatic backward, whose steps it also times; use automatic "
+            "optimization, or train without the callback."
+        )
+    strategy = trainer.strategy
+    if trainer.world_size > 1 and not isinstance(strategy, (DDPStrategy, HeteroBatchStrategy)):
+        raise ValueError(
+            f"HeteroBatchCallback supports strategy='ddp' (and strategies offering HeteroBatchStrategy), "
+            f"not {type(strategy).__name__}"
+        )

@@ -1,7 +1,6 @@
 """``AsyncPSStrategy``: the Lightning strategy's lifecycle and hooks, one engine per mode
-(:mod:`~lightning_hetero.ps.engines`) and the collaborators built at setup (:mod:`~lightning_hetero.ps.bootstrap`).
-See ``docs/async_ps.md`` for how steps, epochs, logging, checkpoints and faults work, ``docs/architecture.md`` for
-the modules."""
+(:mod:`~lightning_hetero.ps.engines`) and the collaborators built at setup (:mod:`~lightning_hetero.ps.bootstrap`);
+``docs/async_ps.md`` tells how steps, epochs, logging, checkpoints and faults work."""
 
 from __future__ import annotations
 
@@ -37,6 +36,7 @@ from lightning_hetero.ps.local_sgd import LocalRounds
 from lightning_hetero.ps.placement import refuse_hetero_batches, updates_in_flight
 from lightning_hetero.ps.reporting import EpochLog
 from lightning_hetero.ps.settings import PUBLIC_SETTINGS, PSSettings
+from lightning_hetero.ps.trainer_limits import TrainerLimits
 
 DESCRIPTION = "Asynchronous parameter-server training (lightning-hetero)"
 
@@ -82,8 +82,8 @@ class AsyncPSStrategy(DDPStrategy):
         process_group_backend: backend of the default group (used in BSP); the server always talks gloo.
 
     Notes:
-        Supports automatic optimization with exactly one optimizer. In ASP, ``trainer.global_step`` is the server's
-        version (updates from all workers) and ``max_steps`` bounds it; validation runs at epoch ends only.
+        Exactly one optimizer; manual optimization in BSP only. In ASP ``trainer.global_step`` is the server's version
+        and ``max_steps`` bounds it; every rank stops at the same epoch's end; validation at epoch ends only.
 
     Example::
 
@@ -132,7 +132,7 @@ class AsyncPSStrategy(DDPStrategy):
         self._engines: dict[str, Engine] = {name: new(settings, self._weighting) for name, new in ENGINES.items()}
         self._mode: Mode = mode
         self._checkpointing = Checkpointing(self._engines, self._counter)
-        self._restored = False
+        self._restored, self._limits = False, TrainerLimits()  # the Trainer's settings (refusals, estimates)
         self._schedules = CountedLRSchedulers()
         self._log = EpochLog(gather=lambda tensor: self.all_gather(tensor.to(self.root_device)))
         self._run: bootstrap.Run | None = None  # built at setup when fitting
@@ -237,7 +237,7 @@ class AsyncPSStrategy(DDPStrategy):
         self.model_to_device()
         fitting = trainer.state.fn == TrainerFn.FITTING
         if fitting:
-            bootstrap.check_trainer(self.lightning_module, trainer)
+            self._limits.check(self.lightning_module, trainer, self._mode, self.world_size)
             self.setup_optimizers(trainer)
             bootstrap.check_optimizers(self.optimizers)
         self.setup_precision_plugin()
@@ -254,7 +254,7 @@ class AsyncPSStrategy(DDPStrategy):
         ctx, group = bootstrap.build_context(
             self._settings, trainer, self.optimizers[0], self.precision_plugin, self.root_device, self.global_rank,
             self.world_size, self.cluster_environment.main_address, ddp.broadcast, self._counter, self._weighting,
-            self._schedules, self._log,
+            self._schedules, self._log, self._limits.limit,
         )  # fmt: skip
         engines, compensator = self._engines.values(), self._compensation.new()
         self._run = bootstrap.start_run(ctx, group, engines, lambda: self._engine, self.launcher, compensator, ddp)
@@ -316,8 +316,8 @@ class AsyncPSStrategy(DDPStrategy):
 
     @override
     def process_dataloader(self, dataloader: object) -> object:
-        """Give the training loader a claim sampler (see :class:`~lightning_hetero.ps.claiming.DataClaiming`)."""
-        return self._run.claiming.process(dataloader) if self._run is not None else dataloader
+        """The training loader's claim sampler (:class:`~lightning_hetero.ps.claiming.DataClaiming`); before: sized."""
+        return self._run.claiming.process(dataloader) if self._run is not None else self._limits.loader(dataloader)
 
     @property
     @override
