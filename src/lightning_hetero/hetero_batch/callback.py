@@ -31,7 +31,7 @@ from lightning_hetero.hetero_batch.sampler import HeteroBatchSampler
 from lightning_hetero.hetero_batch.settings import check_settings
 from lightning_hetero.hetero_batch.summary import adjustment_metrics
 from lightning_hetero.hetero_batch.tuner import SplitTuner
-from lightning_hetero.hetero_batch.window import ComputeEndMarks, WaitExclusion, quota_source
+from lightning_hetero.hetero_batch.window import ComputeEndMarks, PendingSteps, WaitExclusion, quota_source
 from lightning_hetero.measurement import (
     BusyTimer,
     ComputeTimer,
@@ -39,6 +39,7 @@ from lightning_hetero.measurement import (
     close_compute_window,
     sustained_step_s,
 )
+from lightning_hetero.step_clock import HostClock, step_clock_for
 
 #: the callback's former attributes now on ``callback.tuner`` (deprecated on the callback)
 MOVED_TO_TUNER = ("controller", "policy", "plan", "cost", "period", "costs", "busy_s", "sync_step_s", "throughputs")
@@ -161,6 +162,7 @@ class HeteroBatchCallback(Callback):
         self.timer = ComputeTimer()
         self.busy = BusyTimer()
         self.exclusion = WaitExclusion(self.busy)
+        self._pending = PendingSteps()
         #: the decisions, built with the train loader (the global batch depends on its ``batch_size``)
         self.tuner: SplitTuner | None = None
         self.sampler: HeteroBatchSampler | None = None
@@ -226,6 +228,8 @@ class HeteroBatchCallback(Callback):
         # the strategy weights gradients and marks the end of compute, or the loss's gradient hook does (`aggregation`)
         self._loss_weight = None if isinstance(strategy, HeteroBatchStrategy) else 1.0
         self._marks = ComputeEndMarks(self.timer, self.busy)
+        if isinstance(self.busy.step_clock, HostClock):  # CUDA: events on the compute stream (see `step_clock`)
+            self.busy.step_clock = step_clock_for(pl_module.device)
         if isinstance(strategy, HeteroBatchStrategy):
             strategy.attach_hetero_batches(self._marks, lambda: self._share)
         elif isinstance(strategy.model, DistributedDataParallel):
@@ -296,15 +300,14 @@ class HeteroBatchCallback(Callback):
     ) -> None:
         assert self.sampler is not None and self.tuner is not None
         quota = None if self._quota_source is None else self._quota_source()
-        busy_s = self.busy.step_start()
-        wall_s = self.busy.last_wall_s
-        if busy_s is not None and wall_s is not None and self._step_split is not None:
+        span = self.busy.close_step()  # read when its clock has it (CUDA events: once the device got there)
+        if span is not None and self._step_split is not None:
             # a step's sustained cost is at least its CPU time at the quota's rate (see `sustained_step_s`)
-            floor = sustained_step_s(0.0, self.busy.last_cpu_s, quota)
-            self.tuner.record_step(self._step_split, busy_s, floor, wall_s)
+            self._pending.add(self._step_split, span, sustained_step_s(0.0, self.busy.last_cpu_s, quota))
         sizes = tuple(self.sampler.next_sizes())
         if self._step_split is not None and sizes != self._step_split:
-            self.tuner.skip_next()  # the first step at a new split pays for it (allocator, caches)
+            self._pending.skip_next()  # the first step at a new split pays for it (allocator, caches)
+        self._pending.feed(self.tuner)
         self._step_split = sizes
         self._local_batch_size = sizes[self._rank]
         self._share = batch_share(sizes, self._rank)
@@ -348,6 +351,7 @@ class HeteroBatchCallback(Callback):
     def _adjust(self, trainer: L.Trainer, epoch_end: bool) -> None:
         tuner, sampler = self.tuner, self.sampler
         assert tuner is not None and sampler is not None
+        self._pending.feed(tuner, wait=True)
         row = tuner.close_period(sampler.produced_position)
         seen = read_rows(gather_rows(trainer.strategy, row, self.busy))
         decision = tuner.adjust(seen, step=trainer.global_step, epoch=trainer.current_epoch)
