@@ -23,12 +23,12 @@ from lightning_hetero._lightning_internals import rebuild_train_dataloader
 from lightning_hetero.batch_weighting import averaged_weight, batch_share
 from lightning_hetero.contracts import HeteroBatchStrategy
 from lightning_hetero.hetero_batch.aggregation import weight_backward
-from lightning_hetero.hetero_batch.controller import BatchSizeController
 from lightning_hetero.hetero_batch.exchange import gather_rows, read_rows
 from lightning_hetero.hetero_batch.loader import build_hetero_loader, starting_batch_size
 from lightning_hetero.hetero_batch.lr_scaling import lr_scale_factor, scale_learning_rates
+from lightning_hetero.hetero_batch.memory import MemoryGuard, auto_memory_guard, respect_caps
 from lightning_hetero.hetero_batch.sampler import HeteroBatchSampler
-from lightning_hetero.hetero_batch.settings import check_settings
+from lightning_hetero.hetero_batch.settings import check_settings, new_tuner
 from lightning_hetero.hetero_batch.summary import adjustment_metrics
 from lightning_hetero.hetero_batch.tuner import SplitTuner
 from lightning_hetero.hetero_batch.window import ComputeEndMarks, PendingSteps, WaitExclusion, quota_source
@@ -76,7 +76,11 @@ class HeteroBatchCallback(Callback):
             known hardware); default: equal shares.
         min_batch_size: smallest per-rank batch (an int, or one per rank).
         max_batch_size: largest per-rank batch (an int, one per rank, or ``None``).
-        memory_caps: optional per-rank largest batch that fits in memory.
+        memory_caps: per-rank largest batch that fits in memory, or ``"auto"``: each rank finds its own, and a
+            step that runs out of memory is redone in chunks under a lowered cap (see
+            :mod:`~lightning_hetero.hetero_batch.memory`).
+        batch_size_multiple: per-rank sizes are drawn from multiples of this; ``"auto"``: 8 on CUDA when an equal
+            share holds four multiples of 8, else 1 (see :func:`~.settings.resolve_batch_size_multiple`).
         deadband: apply a new split only when it is predicted to shorten the synchronous step by more than this
             fraction (a cluster-wide decision); a smaller gain beyond 2% and the measurement noise, proposed at two
             adjustments in a row, is applied too (a refinement, see
@@ -118,7 +122,7 @@ class HeteroBatchCallback(Callback):
         initial_batch_sizes: Sequence[int] | None = None,
         min_batch_size: int | Sequence[int] = 1,
         max_batch_size: int | Sequence[int] | None = None,
-        memory_caps: Sequence[int | None] | None = None,
+        memory_caps: Sequence[int | None] | str | None = None,
         deadband: float = 0.05,
         smoothing: float = 0.5,
         warmup_steps: int = 3,
@@ -129,6 +133,7 @@ class HeteroBatchCallback(Callback):
         rollback_tolerance: float = 0.15,
         change_tolerance: float = 0.4,
         lr_scaling: str | None = None,
+        batch_size_multiple: int | str = "auto",
     ) -> None:
         batch_lr_scaling = renamed_argument(
             "HeteroBatchCallback", "lr_scaling", "batch_lr_scaling", lr_scaling, batch_lr_scaling
@@ -144,7 +149,10 @@ class HeteroBatchCallback(Callback):
             batch_lr_scaling=batch_lr_scaling,
             rollback_tolerance=rollback_tolerance,
             change_tolerance=change_tolerance,
+            memory_caps=memory_caps,
+            batch_size_multiple=batch_size_multiple,
         )
+        self.batch_size_multiple = batch_size_multiple
         self.global_batch_size = global_batch_size
         self.initial_batch_sizes = None if initial_batch_sizes is None else tuple(initial_batch_sizes)
         self.min_batch_size = min_batch_size
@@ -166,8 +174,7 @@ class HeteroBatchCallback(Callback):
         #: the decisions, built with the train loader (the global batch depends on its ``batch_size``)
         self.tuner: SplitTuner | None = None
         self.sampler: HeteroBatchSampler | None = None
-        self._rank = 0
-        self._world_size = 1
+        self._rank, self._world_size, self._device = 0, 1, torch.device("cpu")
         self._share = 1.0
         self._loss_weight: float | None = None  # what this rank back-propagates from its loss (None: the strategy's)
         self._local_batch_size = 0
@@ -177,6 +184,7 @@ class HeteroBatchCallback(Callback):
         self._restored: dict[str, Any] | None = None
         self._step_split: tuple[int, ...] | None = None
         self._quota_source: Callable[[], float | None] | None = None
+        self._memory: MemoryGuard | None = None  # memory_caps="auto"
 
     @property
     def batch_sizes(self) -> tuple[int, ...] | None:
@@ -220,6 +228,9 @@ class HeteroBatchCallback(Callback):
                 f"initial_batch_sizes has {len(self.initial_batch_sizes)} entries but the world size is "
                 f"{self._world_size}"
             )
+        self._device = trainer.strategy.root_device
+        if self.memory_caps == "auto":
+            self._memory = auto_memory_guard(self._rank, self._world_size, self._device, lambda: self._local_batch_size)
         rebuild_train_dataloader(trainer, self._rebuild_loader)
 
     @override
@@ -235,6 +246,8 @@ class HeteroBatchCallback(Callback):
         elif isinstance(strategy.model, DistributedDataParallel):
             self.exclusion.exclude_buffer_broadcast(strategy.model)
         self.exclusion.exclude_strategy_collectives(strategy)
+        if self._memory is not None:
+            self._memory.install(strategy, pl_module)
         # A CPU quota (CFS) lets a rank that waits look fast: cost its steps at the quota's rate (see
         # `sustained_step_s`).
         self._quota_source = quota_source(trainer.callbacks, self.busy)
@@ -253,6 +266,7 @@ class HeteroBatchCallback(Callback):
     @override
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self.exclusion.remove(trainer.strategy)
+        MemoryGuard.remove(trainer.strategy)
 
     def _rebuild_loader(self, dataloader: Any) -> torch.utils.data.DataLoader:
         start = starting_batch_size(dataloader)
@@ -267,26 +281,7 @@ class HeteroBatchCallback(Callback):
         return loader
 
     def _new_tuner(self, global_batch: int) -> SplitTuner:
-        if self.initial_batch_sizes is not None and sum(self.initial_batch_sizes) != global_batch:
-            raise ValueError(
-                f"initial_batch_sizes sum to {sum(self.initial_batch_sizes)}, not the global batch {global_batch}"
-            )
-        controller = BatchSizeController(
-            global_batch,
-            self._world_size,
-            min_batch_size=self.min_batch_size,
-            max_batch_size=self.max_batch_size,
-            memory_caps=self.memory_caps,
-            deadband=self.deadband,
-        )
-        tuner = SplitTuner(
-            controller,
-            self._rank,
-            start=self.initial_batch_sizes,
-            rollback_tolerance=self.rollback_tolerance,
-            change_tolerance=self.change_tolerance,
-            warmup_steps=self.warmup_steps,
-        )
+        tuner = new_tuner(self, global_batch, self._rank, self._world_size, self._device.type)
         if self._restored is not None:
             tuner.load_state_dict(self._restored)
             self._restored = None
@@ -352,9 +347,13 @@ class HeteroBatchCallback(Callback):
         tuner, sampler = self.tuner, self.sampler
         assert tuner is not None and sampler is not None
         self._pending.feed(tuner, wait=True)
-        row = tuner.close_period(sampler.produced_position)
+        memory = self._memory
+        row = tuner.close_period(sampler.produced_position, None if memory is None else memory.caps.own)
         seen = read_rows(gather_rows(trainer.strategy, row, self.busy))
         decision = tuner.adjust(seen, step=trainer.global_step, epoch=trainer.current_epoch)
+        if memory is not None:  # every rank splits within every rank's cap
+            memory.caps.read(seen.memory_caps)
+            decision = respect_caps(decision, tuner.split, tuner.controller, memory.caps.all)
         if decision is None:
             return
         predicted = tuner.predicted_step_s()  # at the split measured, before the decision
