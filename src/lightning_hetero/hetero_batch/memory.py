@@ -86,7 +86,7 @@ def cap_from_memory(base_bytes: int, peak_bytes: int, batch_size: int, free_byte
     Example::
 
         >>> cap_from_memory(base_bytes=1_000, peak_bytes=33_000, batch_size=32, free_bytes=100_000)  # 1000 B/sample
-        122
+        118
     """
     per_sample = max(1.0, (peak_bytes - base_bytes) / max(1, batch_size))
     usable = (free_bytes + (peak_bytes - base_bytes)) * MEMORY_HEADROOM
