@@ -23,6 +23,7 @@ from lightning_hetero._lightning_internals import rebuild_train_dataloader
 from lightning_hetero.batch_weighting import averaged_weight, batch_share
 from lightning_hetero.contracts import HeteroBatchStrategy
 from lightning_hetero.hetero_batch.aggregation import weight_backward
+from lightning_hetero.hetero_batch.compile_shapes import RecompileWatch, mark_batch_dynamic
 from lightning_hetero.hetero_batch.exchange import gather_rows, read_rows
 from lightning_hetero.hetero_batch.loader import build_hetero_loader, starting_batch_size
 from lightning_hetero.hetero_batch.lr_scaling import lr_scale_factor, scale_learning_rates
@@ -161,10 +162,8 @@ class HeteroBatchCallback(Callback):
         self.deadband = deadband
         self.adjust_every_n_steps = adjust_every_n_steps
         self.batch_lr_scaling = batch_lr_scaling
-        self.seed = seed
-        self.verbose = verbose
-        self.rollback_tolerance = rollback_tolerance
-        self.change_tolerance = change_tolerance
+        self.seed, self.verbose = seed, verbose
+        self.rollback_tolerance, self.change_tolerance = rollback_tolerance, change_tolerance
         self.warmup_steps = warmup_steps
         self.meter = ThroughputMeter(smoothing=smoothing, warmup_steps=warmup_steps)
         self.timer = ComputeTimer()
@@ -185,6 +184,7 @@ class HeteroBatchCallback(Callback):
         self._step_split: tuple[int, ...] | None = None
         self._quota_source: Callable[[], float | None] | None = None
         self._memory: MemoryGuard | None = None  # memory_caps="auto"
+        self._recompiles: RecompileWatch | None = None
 
     @property
     def batch_sizes(self) -> tuple[int, ...] | None:
@@ -228,7 +228,7 @@ class HeteroBatchCallback(Callback):
                 f"initial_batch_sizes has {len(self.initial_batch_sizes)} entries but the world size is "
                 f"{self._world_size}"
             )
-        self._device = trainer.strategy.root_device
+        self._device, self._recompiles = trainer.strategy.root_device, RecompileWatch(self._rank)
         if self.memory_caps == "auto":
             self._memory = auto_memory_guard(self._rank, self._world_size, self._device, lambda: self._local_batch_size)
         rebuild_train_dataloader(trainer, self._rebuild_loader)
@@ -305,6 +305,7 @@ class HeteroBatchCallback(Callback):
         self._pending.feed(self.tuner)
         self._step_split = sizes
         self._local_batch_size = sizes[self._rank]
+        mark_batch_dynamic(batch, self._local_batch_size)  # torch.compile: one graph for the changing sizes
         self._share = batch_share(sizes, self._rank)
         if self._loss_weight is not None:
             self._loss_weight = averaged_weight(sizes, self._rank)
@@ -348,6 +349,8 @@ class HeteroBatchCallback(Callback):
         assert tuner is not None and sampler is not None
         self._pending.feed(tuner, wait=True)
         memory = self._memory
+        if self._recompiles is not None:
+            self._recompiles.check()  # warns once, naming the rank, past RECOMPILE_BOUND graphs
         row = tuner.close_period(sampler.produced_position, None if memory is None else memory.caps.own)
         seen = read_rows(gather_rows(trainer.strategy, row, self.busy))
         decision = tuner.adjust(seen, step=trainer.global_step, epoch=trainer.current_epoch)
