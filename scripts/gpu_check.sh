@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The one-command GPU check: on a machine with CUDA, run the CUDA tests and the GPU benchmark, and write
+# benchmarks/results/gpu/*.json plus a table. Installs nothing beyond the project and its own extras ([dev]);
+# an existing CUDA torch is kept (pip is told not to touch torch).
+#
+#   scripts/gpu_check.sh            # tests marked `cuda`, then benchmarks/bench_gpu.py (about 10 minutes)
+#   scripts/gpu_check.sh --quick    # tests, then a 1-epoch benchmark
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python}
+
+"$PYTHON" - <<'PY'
+import sys, torch
+if not torch.cuda.is_available():
+    sys.exit(f"gpu_check: torch {torch.__version__} sees no CUDA device; run this on a machine with a GPU")
+print(f"gpu_check: torch {torch.__version__}, {torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}")
+PY
+
+# the project and its test extras, without letting pip replace the CUDA torch already installed
+"$PYTHON" -m pip install --quiet --no-deps -e .
+"$PYTHON" -m pip install --quiet pytest pytest-timeout hypothesis
+
+"$PYTHON" -m pytest -q -m cuda tests src/lightning_hetero -p no:cacheprovider
+
+epochs=5
+[[ "${1:-}" == "--quick" ]] && epochs=1
+mkdir -p benchmarks/results/gpu
+"$PYTHON" benchmarks/bench_gpu.py --device cuda --epochs "$epochs" | tee benchmarks/results/gpu/table.txt
+echo "gpu_check: results in benchmarks/results/gpu/ (summary.json, table.txt); commit them"
