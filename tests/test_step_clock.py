@@ -137,3 +137,13 @@ def test_cuda_events_see_device_work_the_host_does_not_wait_for():
     device_s = clock.seconds(start, end)
     assert device_s > 5 * host.seconds(host_start, host_end)
     assert isinstance(step_clock_for(torch.device("cuda")), CudaEventClock)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_sleep_queues_about_the_asked_device_time():
+    clock = CudaEventClock(torch.device("cuda"))
+    clock.sleep(0.001)  # calibrates
+    start = clock.stamp()
+    clock.sleep(0.050)
+    assert 0.025 < clock.seconds(start, clock.stamp()) < 0.1

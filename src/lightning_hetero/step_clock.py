@@ -82,6 +82,7 @@ class CudaEventClock:
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
+        self._cycles_per_s: float | None = None
 
     def stamp(self) -> torch.cuda.Event:
         event = torch.cuda.Event(enable_timing=True)
@@ -94,6 +95,14 @@ class CudaEventClock:
 
     def done(self, stamp: torch.cuda.Event) -> bool:
         return bool(stamp.query())
+
+    def sleep(self, seconds: float) -> None:
+        """Queue ``seconds`` of idle spinning on the stream (``torch.cuda._sleep``; its clock rate measured once)."""
+        if self._cycles_per_s is None:
+            start = self.stamp()
+            torch.cuda._sleep(10_000_000)
+            self._cycles_per_s = 10_000_000 / max(self.seconds(start, self.stamp()), 1e-6)
+        torch.cuda._sleep(int(seconds * self._cycles_per_s))
 
 
 class FakeDevice:
