@@ -13,7 +13,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
 from lightning.pytorch.utilities import rank_zero_info
 from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
@@ -105,7 +105,7 @@ class HeteroBatchCallback(Callback):
 
     Notes:
         - Works with ``strategy="ddp"`` (any DDP launcher; CPU/gloo and CUDA/NCCL), with single-device training,
-          and with strategies that offer :class:`~lightning_hetero.contracts.HeteroBatchStrategy` such as
+          with ``strategy="fsdp"`` (accepted, not yet run: it needs CUDA) and with strategies that offer :class:`~lightning_hetero.contracts.HeteroBatchStrategy` such as
           :class:`~lightning_hetero.AsyncPSStrategy`.
         - The model's loss must be a mean over the local batch (the usual reduction), so that weighting by
           ``b_k / Σ b`` yields the big-batch mean. Batch norm sees per-rank batches of different sizes.
@@ -218,9 +218,9 @@ class HeteroBatchCallback(Callback):
         if not pl_module.automatic_optimization:
             raise ValueError("HeteroBatchCallback needs automatic optimization (self.automatic_optimization = True)")
         strategy = trainer.strategy
-        if self._world_size > 1 and not isinstance(strategy, (DDPStrategy, HeteroBatchStrategy)):
+        if self._world_size > 1 and not isinstance(strategy, (DDPStrategy, FSDPStrategy, HeteroBatchStrategy)):
             raise ValueError(
-                f"HeteroBatchCallback supports strategy='ddp' (and strategies offering HeteroBatchStrategy), "
+                f"HeteroBatchCallback supports strategy='ddp', 'fsdp' (and strategies offering HeteroBatchStrategy), "
                 f"not {type(strategy).__name__}"
             )
         if self.initial_batch_sizes is not None and len(self.initial_batch_sizes) != self._world_size:
