@@ -41,7 +41,7 @@ SLOWDOWN = 3.0
 
 
 def _data(samples: int, seed: int = 1):
-    data = make_classification(samples, num_features=64, num_classes=8, seed=seed, noise=0.5)
+    data = make_classification(samples, num_features=64, num_classes=8, seed=seed, noise=5.0)
     x, y = data.tensors
     split = int(0.8 * samples)
     return torch.utils.data.TensorDataset(x[:split], y[:split]), torch.utils.data.TensorDataset(x[split:], y[split:])
