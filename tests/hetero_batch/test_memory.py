@@ -88,7 +88,7 @@ def test_respect_caps_moves_a_split_within_them_or_leaves_it_to_chunks():
 
 
 def test_cap_from_memory_and_batch_splitting():
-    assert cap_from_memory(base_bytes=0, peak_bytes=3200, batch_size=32, free_bytes=6400) == 86
+    assert cap_from_memory(step_bytes=3200, batch_size=32, available_bytes=9600) == 86  # 100 B a sample, 90% of 9600
     pieces = split_batch({"x": torch.zeros(5, 2), "n": 3}, size=5, chunk=3)
     assert [p["x"].shape[0] for p in pieces] == [3, 2] and pieces[1]["n"] == 3
 
@@ -102,3 +102,24 @@ def test_two_ranks_on_gloo_survive_an_out_of_memory_rank(run_script, tmp_path):
     assert ranks[0]["final_split"] == ranks[1]["final_split"] and ranks[1]["final_split"][1] <= ranks[1]["caps"][1]
     seen = sorted(ranks[0]["seen"] + ranks[1]["seen"])
     assert seen == sorted(2 * list(range(320)))  # two epochs: every sample once per epoch, none lost or repeated
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_auto_caps_on_cuda_come_from_measured_memory():
+    torch.manual_seed(0)
+    callback = HeteroBatchCallback(memory_caps="auto", verbose=False)
+    trainer = L.Trainer(
+        accelerator="cuda",
+        devices=1,
+        max_epochs=1,
+        callbacks=[callback],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(RunsOutOfMemory(limit=None), train_dataloaders=DataLoader(_indexed(256), batch_size=32))
+    cap = callback._memory.caps.own
+    assert cap is not None and cap >= 32  # it ran at 32, so the estimate must hold at least that
+    assert callback._memory.redone == 0

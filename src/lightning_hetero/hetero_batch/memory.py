@@ -79,18 +79,19 @@ class MemoryCaps:
         self.all = tuple(None if c is None or not math.isfinite(c) else int(c) for c in caps)
 
 
-def cap_from_memory(base_bytes: int, peak_bytes: int, batch_size: int, free_bytes: int) -> int:
-    """The largest batch whose step fits, from one measured step: ``peak - base`` bytes for ``batch_size`` samples
-    (taken as all per-sample, a pessimistic slope) against what the device has free beyond the step's peak.
+def cap_from_memory(step_bytes: int, batch_size: int, available_bytes: int) -> int:
+    """The largest batch whose step fits: a measured step took ``step_bytes`` beyond what stays allocated between
+    steps, for ``batch_size`` samples (taken as all per-sample: a pessimistic slope), and ``available_bytes`` can be
+    used by a step (the device's free memory plus what torch's allocator holds beyond the memory between steps);
+    ``MEMORY_HEADROOM`` of it is planned for.
 
     Example::
 
-        >>> cap_from_memory(base_bytes=1_000, peak_bytes=33_000, batch_size=32, free_bytes=100_000)  # 1000 B/sample
-        118
+        >>> cap_from_memory(step_bytes=32_000, batch_size=32, available_bytes=100_000)  # 1000 bytes per sample
+        90
     """
-    per_sample = max(1.0, (peak_bytes - base_bytes) / max(1, batch_size))
-    usable = (free_bytes + (peak_bytes - base_bytes)) * MEMORY_HEADROOM
-    return max(1, math.floor(usable / per_sample))
+    per_sample = max(1.0, step_bytes / max(1, batch_size))
+    return max(1, math.floor(available_bytes * MEMORY_HEADROOM / per_sample))
 
 
 def respect_caps(
@@ -175,15 +176,19 @@ class MemoryGuard:
         self.caps, self.local_size, self.device, self.on_lowered = caps, local_size, device, on_lowered
         #: steps redone in chunks after an out-of-memory error, and steps run in chunks because over the cap
         self.redone = self.chunked = 0
-        self._measure_left = 4  # CUDA: the first steps' peak memory sets the cap (see `cap_from_memory`)
+        # CUDA: steps 2 and 3's peak memory sets the cap (see `cap_from_memory`); the first step also allocates the
+        # optimizer's state, which is not per-sample memory
+        self._measure_left = 4
         self._last: tuple[int, int] | None = None  # (allocated bytes at the last step's start, its batch size)
 
     def _measure_cuda(self, size: int) -> None:
         """The previous step's peak against its start (allocator statistics: no device synchronisation)."""
-        if self._last is not None:
+        if self._last is not None and self._measure_left < 3:
             base, last_size = self._last
             free, _ = torch.cuda.mem_get_info(self.device)
-            self.caps.estimate(cap_from_memory(base, torch.cuda.max_memory_allocated(self.device), last_size, free))
+            step_bytes = torch.cuda.max_memory_allocated(self.device) - base
+            available = free + torch.cuda.memory_reserved(self.device) - base
+            self.caps.estimate(cap_from_memory(step_bytes, last_size, available))
         self._measure_left -= 1
         torch.cuda.reset_peak_memory_stats(self.device)
         self._last = (torch.cuda.memory_allocated(self.device), size)
