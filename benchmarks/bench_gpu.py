@@ -8,7 +8,9 @@ Usage::
 
 Each case runs as its own 2-rank Lightning job: the driver starts this script twice with ``--case`` as two one-device
 "nodes" (two GPUs: one each, NCCL; one GPU: both on it, gloo, since NCCL refuses two ranks on one GPU).
-Writes ``<out>/<case>.json`` per case and ``<out>/summary.json``, and prints a table. Default ``--out``:
+The best fixed split is the fastest of ``FIXED_SPLITS``; every case runs ``--seeds`` times (default 3) and the
+goals are medians over seeds of the seed-paired ratios and accuracy differences. Writes ``<out>/<case>_s<seed>.json``
+per run and ``<out>/summary.json`` (conditions, runs, goals), and prints a table. Default ``--out``:
 ``benchmarks/results/gpu`` on CUDA, ``benchmarks/results/gpu_cpu_smoke`` on CPU. Rank 1 is slowed by
 ``SlowdownEmulator`` (sleeps in the step: on CUDA the host launches its kernels late).
 """
@@ -19,6 +21,7 @@ import argparse
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -35,8 +38,10 @@ from lightning_hetero.hetero_batch.compile_shapes import compiled_graphs
 from lightning_hetero.synthetic import MLPClassifier, make_classification
 
 CASES = ("ddp", "hetero", "fixed", "bsp", "asp", "local", "amp", "compile")
-#: the fixed split for a 3x slower rank 1 (global batch 256): samples in proportion to speed
-BEST_FIXED = (192, 64)
+#: rank 0's share of the global batch (256) in the fixed splits tried; the fastest is the best fixed split (192:
+#: samples in proportion to speed for a 3x slower rank 1)
+FIXED_SPLITS = (176, 192, 208)
+GLOBAL_BATCH = 256
 SLOWDOWN = 3.0
 
 
@@ -65,15 +70,16 @@ def _callbacks(case: str) -> list:
     slow = SlowdownEmulator({1: SLOWDOWN})
     if case == "ddp":
         return [slow]
-    if case == "fixed":
-        return [slow, HeteroBatchCallback(min_batch_size=list(BEST_FIXED), max_batch_size=list(BEST_FIXED))]
+    if case.startswith("fixed"):  # "fixed192": rank 0 takes 192 of the 256
+        split = [int(case[5:]), GLOBAL_BATCH - int(case[5:])]
+        return [slow, HeteroBatchCallback(min_batch_size=split, max_batch_size=split, verbose=False)]
     return [slow, HeteroBatchCallback(verbose=False)]
 
 
-def run_case(case: str, device: str, epochs: int, samples: int, out: Path) -> None:
-    """One case as a 2-rank job; rank 0 writes ``<out>/<case>.json``."""
-    torch.manual_seed(0)
-    train, val = _data(samples)
+def run_case(case: str, device: str, epochs: int, samples: int, out: Path, seed: int = 0) -> None:
+    """One case as a 2-rank job; rank 0 writes ``<out>/<case>_s<seed>.json``."""
+    torch.manual_seed(seed)
+    train, val = _data(samples, seed=seed + 1)
     model = Model()
     graphs_before = compiled_graphs()
     if case == "compile":  # the network compiled (compiling the whole LightningModule under DDP fails in dynamo here)
@@ -93,7 +99,7 @@ def run_case(case: str, device: str, epochs: int, samples: int, out: Path) -> No
         enable_model_summary=False,
     )
     started = time.perf_counter()
-    trainer.fit(model, DataLoader(train, batch_size=128, shuffle=True), DataLoader(val, batch_size=256))
+    trainer.fit(model, DataLoader(train, batch_size=GLOBAL_BATCH // 2, shuffle=True), DataLoader(val, batch_size=256))
     fit_s = time.perf_counter() - started
     hetero = next((c for c in trainer.callbacks if isinstance(c, HeteroBatchCallback)), None)
     graphs = torch.tensor([compiled_graphs() - graphs_before], dtype=torch.float64)
@@ -101,6 +107,7 @@ def run_case(case: str, device: str, epochs: int, samples: int, out: Path) -> No
     if trainer.is_global_zero:
         report = {
             "case": case,
+            "seed": seed,
             "device": device if device == "cpu" else torch.cuda.get_device_name(0),
             "gpus": int(os.environ.get("BENCH_GPUS", "0")),
             "precision": precision,
@@ -110,33 +117,45 @@ def run_case(case: str, device: str, epochs: int, samples: int, out: Path) -> No
             "final_split": None if hetero is None else list(hetero.batch_sizes),
             "compiled_graphs_per_rank": per_rank_graphs,
         }
-        (out / f"{case}.json").write_text(json.dumps(report, indent=1))
+        (out / f"{case}_s{seed}.json").write_text(json.dumps(report, indent=1))
 
 
-def summarize(reports: dict[str, dict]) -> dict:
-    """The goal ratios from the cases' reports (missing cases give ``None``).
+def summarize(runs: dict[str, list[dict]]) -> dict:
+    """The goals from each case's runs (one per seed, in seed order): medians over seeds of the paired ratios and
+    differences; the best fixed split is the ``fixed*`` case with the smallest median fit time. Missing cases give
+    ``None``.
 
     Example::
 
-        >>> summarize({"hetero": {"fit_s": 10.0, "val_acc": 0.9}, "fixed": {"fit_s": 9.0, "val_acc": 0.9},
-        ...            "bsp": {"val_acc": 0.9}, "asp": {"val_acc": 0.897}})["hetero_of_best_fixed"]
-        0.9
+        >>> runs = {"hetero": [{"fit_s": 10.0}, {"fit_s": 12.0}], "fixed192": [{"fit_s": 9.0}, {"fit_s": 12.0}],
+        ...         "fixed208": [{"fit_s": 11.0}, {"fit_s": 13.0}]}
+        >>> goals = summarize(runs)
+        >>> goals["best_fixed"], goals["hetero_of_best_fixed"]
+        ('fixed192', 0.95)
     """
+    fixed = [case for case in runs if case.startswith("fixed")]
+    best = min(fixed, key=lambda case: statistics.median(r["fit_s"] for r in runs[case])) if fixed else None
 
-    def ratio(a: str, b: str) -> float | None:
-        return reports[b]["fit_s"] / reports[a]["fit_s"] if a in reports and b in reports else None
+    def ratio(case: str) -> float | None:
+        if case not in runs or best is None:
+            return None
+        return statistics.median(b["fit_s"] / r["fit_s"] for r, b in zip(runs[case], runs[best], strict=True))
 
     def points(mode: str) -> float | None:
-        if mode not in reports or "bsp" not in reports:
+        if mode not in runs or "bsp" not in runs:
             return None
-        return 100 * (reports[mode]["val_acc"] - reports["bsp"]["val_acc"])
+        return statistics.median(
+            100 * (r["val_acc"] - b["val_acc"]) for r, b in zip(runs[mode], runs["bsp"], strict=True)
+        )
 
+    graphs = [max(g) for r in runs.get("compile", []) for g in [r["compiled_graphs_per_rank"]]]
     return {
-        "hetero_of_best_fixed": ratio("hetero", "fixed"),
-        "ddp_of_best_fixed": ratio("ddp", "fixed"),
+        "best_fixed": best,
+        "hetero_of_best_fixed": ratio("hetero"),
+        "ddp_of_best_fixed": ratio("ddp"),
         "asp_minus_bsp_points": points("asp"),
         "local_minus_bsp_points": points("local"),
-        "compiled_graphs_per_rank": reports.get("compile", {}).get("compiled_graphs_per_rank"),
+        "most_graphs_per_rank": max(graphs) if graphs else None,
     }
 
 
@@ -163,6 +182,8 @@ def main() -> None:
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--case", help="run one case (internal: the driver calls it)")
+    parser.add_argument("--seeds", type=int, default=3, help="runs per case (seeds 0..n-1); medians are reported")
+    parser.add_argument("--seed", type=int, default=0, help="the seed of --case (internal)")
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--samples", type=int, default=20480)
     parser.add_argument("--out", type=Path)
@@ -173,23 +194,31 @@ def main() -> None:
     out = args.out or Path(__file__).resolve().parent / "results" / default
     out.mkdir(parents=True, exist_ok=True)
     if args.case:
-        run_case(args.case, args.device, args.epochs, args.samples, out)
+        run_case(args.case, args.device, args.epochs, args.samples, out, args.seed)
         return
-    reports = {}
+    cases = []
     for case in args.cases.split(","):
         if case not in CASES:
             sys.exit(f"--cases: unknown case {case!r}; choose from {', '.join(CASES)}")
-        command = [sys.executable, __file__, "--case", case, "--device", args.device, "--epochs", str(args.epochs),
-                   "--samples", str(args.samples), "--out", str(out)]  # fmt: skip
-        _two_ranks(command, args.device)
-        reports[case] = json.loads((out / f"{case}.json").read_text())
-    summary = {"cases": reports, "goals": summarize(reports)}
+        cases += [f"fixed{share}" for share in FIXED_SPLITS] if case == "fixed" else [case]
+    runs: dict[str, list[dict]] = {case: [] for case in cases}
+    for seed in range(args.seeds):
+        for case in cases:
+            command = [sys.executable, __file__, "--case", case, "--seed", str(seed), "--device", args.device,
+                       "--epochs", str(args.epochs), "--samples", str(args.samples), "--out", str(out)]  # fmt: skip
+            _two_ranks(command, args.device)
+            runs[case].append(json.loads((out / f"{case}_s{seed}.json").read_text()))
+    summary = {"conditions": {"seeds": args.seeds, "epochs": args.epochs, "samples": args.samples,
+                              "slowdown_rank1": SLOWDOWN, "global_batch": GLOBAL_BATCH}, "runs": runs,
+               "goals": summarize(runs)}  # fmt: skip
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    print(f"{'case':<8} {'fit s':>8} {'val acc':>8}  split      graphs/rank")
-    for case, report in reports.items():
-        split = report["final_split"] or "-"
-        print(f"{case:<8} {report['fit_s']:>8.1f} {report['val_acc']:>8.3f}  {split!s:<10} "
-              f"{report['compiled_graphs_per_rank']}")  # fmt: skip
+    print(f"{'case':<10} {'fit s':>8} {'val acc':>8}  split (last seed)  graphs/rank (last seed)   medians over seeds")
+    for case, reports in runs.items():
+        fit = statistics.median(r["fit_s"] for r in reports)
+        acc = statistics.median(r["val_acc"] for r in reports)
+        last = reports[-1]
+        print(f"{case:<10} {fit:>8.1f} {acc:>8.3f}  {last['final_split'] or '-'!s:<17} "
+              f"{last['compiled_graphs_per_rank']}")  # fmt: skip
     print(json.dumps(summary["goals"], indent=1))
 
 

@@ -3,8 +3,8 @@
 # benchmarks/results/gpu/*.json plus a table. Installs nothing beyond the project and its own extras ([dev]);
 # an existing CUDA torch is kept (pip is told not to touch torch).
 #
-#   scripts/gpu_check.sh            # tests marked `cuda`, then benchmarks/bench_gpu.py (about 10 minutes)
-#   scripts/gpu_check.sh --quick    # tests, then a 1-epoch benchmark
+#   scripts/gpu_check.sh            # tests marked `cuda`, then benchmarks/bench_gpu.py (10 cases x 3 seeds)
+#   scripts/gpu_check.sh --quick    # tests, then a 1-epoch, 1-seed benchmark
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python}
@@ -22,8 +22,8 @@ PY
 
 "$PYTHON" -m pytest -q -m cuda tests src/lightning_hetero -p no:cacheprovider
 
-epochs=5
-[[ "${1:-}" == "--quick" ]] && epochs=1
+epochs=5 seeds=3
+[[ "${1:-}" == "--quick" ]] && epochs=1 seeds=1
 mkdir -p benchmarks/results/gpu
-"$PYTHON" benchmarks/bench_gpu.py --device cuda --epochs "$epochs" | tee benchmarks/results/gpu/table.txt
+"$PYTHON" benchmarks/bench_gpu.py --device cuda --epochs "$epochs" --seeds "$seeds" | tee benchmarks/results/gpu/table.txt
 echo "gpu_check: results in benchmarks/results/gpu/ (summary.json, table.txt); commit them"
