@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one-command GPU check: on a machine with CUDA, run the CUDA tests and the GPU benchmark, and write
 # benchmarks/results/gpu/*.json plus a table. Installs nothing beyond the project and its own extras ([dev]);
-# an existing CUDA torch is kept (pip is told not to touch torch).
+# the CUDA torch already installed is kept (pinned by a constraint).
 #
 #   scripts/gpu_check.sh            # tests marked `cuda`, then benchmarks/bench_gpu.py (10 cases x 3 seeds)
 #   scripts/gpu_check.sh --quick    # tests, then a 1-epoch, 1-seed benchmark
@@ -16,9 +16,11 @@ if not torch.cuda.is_available():
 print(f"gpu_check: torch {torch.__version__}, {torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}")
 PY
 
-# the project and its test extras, without letting pip replace the CUDA torch already installed
-"$PYTHON" -m pip install --quiet --no-deps -e .
-"$PYTHON" -m pip install --quiet pytest pytest-timeout hypothesis
+# the project with its [dev] extra; the CUDA torch already installed is pinned, so pip cannot replace it
+constraint=$(mktemp)
+"$PYTHON" -c 'import torch; print(f"torch=={torch.__version__}")' > "$constraint"
+"$PYTHON" -m pip install --quiet -e ".[dev]" --constraint "$constraint"
+rm -f "$constraint"
 
 "$PYTHON" -m pytest -q -m cuda tests src/lightning_hetero -p no:cacheprovider
 
