@@ -168,11 +168,12 @@ def gather_rows(strategy: Any, row: torch.Tensor, busy: BusyTimer) -> torch.Tens
         >>> gather_rows(SingleDeviceStrategy("cpu"), torch.ones(3), BusyTimer()).shape
         torch.Size([1, 3])
     """
-    if isinstance(strategy, DDPStrategy) and torch.distributed.is_available() and torch.distributed.is_initialized():
-        if torch.distributed.get_backend() == "nccl":  # NCCL gathers device tensors only
-            row = row.to(strategy.root_device)
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    if distributed and torch.distributed.get_backend() == "nccl":  # NCCL gathers device tensors only (DDP, FSDP)
+        row = row.to(strategy.root_device)
+    if isinstance(strategy, DDPStrategy) and distributed:
         rows = [torch.empty_like(row) for _ in range(torch.distributed.get_world_size())]
         with busy.waiting():
             torch.distributed.all_gather(rows, row)
         return torch.stack(rows).cpu()
-    return strategy.all_gather(row).reshape(-1, row.numel())
+    return strategy.all_gather(row).reshape(-1, row.numel()).cpu()
