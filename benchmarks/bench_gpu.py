@@ -102,8 +102,9 @@ def run_case(case: str, device: str, epochs: int, samples: int, out: Path, seed:
     trainer.fit(model, DataLoader(train, batch_size=GLOBAL_BATCH // 2, shuffle=True), DataLoader(val, batch_size=256))
     fit_s = time.perf_counter() - started
     hetero = next((c for c in trainer.callbacks if isinstance(c, HeteroBatchCallback)), None)
-    graphs = torch.tensor([compiled_graphs() - graphs_before], dtype=torch.float64)
-    per_rank_graphs = trainer.strategy.all_gather(graphs).reshape(-1).tolist()
+    on = trainer.strategy.root_device if os.environ.get("BENCH_GPUS") == "2" else "cpu"  # NCCL: device tensors
+    graphs = torch.tensor([compiled_graphs() - graphs_before], dtype=torch.float64, device=on)
+    per_rank_graphs = trainer.strategy.all_gather(graphs).reshape(-1).cpu().tolist()
     if trainer.is_global_zero:
         report = {
             "case": case,
