@@ -1,5 +1,6 @@
 """Two ranks on gloo with HeteroBatchCallback(memory_caps="auto"); rank 1 raises torch.OutOfMemoryError for batches
-above 24 samples. Each rank writes the samples it trained on, its guard's counts and the caps and split it ended with.
+above 24 samples. Each rank writes the samples it trained on, its guard's counts and the caps and split it ended with;
+rank 0 saves the parameters.
 
 Usage: python hetero_memory.py OUT_DIR
 """
@@ -20,7 +21,7 @@ from lightning_hetero.synthetic import MLPClassifier, make_classification
 
 class RunsOutOfMemory(MLPClassifier):
     def __init__(self) -> None:
-        super().__init__(num_features=8, num_classes=3)
+        super().__init__(num_features=8, num_classes=3, lr=0.5)
         self.seen: list[int] = []
 
     def training_step(self, batch, batch_idx):
@@ -31,9 +32,9 @@ class RunsOutOfMemory(MLPClassifier):
 
 
 def main(out: Path) -> None:
-    torch.manual_seed(0)
     data = make_classification(320, num_features=8, num_classes=3, seed=1)
     indexed = [(torch.cat([x[:-1], torch.tensor([float(i)])]), y) for i, (x, y) in enumerate(data)]
+    torch.manual_seed(0)
     model = RunsOutOfMemory()
     hetero = HeteroBatchCallback(memory_caps="auto", verbose=False, adjust_every_n_steps=2)
     trainer = L.Trainer(
@@ -57,6 +58,8 @@ def main(out: Path) -> None:
         "final_split": list(hetero.batch_sizes),
     }
     (out / f"rank{trainer.global_rank}.json").write_text(json.dumps(report))
+    if trainer.global_rank == 0:
+        torch.save(model.state_dict(), out / "params.pt")
 
 
 if __name__ == "__main__":
