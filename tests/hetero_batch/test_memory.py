@@ -94,14 +94,19 @@ def test_cap_from_memory_and_batch_splitting():
 
 
 @pytest.mark.multiprocess
-def test_two_ranks_on_gloo_survive_an_out_of_memory_rank(run_script, tmp_path):
-    run_script("hetero_memory.py", str(tmp_path))
+@pytest.mark.parametrize("strategy", ["ddp", "asp"])
+def test_two_ranks_on_gloo_survive_an_out_of_memory_rank(run_script, tmp_path, strategy):
+    """Under ASP the strategy's own step claims the batch's data chunk: a step redone in chunks claims it once."""
+    run_script("hetero_memory.py", str(tmp_path), strategy)
     ranks = [read_json(tmp_path / f"rank{rank}.json") for rank in range(2)]
     assert ranks[0]["caps"] == ranks[1]["caps"] and ranks[1]["caps"][1] < 40  # rank 1 failed above 24 samples
     assert ranks[1]["redone"] >= 1 and ranks[0]["redone"] == 0
     assert ranks[0]["final_split"] == ranks[1]["final_split"] and ranks[1]["final_split"][1] <= ranks[1]["caps"][1]
     seen = sorted(ranks[0]["seen"] + ranks[1]["seen"])
     assert seen == sorted(2 * list(range(320)))  # two epochs: every sample once per epoch, none lost or repeated
+    if strategy == "asp":
+        assert all(rank["strategy_steps"] == rank["steps"] for rank in ranks)  # the strategy's own step ran once a step
+        return
     # the same global batches in one process (the same seeded order): the chunked steps gave the big-batch gradient
     data = _indexed(320)
     torch.manual_seed(0)

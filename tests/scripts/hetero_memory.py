@@ -2,7 +2,8 @@
 above 24 samples. Each rank writes the samples it trained on, its guard's counts and the caps and split it ended with;
 rank 0 saves the parameters.
 
-Usage: python hetero_memory.py OUT_DIR
+Usage: python hetero_memory.py OUT_DIR [ddp|asp]   (asp: AsyncPSStrategy(mode="asp"), whose own training_step claims
+the batch's chunk of data: a step redone in chunks must claim once)
 """
 
 import json
@@ -15,14 +16,28 @@ import torch
 from lightning.pytorch.strategies import DDPStrategy
 from torch.utils.data import DataLoader
 
-from lightning_hetero import HeteroBatchCallback
+from lightning_hetero import AsyncPSStrategy, HeteroBatchCallback
 from lightning_hetero.synthetic import MLPClassifier, make_classification
+
+
+class CountingAsyncPS(AsyncPSStrategy):
+    """Counts its own training_step calls: one per step (it claims the batch's data chunk)."""
+
+    calls = 0
+
+    def training_step(self, *args, **kwargs):
+        self.calls += 1
+        return super().training_step(*args, **kwargs)
 
 
 class RunsOutOfMemory(MLPClassifier):
     def __init__(self) -> None:
         super().__init__(num_features=8, num_classes=3, lr=0.5)
         self.seen: list[int] = []
+        self.steps = 0
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        self.steps += 1
 
     def training_step(self, batch, batch_idx):
         if self.global_rank == 1 and len(batch[0]) > 24:
@@ -31,7 +46,7 @@ class RunsOutOfMemory(MLPClassifier):
         return super().training_step(batch, batch_idx)
 
 
-def main(out: Path) -> None:
+def main(out: Path, strategy: str) -> None:
     data = make_classification(320, num_features=8, num_classes=3, seed=1)
     indexed = [(torch.cat([x[:-1], torch.tensor([float(i)])]), y) for i, (x, y) in enumerate(data)]
     torch.manual_seed(0)
@@ -40,7 +55,9 @@ def main(out: Path) -> None:
     trainer = L.Trainer(
         accelerator="cpu",
         devices=2,
-        strategy=DDPStrategy(process_group_backend="gloo", timeout=timedelta(seconds=60)),
+        strategy=CountingAsyncPS(mode="asp", fault_timeout_s=60)
+        if strategy == "asp"
+        else DDPStrategy(process_group_backend="gloo", timeout=timedelta(seconds=60)),
         max_epochs=2,
         callbacks=[hetero],
         logger=False,
@@ -56,6 +73,8 @@ def main(out: Path) -> None:
         "chunked": guard.chunked,
         "caps": [None if c is None else int(c) for c in guard.caps.all],
         "final_split": list(hetero.batch_sizes),
+        "steps": model.steps,
+        "strategy_steps": getattr(trainer.strategy, "calls", None),
     }
     (out / f"rank{trainer.global_rank}.json").write_text(json.dumps(report))
     if trainer.global_rank == 0:
@@ -63,4 +82,4 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else "ddp")

@@ -13,6 +13,7 @@ the cap, that rank runs each larger batch in chunks.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import logging
 import math
@@ -20,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
+from lightning.pytorch.strategies import Strategy
 from lightning.pytorch.utilities import rank_zero_info
 
 from lightning_hetero.allocation import apportion
@@ -195,19 +197,24 @@ class MemoryGuard:
 
     def install(self, strategy: Any, module: torch.nn.Module) -> None:
         original = strategy.training_step
+        plain = functools.partial(Strategy.training_step, strategy)
 
         def training_step(batch: Any, *args: Any, **kwargs: Any) -> Any:
             if self.device.type == "cuda" and self._measure_left > 0:
                 self._measure_cuda(self.local_size())
-            size, failed = self.local_size(), False
+            size, failed, called = self.local_size(), False, False
             while True:
                 cap = self.caps.own
                 chunked = cap is not None and size > cap
+                # the strategy's own step (AsyncPSStrategy claims a chunk of data in it) runs once per step; any
+                # further forward goes through Lightning's plain one
+                first = plain if called else original
+                called = True
                 try:
                     if chunked:
-                        out = self._in_chunks(original, strategy, module, batch, size, args, kwargs)
+                        out = self._in_chunks(first, plain, strategy, module, batch, size, args, kwargs)
                     else:
-                        out = original(batch, *args, **kwargs)
+                        out = first(batch, *args, **kwargs)
                     break
                 except torch.OutOfMemoryError:
                     pass  # leave the handler first, so that the failed attempt's frames (and tensors) can be freed
@@ -227,7 +234,9 @@ class MemoryGuard:
     def remove(strategy: Any) -> None:
         vars(strategy).pop("training_step", None)
 
-    def _in_chunks(self, original: Any, strategy: Any, module: Any, batch: Any, size: int, args: Any, kw: Any) -> Any:
+    def _in_chunks(
+        self, first: Any, rest: Any, strategy: Any, module: Any, batch: Any, size: int, args: Any, kw: Any
+    ) -> Any:
         """The batch in chunks within the cap: every chunk but the last back-propagated at once (without DDP's
         all-reduce), its gradients kept aside; the last returned with a term whose gradient is what was kept, so
         the one backward Lightning runs (and DDP's all-reduce) carries the whole batch's mean gradient."""
@@ -237,14 +246,15 @@ class MemoryGuard:
         kept: list[torch.Tensor | None] = [None] * len(params)
         early_loss = 0.0
         no_sync = getattr(strategy.model, "no_sync", contextlib.nullcontext)
-        for chunk in chunks[:-1]:
+        for index, chunk in enumerate(chunks[:-1]):
             with no_sync():
-                loss = _loss_of(original(chunk, *args, **kw)) * (_size_of(chunk, size) / size)
+                step = first if index == 0 else rest
+                loss = _loss_of(step(chunk, *args, **kw)) * (_size_of(chunk, size) / size)
                 grads = torch.autograd.grad(loss, params, allow_unused=True)
             early_loss += float(loss.detach())
             kept = [g if k is None else (k if g is None else k + g) for k, g in zip(kept, grads, strict=True)]
             del loss, grads
-        out = original(chunks[-1], *args, **kw)
+        out = rest(chunks[-1], *args, **kw)
         last = _loss_of(out) * (_size_of(chunks[-1], size) / size)
         carried = sum((p * k).sum() for p, k in zip(params, kept, strict=True) if k is not None)
         total = last + early_loss + (carried - carried.detach() if isinstance(carried, torch.Tensor) else 0.0)
