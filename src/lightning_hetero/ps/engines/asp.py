@@ -23,7 +23,7 @@ from lightning_hetero._lightning_internals import is_last_batch, optimizers_to_d
 from lightning_hetero.param_groups import hyperparameters
 from lightning_hetero.ps.asp_client import RemoteStepOptimizer
 from lightning_hetero.ps.checkpointing import SavedState
-from lightning_hetero.ps.protocol import FLAG_JOIN, FLAG_LAST, SERVER_RANK, STATUS_OK
+from lightning_hetero.ps.protocol import FLAG_JOIN, FLAG_LAST, FLAG_SKIPPED, SERVER_RANK, STATUS_OK
 from lightning_hetero.ps.reporting import (
     compensation_message,
     report_hyperparameters,
@@ -61,6 +61,7 @@ class AsynchronousEngine:
         self._joined = False  # this rank pulled at the epoch's start and counts for the staleness bound
         self._chunk = -1  # the claimed chunk of the batch in hand
         self._last_staleness = 0
+        self._pushed = False  # whether this step reached the server (fp16's GradScaler may skip it)
         self._compensation_announced = False
         self._sizing_advised = False
 
@@ -141,16 +142,21 @@ class AsynchronousEngine:
         """Lightning's loop steps a stand-in for the user's optimizer whose step is a round trip to the server."""
         ctx, _, _ = self._parts()
         remote = RemoteStepOptimizer(optimizer, self._update)
-        return ctx.precision_plugin.optimizer_step(remote, model=model, closure=closure, **kwargs)
+        self._pushed = False
+        output = ctx.precision_plugin.optimizer_step(remote, model=model, closure=closure, **kwargs)
+        if not self._pushed:  # fp16's GradScaler skipped the step (inf/NaN): the server skips it too
+            self._update(None, skipped=True)
+        return output
 
-    def _update(self, closure: Callable[[], Any]) -> Any:
+    def _update(self, closure: Callable[[], Any] | None, skipped: bool = False) -> Any:
         ctx, _, _ = self._parts()
-        result = closure()
+        result = None if closure is None else closure()
         self._weighting.mark_compute_end()
         client = ctx.servers.client
         assert client is not None
-        flags = FLAG_LAST if is_last_batch(ctx.trainer) else 0
-        self._joined = not flags
+        flags = (FLAG_LAST if is_last_batch(ctx.trainer) else 0) | (FLAG_SKIPPED if skipped else 0)
+        self._joined = not flags & FLAG_LAST
+        self._pushed = True
         header = client.push(
             ctx.flat.params, flags, ctx.counter.version, self._weighting.share(), ctx.trainer.current_epoch, self._chunk
         )
