@@ -27,19 +27,46 @@ class RunsOutOfMemory(MLPClassifier):
         return super().training_step(batch, batch_idx)
 
 
+class _FailsInBackward(torch.autograd.Function):
+    """The identity, whose backward raises torch.OutOfMemoryError above ``module.limit`` samples and otherwise
+    records the samples whose gradient it passed on."""
+
+    @staticmethod
+    def forward(ctx, logits, index, module):
+        ctx.index, ctx.module = index, module
+        return logits.view_as(logits)
+
+    @staticmethod
+    def backward(ctx, grad):
+        if ctx.module.limit is not None and len(grad) > ctx.module.limit:
+            raise torch.OutOfMemoryError(f"the backward of a batch of {len(grad)} does not fit")
+        ctx.module.seen += ctx.index.tolist()
+        return grad, None, None
+
+
+class RunsOutOfMemoryInBackward(RunsOutOfMemory):
+    """Runs out of memory in the backward pass above ``limit`` samples; ``seen`` holds the samples back-propagated."""
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        logits = _FailsInBackward.apply(self(x), x[:, -1], self)
+        return torch.nn.functional.cross_entropy(logits, y)
+
+
 def _indexed(samples: int):
     data = make_classification(samples, num_features=8, num_classes=3, seed=1)
     return [(torch.cat([x[:-1], torch.tensor([float(i)])]), y) for i, (x, y) in enumerate(data)]
 
 
-def _fit(limit, memory_caps):
+def _fit(limit, memory_caps, model_class=RunsOutOfMemory, accumulate=1):
     torch.manual_seed(0)
-    model = RunsOutOfMemory(limit)
+    model = model_class(limit)
     callback = HeteroBatchCallback(memory_caps=memory_caps, verbose=False)
     trainer = L.Trainer(
         accelerator="cpu",
         devices=1,
         max_epochs=2,
+        accumulate_grad_batches=accumulate,
         callbacks=[callback],
         logger=False,
         enable_checkpointing=False,
@@ -59,6 +86,25 @@ def test_an_out_of_memory_step_is_redone_in_chunks_with_the_big_batch_gradient()
     assert sorted(model.seen) == sorted(reference.seen) == sorted(2 * list(range(96)))  # every sample once an epoch
     for ours, theirs in zip(model.parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+def test_an_out_of_memory_backward_is_redone_in_chunks_with_the_big_batch_gradient():
+    reference, _ = _fit(limit=None, memory_caps=None, model_class=RunsOutOfMemoryInBackward)
+    model, callback = _fit(limit=20, memory_caps="auto", model_class=RunsOutOfMemoryInBackward)
+    guard = callback._memory
+    # 32 failed in Lightning's backward (the closure redone); 24 in its first chunk's backward, inside the step's guard
+    assert guard.caps.own == 18 and guard.redone == 2
+    assert guard.chunked == 5  # the other five steps ran in chunks of 18
+    assert sorted(model.seen) == sorted(reference.seen) == sorted(2 * list(range(96)))  # every sample once an epoch
+    for ours, theirs in zip(model.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+def test_an_out_of_memory_backward_under_accumulation_says_how_to_cap():
+    with pytest.raises(
+        torch.OutOfMemoryError, match=r"rank 0 ran out of memory in backward at a batch of 32.*memory_caps=\[\.\.\.\]"
+    ):
+        _fit(limit=20, memory_caps="auto", model_class=RunsOutOfMemoryInBackward, accumulate=3)
 
 
 def test_memory_caps_auto_on_cpu_says_what_it_can_do(caplog):

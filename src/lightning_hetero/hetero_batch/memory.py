@@ -7,7 +7,10 @@ within them (:func:`respect_caps`). :class:`MemoryGuard` is the Lightning glue: 
 ``torch.OutOfMemoryError`` in ``training_step`` is not lost; the rank frees memory and redoes it in chunks no larger
 than its new cap, accumulating their gradients into one backward, so DDP's all-reduce still sees the rank's whole
 batch: every sample is used once and the global batch stays exact. Until the next adjustment moves the split within
-the cap, that rank runs each larger batch in chunks.
+the cap, that rank runs each larger batch in chunks. An out-of-memory error in the backward pass is recovered the same
+way, by redoing the optimizer's closure (its ``training_step`` then in chunks), except under DDP (whose all-reduce
+the other ranks already joined) or mid-accumulation (whose earlier gradients the failed backward mixed into): there
+the error says which rank failed at which size and how to set ``memory_caps``.
 """
 
 from __future__ import annotations
@@ -182,6 +185,8 @@ class MemoryGuard:
         # optimizer's state, which is not per-sample memory
         self._measure_left = 4
         self._last: tuple[int, int] | None = None  # (allocated bytes at the last step's start, its batch size)
+        self._retry = False  # the optimizer's closure is being redone: the strategy's own step already ran
+        self._ran: int | None = None  # the largest piece the last training_step ran (its backward's size)
 
     def _measure_cuda(self, size: int) -> None:
         """The previous step's peak against its start (allocator statistics: no device synchronisation)."""
@@ -202,7 +207,8 @@ class MemoryGuard:
         def training_step(batch: Any, *args: Any, **kwargs: Any) -> Any:
             if self.device.type == "cuda" and self._measure_left > 0:
                 self._measure_cuda(self.local_size())
-            size, failed, called = self.local_size(), False, False
+            size, failed, called = self.local_size(), False, self._retry
+            self._retry, self._ran = False, None
             while True:
                 cap = self.caps.own
                 chunked = cap is not None and size > cap
@@ -218,21 +224,80 @@ class MemoryGuard:
                     break
                 except torch.OutOfMemoryError:
                     pass  # leave the handler first, so that the failed attempt's frames (and tensors) can be freed
-                failing = size if cap is None else min(size, cap)
-                if failing <= 1:
-                    raise torch.OutOfMemoryError(f"rank {self.caps.rank}: a step of one sample does not fit in memory")
-                free_memory(self.device)
-                self.on_lowered(self.caps.lower(failing), failing)
+                self._lower(size if cap is None else min(size, cap))
                 failed = True
             self.redone += failed
             self.chunked += chunked and not failed
+            cap = self.caps.own
+            self._ran = size if cap is None else min(size, cap)
             return out
 
         strategy.training_step = training_step
+        self._install_closure_guard(strategy, module)
+
+    def _lower(self, failing: int) -> None:
+        if failing <= 1:
+            raise torch.OutOfMemoryError(f"rank {self.caps.rank}: a step of one sample does not fit in memory")
+        free_memory(self.device)
+        self.on_lowered(self.caps.lower(failing), failing)
+
+    def _install_closure_guard(self, strategy: Any, module: torch.nn.Module) -> None:
+        """An out-of-memory error in the backward pass: the optimizer's closure is redone within a lowered cap (its
+        ``training_step`` then in chunks, each early chunk back-propagated inside the step's guard)."""
+        original = strategy.optimizer_step
+
+        def optimizer_step(optimizer: Any, closure: Callable[[], Any], *args: Any, **kwargs: Any) -> Any:
+            def guarded() -> Any:
+                while True:
+                    try:
+                        return closure()
+                    except torch.OutOfMemoryError:
+                        if self._ran is None:  # training_step itself gave up (one sample does not fit)
+                            raise
+                    failing, self._ran = self._ran, None
+                    for param in module.parameters():
+                        param.grad = None  # the failed backward's partial gradients
+                    self._lower(failing)
+                    self.redone += 1
+                    self._retry = True
+
+            return original(optimizer, guarded, *args, **kwargs)
+
+        strategy.optimizer_step = optimizer_step
+        original_backward = strategy.backward
+
+        def backward(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return original_backward(*args, **kwargs)
+            except torch.OutOfMemoryError:
+                if self._ran is not None:
+                    self._refuse_unsafe_retry(strategy, self._ran)
+                raise
+
+        strategy.backward = backward
+
+    def _refuse_unsafe_retry(self, strategy: Any, failing: int) -> None:
+        """DDP's all-reduce is joined by the other ranks during backward, and under gradient accumulation the failed
+        backward mixed into the earlier micro-batches' gradients: neither can be redone exactly."""
+        trainer = getattr(strategy.lightning_module, "_trainer", None)
+        why = None
+        if isinstance(strategy.model, torch.nn.parallel.DistributedDataParallel):
+            why = "under DDP (the other ranks' gradient all-reduce already started)"
+        elif trainer is not None and trainer.accumulate_grad_batches > 1:
+            why = "with accumulate_grad_batches > 1 (the earlier micro-batches' gradients are mixed in)"
+        if why is not None:
+            self._ran = None  # not to be redone
+            raise torch.OutOfMemoryError(
+                f"HeteroBatch: rank {self.caps.rank} ran out of memory in backward at a batch of {failing}, which "
+                f"memory_caps='auto' cannot redo {why}; set memory_caps=[...] with a size below {failing} for rank "
+                f"{self.caps.rank} (one entry per rank, None for no cap)"
+            )
 
     @staticmethod
     def remove(strategy: Any) -> None:
         vars(strategy).pop("training_step", None)
+        vars(strategy).pop("optimizer_step", None)
+        vars(strategy).pop("backward", None)
 
     def _in_chunks(
         self, first: Any, rest: Any, strategy: Any, module: Any, batch: Any, size: int, args: Any, kw: Any
