@@ -166,6 +166,16 @@ def test_two_ranks_on_gloo_survive_an_out_of_memory_rank(run_script, tmp_path, s
         torch.testing.assert_close(trained[name], value, rtol=1e-3, atol=2e-4)  # float noise: 2e-5
 
 
+@pytest.mark.multiprocess
+def test_an_out_of_memory_backward_under_ddp_names_the_rank_and_how_to_cap(run_script, tmp_path):
+    """DDP's all-reduce runs inside backward, joined by the other ranks: it cannot be redone, so the run ends with
+    advice instead of hanging."""
+    result = run_script("hetero_memory.py", str(tmp_path), "ddp", "backward", expect_ok=False)
+    assert result.returncode != 0
+    assert "rank 1 ran out of memory in backward at a batch of 32" in result.stderr
+    assert "set memory_caps=[...] with a size below 32 for rank 1" in result.stderr
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_auto_caps_on_cuda_come_from_measured_memory():

@@ -2,8 +2,9 @@
 above 24 samples. Each rank writes the samples it trained on, its guard's counts and the caps and split it ended with;
 rank 0 saves the parameters.
 
-Usage: python hetero_memory.py OUT_DIR [ddp|asp]   (asp: AsyncPSStrategy(mode="asp"), whose own training_step claims
-the batch's chunk of data: a step redone in chunks must claim once)
+Usage: python hetero_memory.py OUT_DIR [ddp|asp] [step|backward]   (asp: AsyncPSStrategy(mode="asp"), whose own
+training_step claims the batch's chunk of data: a step redone in chunks must claim once; backward: rank 1 runs out of
+memory in the backward pass instead of in training_step)
 """
 
 import json
@@ -30,6 +31,30 @@ class CountingAsyncPS(AsyncPSStrategy):
         return super().training_step(*args, **kwargs)
 
 
+class FailsInBackward(torch.autograd.Function):
+    """The identity, whose backward raises torch.OutOfMemoryError on rank 1 above 24 samples."""
+
+    @staticmethod
+    def forward(ctx, logits, module):
+        ctx.module = module
+        return logits.view_as(logits)
+
+    @staticmethod
+    def backward(ctx, grad):
+        if ctx.module.global_rank == 1 and len(grad) > 24:
+            raise torch.OutOfMemoryError(f"the backward of a batch of {len(grad)} does not fit")
+        return grad, None
+
+
+class RunsOutOfMemoryInBackward(MLPClassifier):
+    def __init__(self) -> None:
+        super().__init__(num_features=8, num_classes=3, lr=0.5)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.cross_entropy(FailsInBackward.apply(self(x), self), y)
+
+
 class RunsOutOfMemory(MLPClassifier):
     def __init__(self) -> None:
         super().__init__(num_features=8, num_classes=3, lr=0.5)
@@ -46,11 +71,11 @@ class RunsOutOfMemory(MLPClassifier):
         return super().training_step(batch, batch_idx)
 
 
-def main(out: Path, strategy: str) -> None:
+def main(out: Path, strategy: str, where: str) -> None:
     data = make_classification(320, num_features=8, num_classes=3, seed=1)
     indexed = [(torch.cat([x[:-1], torch.tensor([float(i)])]), y) for i, (x, y) in enumerate(data)]
     torch.manual_seed(0)
-    model = RunsOutOfMemory()
+    model = RunsOutOfMemory() if where == "step" else RunsOutOfMemoryInBackward()
     hetero = HeteroBatchCallback(memory_caps="auto", verbose=False, adjust_every_n_steps=2)
     trainer = L.Trainer(
         accelerator="cpu",
@@ -82,4 +107,4 @@ def main(out: Path, strategy: str) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else "ddp")
+    main(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else "ddp", sys.argv[3] if len(sys.argv) > 3 else "step")
