@@ -8,9 +8,9 @@ within them (:func:`respect_caps`). :class:`MemoryGuard` is the Lightning glue: 
 than its new cap, accumulating their gradients into one backward, so DDP's all-reduce still sees the rank's whole
 batch: every sample is used once and the global batch stays exact. Until the next adjustment moves the split within
 the cap, that rank runs each larger batch in chunks. An out-of-memory error in the backward pass is recovered the same
-way, by redoing the optimizer's closure (its ``training_step`` then in chunks), except under DDP (whose all-reduce
-the other ranks already joined) or mid-accumulation (whose earlier gradients the failed backward mixed into): there
-the error says which rank failed at which size and how to set ``memory_caps``.
+way, by redoing the optimizer's closure (its ``training_step`` then in chunks), except under DDP or FSDP (whose
+gradient reduction the other ranks already joined) or mid-accumulation (whose earlier gradients the failed backward
+mixed into): there the error says which rank failed at which size and how to set ``memory_caps``.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ from typing import Any
 import torch
 from lightning.pytorch.strategies import Strategy
 from lightning.pytorch.utilities import rank_zero_info
+from torch.distributed.fsdp import FullyShardedDataParallel
+from torch.nn.parallel import DistributedDataParallel
 
 from lightning_hetero.allocation import apportion
 from lightning_hetero.hetero_batch.controller import BatchSizeController, Decision
@@ -277,12 +279,12 @@ class MemoryGuard:
         strategy.backward = backward
 
     def _refuse_unsafe_retry(self, strategy: Any, failing: int) -> None:
-        """DDP's all-reduce is joined by the other ranks during backward, and under gradient accumulation the failed
-        backward mixed into the earlier micro-batches' gradients: neither can be redone exactly."""
+        """DDP's all-reduce (FSDP's reduce-scatter) is joined by the other ranks during backward, and under gradient
+        accumulation the failed backward mixed into the earlier micro-batches' gradients: neither can be redone."""
         trainer = getattr(strategy.lightning_module, "_trainer", None)
         why = None
-        if isinstance(strategy.model, torch.nn.parallel.DistributedDataParallel):
-            why = "under DDP (the other ranks' gradient all-reduce already started)"
+        if isinstance(strategy.model, DistributedDataParallel | FullyShardedDataParallel):
+            why = f"under {type(strategy.model).__name__} (the other ranks already joined its gradient reduction)"
         elif trainer is not None and trainer.accumulate_grad_batches > 1:
             why = "with accumulate_grad_batches > 1 (the earlier micro-batches' gradients are mixed in)"
         if why is not None:
