@@ -2,7 +2,6 @@
 
 import itertools
 
-import lightning as L
 import pytest
 import torch
 
@@ -11,6 +10,7 @@ from lightning_hetero.hetero_batch.window import ComputeEndMarks, PendingSteps
 from lightning_hetero.measurement import BusyTimer, ComputeTimer
 from lightning_hetero.step_clock import CudaEventClock, FakeDevice, HostClock, step_clock_for
 from lightning_hetero.synthetic import MLPClassifier, SyntheticClassificationDataModule
+from tests.helpers import single_device_trainer
 
 
 class Ticks:
@@ -106,16 +106,7 @@ def test_the_callback_measures_the_device_work_not_the_host_calls():
     callback = HeteroBatchCallback(verbose=False, warmup_steps=1)
     callback.busy = BusyTimer(clock=device, cpu_clock=None)
     callback.exclusion.busy = callback.busy
-    trainer = L.Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_epochs=1,
-        callbacks=[callback],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = single_device_trainer(callback)
     trainer.fit(Queued(), datamodule=SyntheticClassificationDataModule(num_samples=256, batch_size=32))
     assert callback.busy.step_clock is device  # an injected device clock is kept
     assert callback.tuner.busy_s[0] == pytest.approx(0.032, rel=1e-3)

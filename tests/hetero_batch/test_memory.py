@@ -9,7 +9,7 @@ from lightning_hetero import HeteroBatchCallback
 from lightning_hetero.hetero_batch.controller import BatchSizeController
 from lightning_hetero.hetero_batch.memory import MemoryCaps, cap_from_memory, respect_caps, split_batch
 from lightning_hetero.synthetic import MLPClassifier, make_classification
-from tests.helpers import read_json
+from tests.helpers import read_json, single_device_trainer
 
 
 class RunsOutOfMemory(MLPClassifier):
@@ -181,16 +181,7 @@ def test_an_out_of_memory_backward_under_ddp_names_the_rank_and_how_to_cap(run_s
 def test_auto_caps_on_cuda_come_from_measured_memory():
     torch.manual_seed(0)
     callback = HeteroBatchCallback(memory_caps="auto", verbose=False)
-    trainer = L.Trainer(
-        accelerator="cuda",
-        devices=1,
-        max_epochs=1,
-        callbacks=[callback],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = single_device_trainer(callback, accelerator="cuda")
     trainer.fit(RunsOutOfMemory(limit=None), train_dataloaders=DataLoader(_indexed(256), batch_size=32))
     cap = callback._memory.caps.own
     assert cap is not None and cap >= 32  # it ran at 32, so the estimate must hold at least that
