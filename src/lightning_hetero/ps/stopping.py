@@ -101,7 +101,7 @@ class AgreedStop:
         if epoch == self._closed_epoch or sampler is None:
             return
         self._closed_epoch, self.reason = epoch, reason
-        sampler.claim(epoch, sampler.num_samples)
+        sampler.close(epoch)
 
     def batch_end(self, trainer: pl.Trainer) -> None:
         """After the batch's callbacks: a ``should_stop`` set inside an asynchronous batch waits for the epoch's end."""

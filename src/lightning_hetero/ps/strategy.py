@@ -254,7 +254,7 @@ class AsyncPSStrategy(DDPStrategy):
         ctx, group = bootstrap.build_context(
             self._settings, trainer, self.optimizers[0], self.precision_plugin, self.root_device, self.global_rank,
             self.world_size, self.cluster_environment.main_address, ddp.broadcast, self._counter, self._weighting,
-            self._schedules, self._log, self._limits.limit,
+            self._schedules, self._log, self._limits,
         )  # fmt: skip
         engines, compensator = self._engines.values(), self._compensation.new()
         self._run = bootstrap.start_run(ctx, group, engines, lambda: self._engine, self.launcher, compensator, ddp)

@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader, Sampler
 from lightning_hetero._lightning_internals import layer_sync_requested, validates_on_time_interval, with_sampler
 from lightning_hetero.contracts import ModeSwitcher
 from lightning_hetero.ps.sampler import sampler_order
+from lightning_hetero.ps.validation_points import ValidationPoints, check_interval
 
 
 def mode_switcher(trainer: pl.Trainer) -> ModeSwitcher | None:
@@ -60,16 +61,11 @@ def check_trainer(module: pl.LightningModule, trainer: pl.Trainer, mode: str) ->
             "together, and torch's SyncBatchNorm needs a GPU backend); remove sync_batchnorm, or use strategy='ddp' "
             "on GPUs."
         )
-    timed = validates_on_time_interval(trainer)  # a duration leaves no `trainer.val_check_interval` at all
-    interval = None if timed else trainer.val_check_interval
-    mid_epoch = timed or isinstance(interval, int) or interval != 1.0
-    if (mid_epoch and not lock_step) or timed:
-        got = "a duration" if timed else repr(interval)
+    if validates_on_time_interval(trainer):  # a duration leaves no `trainer.val_check_interval` at all
         raise ValueError(
-            f"AsyncPSStrategy validates at epoch ends only (val_check_interval={got}): the ranks run different "
-            "numbers of batches in ASP and local SGD and meet only where an epoch ends (BSP alone takes a fraction "
-            "or a count); use limit_train_batches to make epochs shorter (val_check_interval=0.5 is "
-            "limit_train_batches=0.5 with twice the max_epochs), or check_val_every_n_epoch."
+            "AsyncPSStrategy does not validate every so many seconds (val_check_interval as a duration): each rank "
+            "would read its own clock, and the ranks must agree on the point; give val_check_interval as a fraction "
+            "of the epoch or a count of batches (the ranks agree on those), or use Lightning's Timer callback."
         )
     limit = trainer.limit_train_batches
     if limit is None or limit == 0:
@@ -163,6 +159,8 @@ class TrainerLimits:
 
     def __init__(self) -> None:
         self.limit: float | int = 1.0
+        #: the taken-over ``val_check_interval`` inside an epoch (``None``: epoch ends, or BSP alone)
+        self.points: ValidationPoints | None = None
         self._trainer: pl.Trainer | None = None
         self._mode = "asp"
         self._world_size = 1
@@ -177,7 +175,10 @@ class TrainerLimits:
             world_size: the number of ranks.
         """
         limit = check_trainer(module, trainer, mode)
-        self.limit = self.limit if trainer is self._trainer and limit == 1.0 else limit  # a second fit: taken over
+        points = None if only_lock_step(trainer, mode) else check_interval(trainer, mode)
+        again = trainer is self._trainer  # a second fit: what the first took over stays taken over
+        self.limit = self.limit if again and limit == 1.0 else limit
+        self.points = self.points if again and points is None else points
         self._trainer, self._mode, self._world_size = trainer, mode, world_size
 
     def loader(self, dataloader: object) -> object:

@@ -158,7 +158,8 @@ class LocalSGDEngine:
         output = ctx.precision_plugin.optimizer_step(optimizer, model=model, closure=closure, **kwargs)
         rounds = self.rounds
         assert rounds is not None  # the closure ran training_step, hence batch_start
-        last = is_last_batch(ctx.trainer)
+        sampler = ctx.claim_sampler  # a validation point inside the epoch ends the epoch's rounds there too
+        last = is_last_batch(ctx.trainer) or (sampler is not None and sampler.segment_ended())
         share_done = rounds.record_step(self._batch_samples, self._step_s)
         if share_done or last:
             with self._busy_timer.waiting():
@@ -166,7 +167,7 @@ class LocalSGDEngine:
                 while last and not outcome.all_done:
                     outcome = self._end_round(done=True)
             self._set_claim_chunks(rounds.claim_chunks)
-            if last:  # every rank is done with the epoch: the next epoch's first batch begins a round
+            if last:  # every rank is done with the epoch (segment): the next batch begins a round
                 self._busy_timer.skip()
                 self._round_open = False
         ctx.counter.set(rounds.steps_total, in_step=True)
