@@ -83,7 +83,7 @@ class AsyncPSStrategy(DDPStrategy):
 
     Notes:
         Exactly one optimizer; manual optimization in BSP only. In ASP ``trainer.global_step`` is the server's version
-        and ``max_steps`` bounds it; every rank stops at the same epoch's end; validation at epoch ends only.
+        and ``max_steps`` bounds it; every rank stops at the same epoch's end and validates at agreed points.
 
     Example::
 
