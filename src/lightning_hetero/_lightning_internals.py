@@ -291,6 +291,15 @@ def set_global_step(trainer: pl.Trainer, steps: int, in_step: bool) -> None:
     counter.completed = steps - 1 if in_step else steps
 
 
+def set_max_steps(trainer: pl.Trainer, steps: int) -> None:
+    """Make ``trainer.max_steps`` (what the fit loop stops at and ``estimated_stepping_batches`` reads) ``steps``.
+
+    Relies on ``fit_loop.epoch_loop.max_steps``, which ``trainer.max_steps`` and ``fit_loop.max_steps`` read (no setter
+    on either; checked against Lightning 2.6.6).
+    """
+    trainer.fit_loop.epoch_loop.max_steps = steps
+
+
 def set_val_check_batch(trainer: pl.Trainer, batches: int) -> None:
     """Make Lightning's training loop validate after the batch in progress when ``(batch + 1) % batches == 0`` (1:
     now; a count never reached: not now, not even at the epoch's last batch).

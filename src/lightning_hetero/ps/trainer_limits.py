@@ -18,9 +18,15 @@ from collections.abc import Iterator
 
 import lightning.pytorch as pl
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn
+from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Sampler
 
-from lightning_hetero._lightning_internals import layer_sync_requested, validates_on_time_interval, with_sampler
+from lightning_hetero._lightning_internals import (
+    layer_sync_requested,
+    set_max_steps,
+    validates_on_time_interval,
+    with_sampler,
+)
 from lightning_hetero.contracts import ModeSwitcher
 from lightning_hetero.ps.sampler import sampler_order
 from lightning_hetero.ps.validation_points import ValidationPoints, check_interval
@@ -100,6 +106,19 @@ def pool_chunks(chunks: int, limit: float | int, world_size: int) -> int:
     return min(chunks, max(world_size, wanted))
 
 
+def update_budget(max_steps: int, world_size: int, lock_step: bool) -> int:
+    """The bound on ``trainer.global_step`` that trains as much as ``max_steps`` does under DDP, where a step trains a
+    batch on every rank: ``max_steps`` in lock-step (BSP), ``max_steps x world_size`` where every rank's batch is a
+    step of its own (ASP's server updates, local SGD's local steps); -1 (no bound) as it is.
+
+    Example::
+
+        >>> update_budget(62, world_size=2, lock_step=False), update_budget(62, 2, True), update_budget(-1, 2, False)
+        (124, 62, -1)
+    """
+    return max_steps if max_steps < 0 or lock_step else max_steps * world_size
+
+
 def steps_per_epoch(chunks: int, world_size: int, lock_step: bool) -> int:
     """Optimizer steps ``trainer.global_step`` advances by in an epoch of ``chunks`` claimed batches: each rank's
     batches (they all step together) in BSP, every batch of every rank in ASP (server updates) and local SGD."""
@@ -161,6 +180,7 @@ class TrainerLimits:
         self.limit: float | int = 1.0
         #: the taken-over ``val_check_interval`` inside an epoch (``None``: epoch ends, or BSP alone)
         self.points: ValidationPoints | None = None
+        self._budget = -1  # the update budget set in Lightning's max_steps
         self._trainer: pl.Trainer | None = None
         self._mode = "asp"
         self._world_size = 1
@@ -179,6 +199,15 @@ class TrainerLimits:
         again = trainer is self._trainer  # a second fit: what the first took over stays taken over
         self.limit = self.limit if again and limit == 1.0 else limit
         self.points = self.points if again and points is None else points
+        if not (again and trainer.max_steps == self._budget):
+            self._budget = update_budget(trainer.max_steps, world_size, lock_step=mode == "bsp")
+            if self._budget != trainer.max_steps:
+                rank_zero_info(
+                    f"AsyncPSStrategy(mode={mode!r}): max_steps={trainer.max_steps} trains what DDP's steps train (a "
+                    f"batch on every rank), here {self._budget} updates of one rank's batch each (trainer.max_steps "
+                    f"reads {self._budget}, as trainer.global_step counts them)."
+                )
+                set_max_steps(trainer, self._budget)
         self._trainer, self._mode, self._world_size = trainer, mode, world_size
 
     def loader(self, dataloader: object) -> object:
