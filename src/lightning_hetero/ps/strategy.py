@@ -82,8 +82,8 @@ class AsyncPSStrategy(DDPStrategy):
         process_group_backend: backend of the default group (used in BSP); the server always talks gloo.
 
     Notes:
-        Exactly one optimizer; manual optimization in BSP only. In ASP ``trainer.global_step`` is the server's version
-        and ``max_steps`` bounds it; every rank stops at the same epoch's end and validates at agreed points.
+        Exactly one optimizer; manual optimization in BSP only. In ASP ``trainer.global_step`` is the server's version,
+        ``max_steps x world_size`` bounds it (DDP's data); every rank stops, and validates, at agreed points.
 
     Example::
 
