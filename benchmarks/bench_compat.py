@@ -36,7 +36,10 @@ HERE = Path(__file__).resolve().parent
 WORKER = HERE.parent / "tests" / "scripts" / "compat_cells.py"
 FEATURES = ("ddp", "ddp_hetero", "asp", "hybrid", "local", "bsp")
 #: the cells that train the classifier and validate it (the others run Lightning's demos or are refused)
-USAGES = ("plain", "max_steps", "max_time", "onecycle", "batchnorm", "limit_train_batches", "accumulate")
+USAGES = (
+    "plain", "max_steps", "max_time", "onecycle", "batchnorm", "limit_train_batches", "val_check_interval",
+    "val_check_batches", "accumulate",
+)  # fmt: skip
 DATA = [
     "--samples",
     "1024",

@@ -36,6 +36,8 @@ from lightning_hetero._lightning_internals import (
     resume_lr_scheduler,
     set_default_group_timeout,
     set_global_step,
+    set_max_steps,
+    set_val_check_batch,
     sync_module_states,
     uses_distributed_sampler,
     validates_on_time_interval,
@@ -264,6 +266,31 @@ def test_rebuild_validation_loaders_drops_the_cached_loaders():
 
     _fit(Rebuild(), batches=1, epochs=2)
     assert identities[0] is not None and identities[1] is not None and identities[1] is not identities[0]
+
+
+def test_set_max_steps_is_what_the_fit_loop_stops_at():
+    class Raise(L.Callback):
+        def on_train_start(self, trainer, pl_module):
+            set_max_steps(trainer, 5)
+
+    trainer = _fit(Raise(), batches=4, epochs=3, max_steps=2)
+    assert trainer.max_steps == 5 and trainer.global_step == 5
+
+
+def test_set_val_check_batch_decides_validation_after_the_batch_in_progress():
+    class Validations(L.Callback):
+        def __init__(self):
+            self.after = []
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            set_val_check_batch(trainer, 1 if batch_idx == 1 else sys.maxsize)  # after the second batch only
+
+        def on_validation_start(self, trainer, pl_module):
+            self.after.append(trainer.fit_loop.epoch_loop.batch_idx)
+
+    validations = Validations()
+    _fit(validations, batches=4, num_sanity_val_steps=0)
+    assert validations.after == [1]  # not at the epoch's last batch either
 
 
 def test_set_default_group_timeout_sets_the_gloo_backends_timeout(single_rank_group):

@@ -291,6 +291,26 @@ def set_global_step(trainer: pl.Trainer, steps: int, in_step: bool) -> None:
     counter.completed = steps - 1 if in_step else steps
 
 
+def set_max_steps(trainer: pl.Trainer, steps: int) -> None:
+    """Make ``trainer.max_steps`` (what the fit loop stops at and ``estimated_stepping_batches`` reads) ``steps``.
+
+    Relies on ``fit_loop.epoch_loop.max_steps``, which ``trainer.max_steps`` and ``fit_loop.max_steps`` read (no setter
+    on either; checked against Lightning 2.6.6).
+    """
+    trainer.fit_loop.epoch_loop.max_steps = steps
+
+
+def set_val_check_batch(trainer: pl.Trainer, batches: int) -> None:
+    """Make Lightning's training loop validate after the batch in progress when ``(batch + 1) % batches == 0`` (1:
+    now; a count never reached: not now, not even at the epoch's last batch).
+
+    Relies on ``trainer.val_check_batch``, which ``_FitLoop.setup_data`` sets from ``val_check_interval`` at each
+    epoch's start and ``_TrainingEpochLoop._should_check_val_fx`` reads after each batch's ``on_train_batch_end``
+    (checked against Lightning 2.6.6).
+    """
+    trainer.val_check_batch = batches
+
+
 def rebuild_validation_loaders(trainer: pl.Trainer) -> None:
     """Make the fit loop build its validation loaders again (for example after the ranks sharing them changed):
     Lightning otherwise keeps the ones built at the first validation.

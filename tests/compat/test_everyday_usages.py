@@ -16,7 +16,7 @@ pytestmark = pytest.mark.multiprocess
 FEATURES = ("ddp_hetero", "asp", "hybrid", "local", "bsp")
 CELLS = (
     "plain", "max_steps", "max_time", "onecycle", "batchnorm", "sync_batchnorm", "limit_train_batches",
-    "val_check_interval", "accumulate", "manual", "boring", "transformer",
+    "val_check_interval", "val_check_batches", "accumulate", "manual", "boring", "transformer",
 )  # fmt: skip
 ASYNC_PS = ("asp", "hybrid", "local", "bsp")
 #: (feature, cell) -> words the refusal must contain (the setting it names)
@@ -24,7 +24,6 @@ REFUSED = {
     ("ddp_hetero", "sync_batchnorm"): "SyncBatchNorm",  # torch's own: SyncBatchNorm needs GPU modules
     ("ddp_hetero", "manual"): "automatic_optimization",
     **{(feature, "sync_batchnorm"): "sync_batchnorm=True" for feature in ASYNC_PS},
-    **{(feature, "val_check_interval"): "val_check_interval=0.5" for feature in ("asp", "hybrid", "local")},
     **{(feature, "manual"): "automatic_optimization" for feature in ("asp", "hybrid", "local")},
 }
 MAX_STEPS = 22  # compat_cells.py: an epoch is 24 updates in ASP, so 22 falls in an epoch's last updates
@@ -48,13 +47,18 @@ def test_every_cell_passes_or_is_refused_before_the_first_batch(run_script, tmp_
         assert first["checksum"] == pytest.approx(second["checksum"], rel=1e-6), (cell, first, second)
     outcomes = ranks[0]
     assert outcomes["plain"]["val_acc"] > 0.9
-    if feature in ("asp", "bsp", "ddp_hetero"):  # the server refuses updates past max_steps; BSP steps together
+    # max_steps trains what DDP's steps train: ASP and local SGD count one rank's batch a step (2 x MAX_STEPS); the
+    # server refuses updates past it; BSP (and the hybrid's first epoch) steps together
+    if feature in ("asp", "local"):
+        assert outcomes["max_steps"]["global_step"] == 2 * MAX_STEPS
+    else:
         assert outcomes["max_steps"]["global_step"] == MAX_STEPS
-    else:  # local SGD and the hybrid's ASP epochs: the epoch that reaches max_steps ends, then the run
-        assert outcomes["max_steps"]["global_step"] >= MAX_STEPS
     assert outcomes["max_time"]["epochs"] >= 1
-    if (feature, "val_check_interval") not in REFUSED:  # twice an epoch, in step on both ranks
-        assert outcomes["val_check_interval"]["validations"] == ranks[1]["val_check_interval"]["validations"] == 4
+    # twice an epoch (val_check_interval=0.5), three times (every 8 of DDP's 24 batches a rank), on every rank at
+    # the same step with the same parameters (ASP: the same server version; local SGD: a round's end)
+    for cell, validations in (("val_check_interval", 4), ("val_check_batches", 6)):
+        assert outcomes[cell]["validations"] == ranks[1][cell]["validations"] == validations, cell
+        assert outcomes[cell]["validated"] == ranks[1][cell]["validated"], cell
     if feature == "ddp_hetero":  # the split followed the slow rank, and never under 2 samples with BatchNorm
         assert outcomes["plain"]["split"][1] < outcomes["plain"]["split"][0]
         assert min(outcomes["batchnorm"]["split"]) >= 2

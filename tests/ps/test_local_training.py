@@ -88,16 +88,14 @@ def test_switching_bsp_local_asp_local_in_process(run_script, tmp_path):
     assert first["val_acc"] > 0.9
 
 
-def test_max_steps_stops_every_rank_after_the_same_round(run_script, tmp_path):
-    run_script("local_train.py", str(tmp_path), "--epochs", "3", "--max-steps", "40", timeout_s=180)
+def test_max_steps_stops_every_rank_at_the_same_round_end_exactly(run_script, tmp_path):
+    run_script("local_train.py", str(tmp_path), "--epochs", "3", "--max-steps", "20", timeout_s=180)
     first, second = _reports(tmp_path)
-    # rounds of 256 samples are about 16 local steps over both ranks (the first exactly: speeds unknown; later ones
-    # end at a shared deadline); global_step moves at round ends only, so both stop at the first round end past 40
-    steps = first["global_step"]
-    assert steps == second["global_step"] == first["steps_total"]
-    assert 40 <= steps < 40 + 2 * 16
+    # max_steps=20 trains DDP's 20 steps of a batch on each rank: 40 local steps; the last rounds are planned in
+    # steps, so the last round end lands on 40; the batches the ranks still hold take no step
+    assert first["global_step"] == second["global_step"] == first["steps_total"] == 40
     assert first["checksum"] == second["checksum"]
-    assert sum(first["batches"].values()) + sum(second["batches"].values()) == steps
+    assert sum(first["batches"].values()) + sum(second["batches"].values()) >= 40
 
 
 def test_a_rank_lost_in_local_sgd_ends_the_job_naming_it(run_script, tmp_path):

@@ -10,11 +10,12 @@ from lightning_hetero.ps.sampler import ClaimSampler, epoch_order, round_robin_c
 
 class Counter:
     def __init__(self) -> None:
-        self.values: dict[int, int] = {}
+        self.values: dict[int | tuple[int, int], int] = {}
 
-    def claim(self, epoch: int, count: int) -> int:
-        start = self.values.get(epoch, 0)
-        self.values[epoch] = start + count
+    def claim(self, epoch: int, count: int, segment: int = 0) -> int:
+        key = epoch if segment == 0 else (epoch, segment)
+        start = self.values.get(key, 0)
+        self.values[key] = start + count
         return start
 
 
@@ -94,6 +95,62 @@ def test_claims_of_several_chunks_save_round_trips_and_shrink_near_the_epochs_en
     assert claims == [8] * 9 + [6, 5, 3, 3, 2] + [1] * 8
     assert sum(claims[:-1]) == 98
     assert sampler.samples_left == 0
+
+
+@given(
+    chunks=st.integers(4, 40),
+    world=st.integers(1, 4),
+    cuts=st.sets(st.integers(1, 39), max_size=4),
+    claim_chunks=st.integers(1, 5),
+    seed=st.integers(0, 10_000),
+)
+def test_validation_segments_are_claimed_like_epochs_and_each_rank_sees_every_segments_end(
+    chunks, world, cuts, claim_chunks, seed
+):
+    starts = sorted(c for c in cuts if world <= c <= chunks - world)  # segments of a batch per rank at least
+    starts = [c for i, c in enumerate(starts) if i == 0 or c - starts[i - 1] >= world]
+    counter = Counter()
+    samplers = [
+        ClaimSampler(chunks * 3, 3, counter.claim, lambda: 1, lambda: True, rank, world) for rank in range(world)
+    ]
+    iterators = []
+    for sampler in samplers:
+        sampler.segments = lambda epoch: starts
+        sampler.claim_chunks = claim_chunks
+        iterators.append(iter(sampler))
+    # Lightning's loader holds the next batch while one is trained: a rank fetches batch n + 1, then trains n
+    held = [list(itertools.islice(iterator, 3)) for iterator in iterators]
+    trained: list[list[int]] = [[] for _ in samplers]
+    ends: list[list[int]] = [[] for _ in samplers]
+    rng, live = random.Random(seed), list(range(world))
+    while live:
+        rank = rng.choice(live)
+        batch, held[rank] = held[rank], list(itertools.islice(iterators[rank], 3))
+        if not batch:
+            live.remove(rank)
+            continue
+        chunk = samplers[rank].next_chunk()
+        assert chunk == batch[0] // 3
+        trained[rank].append(chunk)
+        if samplers[rank].segment_ended():
+            ends[rank].append(chunk)
+    assert sorted(c for mine in trained for c in mine) == list(range(chunks))  # every batch once
+    bounds = [0, *starts, chunks]
+    for mine, my_ends in zip(trained, ends, strict=True):
+        segments = [next(i for i in range(len(starts) + 1) if c < bounds[i + 1]) for c in mine]
+        assert segments == sorted(segments) and set(segments) == set(range(len(starts) + 1))  # in order, none skipped
+        # a validation point after the rank's last batch of each segment but the last, and nowhere else
+        assert my_ends == [mine[len(segments) - 1 - segments[::-1].index(i)] for i in range(len(starts))]
+
+
+def test_closing_the_pool_claims_every_segment_and_leaves_each_rank_its_reserved_batches():
+    counter = Counter()
+    sampler = ClaimSampler(24, 2, counter.claim, lambda: 0, lambda: True, rank=1, world_size=2)
+    sampler.segments = lambda epoch: [4, 8]  # three segments of 4 chunks
+    iterator = iter(sampler)
+    assert list(itertools.islice(iterator, 2)) == [2, 3]  # the reserved chunk of the first segment
+    sampler.close(0)
+    assert list(iterator) == [10, 11, 18, 19]  # the reserved chunks of the other two, nothing claimed
 
 
 def test_samples_left_follow_the_counter_as_this_rank_saw_it():

@@ -23,7 +23,7 @@ def _stop(max_steps=-1, lock_step=False, last_batch=False):
         max_steps=max_steps, current_epoch=3, should_stop=False,
         fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=progress)),
     )  # fmt: skip
-    sampler = SimpleNamespace(num_samples=100, claim=lambda epoch, count: claims.append((epoch, count)))
+    sampler = SimpleNamespace(close=claims.append)
     ctx = SimpleNamespace(
         trainer=trainer, active=True, claim_sampler=sampler, store=_Store(), counter=SimpleNamespace(version=0)
     )
@@ -38,7 +38,7 @@ def test_a_spent_budget_closes_the_pool_once_and_no_rank_sees_max_steps_before_i
     assert stop.shown_step(29, in_step=True) == 29 and claims == []
     assert stop.shown_step(30, in_step=True) == 29
     assert stop.shown_step(31, in_step=True) == 29
-    assert claims == [(3, 100)]  # the rest of epoch 3's pool, claimed once
+    assert claims == [3]  # the rest of epoch 3's pool, claimed once
     trainer.fit_loop.epoch_loop.batch_progress.is_last_batch = True
     assert stop.shown_step(31, in_step=True) == 31  # its last batch: Lightning may see it
     assert stop.shown_step(31, in_step=False) == 31
@@ -57,7 +57,7 @@ def test_a_stop_asked_inside_an_asynchronous_batch_waits_for_the_epochs_end_on_e
     stop, trainer, claims, (meetings, epoch_ends) = _stop()
     trainer.should_stop = True  # e.g. Lightning's Timer for max_time, on this rank alone
     stop.batch_end(trainer)
-    assert not trainer.should_stop and claims == [(3, 100)] and stop.ctx.store.check([STOP_KEY])
+    assert not trainer.should_stop and claims == [3] and stop.ctx.store.check([STOP_KEY])
     other, other_trainer, _, (other_meetings, _) = _stop()
     other.ctx.store = stop.ctx.store  # another rank, same store
     other.epoch_end(other_trainer)

@@ -7,6 +7,7 @@ from torch.utils.data import DataLoader
 
 from lightning_hetero.ps.trainer_limits import (
     EstimateSampler,
+    TrainerLimits,
     check_trainer,
     estimating_loader,
     lock_step_interval,
@@ -38,17 +39,8 @@ TIME_BASED = pytest.mark.skipif(
         (_Manual(), "asp", {}, r"mode='asp'\) supports manual optimization .* in BSP only"),
         (_Manual(), "local", {}, "in BSP only"),
         (_Manual(), "bsp", {"callbacks": [SyncSwitchCallback("bsp:0-0,asp:1-")]}, "SyncSwitchCallback would switch"),
-        (MLPClassifier(), "asp", {"val_check_interval": 10}, "val_check_interval=10"),
-        (MLPClassifier(), "local", {"val_check_interval": 1}, r"val_check_interval=1\)"),
-        (MLPClassifier(), "asp", {"val_check_interval": 0.5}, r"val_check_interval=0.5.*limit_train_batches=0.5"),
-        (
-            MLPClassifier(),
-            "bsp",
-            {"callbacks": [SyncSwitchCallback("bsp:0-0,asp:1-")], "val_check_interval": 0.5},
-            "0.5",
-        ),
         pytest.param(
-            MLPClassifier(), "asp", {"val_check_interval": timedelta(seconds=5)}, "a duration", marks=TIME_BASED
+            MLPClassifier(), "asp", {"val_check_interval": timedelta(seconds=5)}, "as a duration", marks=TIME_BASED
         ),
     ],
 )
@@ -88,6 +80,15 @@ def test_limit_train_batches_is_taken_over_by_the_claim_pool(limit):
 )
 def test_pool_chunks_apply_a_fraction_or_a_count_per_rank_and_leave_each_rank_its_first(chunks, limit, expected):
     assert pool_chunks(chunks, limit, world_size=2) == expected
+
+
+@pytest.mark.parametrize(("mode", "budget"), [("asp", 20), ("local", 20), ("bsp", 10)])
+def test_max_steps_trains_what_ddps_steps_train_in_every_mode(mode, budget):
+    trainer, limits = _trainer(max_steps=10), TrainerLimits()
+    limits.check(MLPClassifier(), trainer, mode, world_size=2)
+    assert trainer.max_steps == budget  # ASP and local SGD: an update (a step) is one rank's batch
+    limits.check(MLPClassifier(), trainer, mode, world_size=2)  # a second fit keeps what the first set
+    assert trainer.max_steps == budget
 
 
 def test_the_step_estimate_counts_server_updates_in_asp_and_rank_steps_in_bsp():

@@ -34,7 +34,7 @@ from lightning_hetero.synthetic import MLPClassifier, SyntheticClassificationDat
 FEATURES = ("ddp", "ddp_hetero", "asp", "hybrid", "local", "bsp")
 CELLS = (
     "plain", "max_steps", "max_time", "onecycle", "batchnorm", "sync_batchnorm", "limit_train_batches",
-    "val_check_interval", "accumulate", "manual", "boring", "transformer",
+    "val_check_interval", "val_check_batches", "accumulate", "manual", "boring", "transformer",
 )  # fmt: skip
 BATCH = 16  # over both ranks; with 384 samples an epoch is 24 batches, and max_steps=22 falls in its last updates
 
@@ -79,12 +79,22 @@ class TinyTransformer(L.LightningModule):
 class Seen(Callback):
     def __init__(self) -> None:
         self.batches = self.validations = 0
+        self.validated: list[tuple[int, float]] = []  # each validation's step and parameters (a checksum)
 
     def on_train_batch_start(self, *args, **kwargs) -> None:
         self.batches += 1
 
     def on_validation_start(self, *args, **kwargs) -> None:
         self.validations += 1
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if trainer.state.fn == "fit":
+            self.validated.append((trainer.global_step, round(checksum(pl_module), 4)))
+
+
+def checksum(module: torch.nn.Module) -> float:
+    params = torch.cat([p.detach().reshape(-1).double() for p in module.parameters()])
+    return float(params.sum()) if torch.isfinite(params).all() else math.nan
 
 
 def strategy_and_callbacks(feature: str) -> tuple[object, list[Callback]]:
@@ -116,6 +126,8 @@ def cell_setup(cell: str) -> tuple[L.LightningModule, L.LightningDataModule | No
         kwargs["limit_train_batches"] = 0.5
     elif cell == "val_check_interval":
         kwargs["val_check_interval"] = 0.5
+    elif cell == "val_check_batches":  # every 8 of a rank's 24 batches (DDP's count; a share of the pool otherwise)
+        kwargs["val_check_interval"] = 8
     elif cell == "accumulate":
         kwargs["accumulate_grad_batches"] = 2
     elif cell in ("manual", "boring", "transformer"):
@@ -142,15 +154,15 @@ def run_cell(feature: str, cell: str) -> dict:
     unvalidated = outcome["status"] == "pass" and "val_acc" not in trainer.callback_metrics
     if OPTIONS.final_validate and unvalidated and data is not None:
         trainer.validate(model, datamodule=data, verbose=False)
-    params = torch.cat([p.detach().reshape(-1).double() for p in model.parameters()])
     acc = trainer.callback_metrics.get("val_acc")
     hetero = next((c for c in callbacks if isinstance(c, HeteroBatchCallback)), None)
     outcome.update(
         split=None if hetero is None or hetero.tuner is None else list(hetero.tuner.plan.current),
         batches=seen.batches,
         validations=seen.validations,
+        validated=seen.validated,
         global_step=trainer.global_step,
-        checksum=float(params.sum()) if torch.isfinite(params).all() else math.nan,
+        checksum=checksum(model),
         val_acc=None if acc is None else float(acc),
         epochs=trainer.current_epoch,
     )

@@ -188,6 +188,11 @@ class AsynchronousClient:
             write_push_header(endpoint.push, FLAG_PULL_ONLY | flags, version, 0.0)
         return self._exchange()
 
+    def settle(self) -> None:
+        """Wait for the update in flight, if any (its reply lands in ``flat``): the server applied every push this
+        rank made (a validation point inside an epoch, where no push is flagged ``FLAG_LAST``)."""
+        self._complete()
+
     def report(self, shard: int) -> dict[str, Any]:
         """Shard ``shard``'s :meth:`~lightning_hetero.ps.server.ParameterServer.report` (asked over the network when
         another rank hosts it).

@@ -41,6 +41,8 @@ from lightning_hetero.ps.server_loop import ServerLoop
 from lightning_hetero.ps.shard_hosting import ShardHosting
 from lightning_hetero.ps.sharding import Shard, check_server_shards, plan_shards
 from lightning_hetero.ps.stopping import AgreedStop, install
+from lightning_hetero.ps.validation_points import ValidateTogether
+from lightning_hetero.ps.validation_points import install as install_validation
 
 if TYPE_CHECKING:
     from lightning_hetero.lr_schedules import CountedLRSchedulers
@@ -49,6 +51,7 @@ if TYPE_CHECKING:
     from lightning_hetero.ps.engines import Engine
     from lightning_hetero.ps.reporting import EpochLog
     from lightning_hetero.ps.settings import PSSettings
+    from lightning_hetero.ps.trainer_limits import TrainerLimits
 
 # The server's threads block in receives for as long as their worker is alive (it may validate, or the strategy may
 # train synchronously for many epochs); a dead worker breaks the connection at once, so no timeout is needed there.
@@ -200,7 +203,7 @@ def build_context(
     weighting: BatchWeighting,
     schedules: CountedLRSchedulers,
     log: EpochLog,
-    train_limit: float | int = 1.0,
+    limits: TrainerLimits | None = None,
 ) -> tuple[PSContext, dist.ProcessGroup]:
     """When fitting, on every rank: lay the model out flat, connect to rank 0's store, plan the server's shards and
     meet the other ranks' membership; returns the run's context and the server's gloo group.
@@ -219,7 +222,8 @@ def build_context(
         weighting: this rank's batch share.
         schedules: step-interval LR schedulers counting server updates in ASP.
         log: per-step numbers logged as epoch statistics.
-        train_limit: ``limit_train_batches``, applied to the epoch's claim pool.
+        limits: the Trainer's settings the strategy took over (``limit_train_batches``, applied to the epoch's claim
+            pool; ``val_check_interval`` inside an epoch); ``None``: none.
     """
     module = trainer.lightning_module
     model = flatten_model(module)
@@ -257,7 +261,8 @@ def build_context(
         weighting=weighting,
         schedules=schedules,
         log=log,
-        train_limit=train_limit,
+        train_limit=limits.limit if limits is not None else 1.0,
+        val_points=limits.points if limits is not None else None,
     )
     return ctx, group
 
@@ -352,5 +357,7 @@ def start_run(
     stop = AgreedStop(ctx, fault, engine)
     ctx.counter.ceiling = stop.shown_step
     install(ctx.trainer, stop)
+    points = ValidateTogether(ctx, engine, ctx.val_points) if ctx.val_points is not None else None
+    install_validation(ctx.trainer, points)
     forget_train_dataloader(ctx.trainer)  # one loaded for `estimated_stepping_batches` lacks the claim sampler
     return Run(ctx, fault, gate, DataClaiming(ctx, fault, engine))

@@ -25,6 +25,7 @@ from lightning_hetero._lightning_internals import uses_distributed_sampler, with
 from lightning_hetero.ps.placement import reserved_only
 from lightning_hetero.ps.sampler import ClaimSampler, sampler_order
 from lightning_hetero.ps.trainer_limits import lock_step_interval, mode_switcher, pool_chunks
+from lightning_hetero.ps.validation_points import refuse_without_claims
 
 if TYPE_CHECKING:
     from lightning_hetero.ps.context import PSContext
@@ -33,8 +34,8 @@ if TYPE_CHECKING:
 
 
 class StoreClaims:
-    """The epoch's shared claim counter in rank 0's store: ``claim(epoch, count)`` reserves ``count`` chunks and
-    returns the first one's number.
+    """The epoch's shared claim counters in rank 0's store: ``claim(epoch, count, segment=0)`` reserves ``count``
+    positions of the epoch's (segment's) claims and returns the first one.
 
     Args:
         store: rank 0's key-value store.
@@ -45,9 +46,10 @@ class StoreClaims:
         self._store = store
         self._lost_cause = lost_cause
 
-    def __call__(self, epoch: int, count: int) -> int:
+    def __call__(self, epoch: int, count: int, segment: int = 0) -> int:
+        key = f"claims/epoch{epoch}" + (f"/segment{segment}" if segment else "")
         try:
-            return self._store.add(f"claims/epoch{epoch}", count) - count
+            return self._store.add(key, count) - count
         except RuntimeError as err:
             raise self._lost_cause(err) from err
 
@@ -129,6 +131,8 @@ class DataClaiming:
         ):
             return dataloader
         elastic = ctx.servers.server is not None and ctx.settings.on_worker_lost == "continue"
+        tail = "on_worker_lost='continue' trains a lost worker's batches at the epoch's end, after the points"
+        refuse_without_claims(ctx.val_points, tail if ctx.settings.on_worker_lost == "continue" else None)
         claiming = claiming_loader(
             dataloader,
             StoreClaims(ctx.store, self.fault.lost_cause),
@@ -141,9 +145,14 @@ class DataClaiming:
             limit=ctx.train_limit,
         )
         if claiming is None:  # a loader of its own (HeteroBatch's, a custom sampler): Lightning's limit applies
+            refuse_without_claims(ctx.val_points, "the training loader has a sampler of its own (not claimed)")
             trainer.limit_train_batches = ctx.train_limit
             return dataloader
         loader, ctx.claim_sampler = claiming
+        points = ctx.val_points
+        if points is not None:  # the pool is cut at the validation points (every rank alike)
+            pool = -(-ctx.claim_sampler.epoch_samples // loader.batch_size)
+            ctx.claim_sampler.segments = lambda epoch: points.plan(epoch, pool, ctx.world_size)[0]
         if self._engine().lock_step and mode_switcher(trainer) is None:  # BSP alone validates inside an epoch
             lock_step_interval(trainer, -(-ctx.claim_sampler.epoch_samples // loader.batch_size // ctx.world_size))
         return loader

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from lightning_hetero.ps.sampler import ClaimSampler
     from lightning_hetero.ps.settings import PSSettings
     from lightning_hetero.ps.shard_hosting import ShardHosting
+    from lightning_hetero.ps.validation_points import ValidationPoints
 
 
 class StepCounter:
@@ -106,6 +107,8 @@ class PSContext:
         claim_sampler: the training loader's claim sampler, once the loader is built (``None`` for a custom one).
         train_limit: ``limit_train_batches`` (a fraction of the epoch's batches, or batches per rank): the claim pool's
             size (:func:`~lightning_hetero.ps.trainer_limits.pool_chunks`).
+        val_points: ``val_check_interval`` inside an epoch as points of the claim pool
+            (:mod:`~lightning_hetero.ps.validation_points`); ``None``: validation at epoch ends (or BSP alone).
         active: fitting and not failed or ended.
     """
 
@@ -127,6 +130,7 @@ class PSContext:
     log: EpochLog
     claim_sampler: ClaimSampler | None = field(default=None)
     train_limit: float | int = 1.0
+    val_points: ValidationPoints | None = None
     active: bool = True
 
     def float_buffers(self) -> list[torch.Tensor]:

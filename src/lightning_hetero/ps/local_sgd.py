@@ -41,6 +41,7 @@ from torch import Tensor
 from lightning_hetero._validation import check_range
 from lightning_hetero.allocation import apportion
 from lightning_hetero.measurement import ThroughputMeter
+from lightning_hetero.ps.local_stop import budgeted_plan
 from lightning_hetero.ps.outer_optimizer import OuterOptimizer
 
 #: How the ranks' local steps in a round are set.
@@ -219,6 +220,8 @@ class LocalRounds:
         self.rounds = 0
         #: local steps all ranks took up to the last round's end (``trainer.global_step`` in local mode)
         self.steps_total = 0
+        #: ``max_steps`` for ``steps_total`` (-1: none): the last rounds are planned to end on it
+        self.max_steps = -1
         #: bytes this rank sent in round-end all-reduces (its message's size per round end)
         self.bytes_sent = 0
         #: local steps each rank was planned for in each round (this rank's view), newest last
@@ -255,9 +258,11 @@ class LocalRounds:
         self.steps_in_round = 0
         self.samples_in_round = 0
         plan = plan_local_steps(self.budget, self.batch_size, self.rates, self.local_steps)
-        self.plans.append(plan)
-        self.target_steps = plan[self.rank]
-        self.round_s = self._deadline()
+        left = self.max_steps - self.steps_total if self.max_steps >= 0 else None
+        budgeted = budgeted_plan(plan, self.rates, left, self.local_steps == "proportional")
+        self.plans.append(budgeted or plan)
+        self.target_steps = (budgeted or plan)[self.rank]
+        self.round_s = self._deadline() if budgeted is None else None
         self.to_epoch_end = (
             self.round_s is not None
             and self.epoch_left is not None

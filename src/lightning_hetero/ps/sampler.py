@@ -10,6 +10,7 @@ every rank makes the same number of steps, which the all-reduce requires.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable, Iterator
 
@@ -18,8 +19,9 @@ from torch.utils.data import DistributedSampler, RandomSampler, Sampler, Sequent
 from lightning_hetero._validation import check_range
 from lightning_hetero.epoch_order import epoch_order as epoch_order  # re-exported: the old import path
 
-#: ``claim(epoch, count) -> start``: atomically reserve ``count`` positions of the epoch's order; return the first.
-ClaimFn = Callable[[int, int], int]
+#: ``claim(epoch, count[, segment]) -> start``: atomically reserve ``count`` positions of the epoch's claims (of its
+#: segment ``segment`` when the epoch has validation points); return the first.
+ClaimFn = Callable[..., int]
 #: ``tail(epoch, own_chunks) -> chunks``: once the claims run out, the chunks this worker must still train (the ones
 #: a lost worker had claimed but not pushed); may block until the other workers are done with the epoch.
 TailFn = Callable[[int, set[int]], list[int]]
@@ -143,42 +145,79 @@ class ClaimSampler(Sampler[int]):
         self.claim_chunks = 1
         #: asynchronous mode: the shared counter's position as this rank last saw it (its claims' end)
         self.pool_position = 0
+        #: asynchronous mode: the end (a position) of the segment this rank claims from (the epoch's end without
+        #: validation points)
+        self.segment_end = self.epoch_samples
+        #: asynchronous mode: the chunk of the batch last taken with :meth:`next_chunk` (-1: none)
+        self.current_chunk = -1
+        #: ``segments(epoch) -> starts``: where the epoch's segments after the first start (chunk numbers), one per
+        #: validation point inside the epoch (:mod:`~lightning_hetero.ps.validation_points`); none by default
+        self.segments: Callable[[int], list[int]] = lambda epoch: []
+        self._starts = [0]
 
     @property
     def samples_left(self) -> int:
-        """Asynchronous mode: samples of the epoch nobody had claimed when this rank last claimed (an upper bound)."""
-        return max(0, self.epoch_samples - self.pool_position)
+        """Asynchronous mode: samples of the epoch (of its segment, with validation points) nobody had claimed when
+        this rank last claimed (an upper bound)."""
+        return max(0, self.segment_end - self.pool_position)
 
     def next_chunk(self) -> int:
         """The chunk of the oldest batch yielded but not yet taken (the batch about to be trained); -1 if none."""
-        return self.pending_chunks.popleft() if self.pending_chunks else -1
+        self.current_chunk = self.pending_chunks.popleft() if self.pending_chunks else -1
+        return self.current_chunk
 
     def __iter__(self) -> Iterator[int]:
         epoch = self.epoch()
         order = epoch_order(self.num_samples, epoch, self.shuffle, self.seed)
         if not self.asynchronous():
+            self._starts = [0]
             for start, stop in round_robin_chunks(self.epoch_samples, self.chunk_size, self.rank, self.world_size):
                 yield from order[start:stop]
             return
-        # Each rank's first chunk is reserved (chunk number ``rank``), so every rank trains at least one batch per
-        # epoch and epoch-level collectives (``self.log(..., on_epoch=True, sync_dist=True)``) stay matched.
+        # Each rank's first chunk of a segment is reserved (chunk number ``rank`` of it), so every rank trains at
+        # least one batch per segment and epoch-level collectives (``self.log(..., on_epoch=True, sync_dist=True)``)
+        # and validation points stay matched.
         self.pending_chunks = deque()
+        self.current_chunk = -1
         own: set[int] = set()
         claims = not self.reserved_only()
-        pool = self.world_size * self.chunk_size  # the claims' first position
-        start, stop = self.rank * self.chunk_size, (self.rank + 1) * self.chunk_size
-        self.pool_position = pool
-        while start < self.epoch_samples:
-            for position in range(start, min(stop, self.epoch_samples), self.chunk_size):
-                yield from self._chunk(order, position // self.chunk_size, own)
-            if not claims:
-                break
-            count = max(1, min(self.claim_chunks, self.samples_left // (2 * self.world_size * self.chunk_size)))
-            start = pool + self.claim(epoch, count * self.chunk_size)
-            stop = self.pool_position = start + count * self.chunk_size
+        chunks = -(-self.epoch_samples // self.chunk_size)
+        self._starts = [0, *self.segments(epoch)]
+        for segment, first in enumerate(self._starts):
+            end = self._starts[segment + 1] if segment + 1 < len(self._starts) else chunks
+            self.segment_end = min(end * self.chunk_size, self.epoch_samples)
+            pool = (first + self.world_size) * self.chunk_size  # the segment's claims' first position
+            start, stop = (first + self.rank) * self.chunk_size, (first + self.rank + 1) * self.chunk_size
+            self.pool_position = pool
+            while start < self.segment_end:
+                for position in range(start, min(stop, self.segment_end), self.chunk_size):
+                    yield from self._chunk(order, position // self.chunk_size, own)
+                if not claims:
+                    break
+                count = max(1, min(self.claim_chunks, self.samples_left // (2 * self.world_size * self.chunk_size)))
+                start = pool + self._claim(epoch, segment, count * self.chunk_size)
+                stop = self.pool_position = start + count * self.chunk_size
         if self.tail is not None:
             for chunk in self.tail(epoch, own):
                 yield from self._chunk(order, chunk, own)
+
+    def _claim(self, epoch: int, segment: int, count: int) -> int:
+        """``count`` positions of ``segment``'s claims (segment 0 is the epoch's whole pool without validation
+        points)."""
+        return self.claim(epoch, count) if segment == 0 else self.claim(epoch, count, segment)
+
+    def close(self, epoch: int) -> None:
+        """Claim what is left of ``epoch``'s pool (every segment's), so every rank runs dry within a batch or two of
+        each segment it still enters (each still trains its reserved first batch there)."""
+        for segment in range(len(self._starts)):
+            self._claim(epoch, segment, self.num_samples)
+
+    def segment_ended(self) -> bool:
+        """Asynchronous mode: whether the batch last taken with :meth:`next_chunk` is this rank's last of its segment
+        (the next batch the loader holds lies in a later one): a validation point."""
+        if not self.pending_chunks or self.current_chunk < 0:
+            return False
+        return bisect_right(self._starts, self.pending_chunks[0]) > bisect_right(self._starts, self.current_chunk)
 
     def _chunk(self, order: list[int], chunk: int, own: set[int]) -> Iterator[int]:
         own.add(chunk)

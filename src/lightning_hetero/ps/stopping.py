@@ -5,7 +5,8 @@ train or wait in a collective. Here a rank's wish to stop closes the epoch's cla
 runs dry within a batch or two (local SGD: within the round it has claimed) and ends the epoch through the usual
 last-batch path; at the epoch's end the ranks meet, and they stop there together:
 
-- ``max_steps``: until its last batch of an epoch a rank shows Lightning at most ``max_steps - 1`` steps (the server
+- ``max_steps`` (Lightning's, which :func:`~lightning_hetero.ps.trainer_limits.update_budget` set to the user's times
+  the world size): until its last batch of an epoch a rank shows Lightning at most ``max_steps - 1`` steps (the server
   refuses updates past ``max_steps``); at the epoch's end every rank takes the server's final version (ASP) or the
   last round's combined count (local SGD) and Lightning ends the run at the same version on every rank.
 - ``trainer.should_stop`` set inside an asynchronous batch: taken back on that rank, recorded in rank 0's store, and
@@ -101,7 +102,7 @@ class AgreedStop:
         if epoch == self._closed_epoch or sampler is None:
             return
         self._closed_epoch, self.reason = epoch, reason
-        sampler.claim(epoch, sampler.num_samples)
+        sampler.close(epoch)
 
     def batch_end(self, trainer: pl.Trainer) -> None:
         """After the batch's callbacks: a ``should_stop`` set inside an asynchronous batch waits for the epoch's end."""

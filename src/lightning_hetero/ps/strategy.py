@@ -82,8 +82,8 @@ class AsyncPSStrategy(DDPStrategy):
         process_group_backend: backend of the default group (used in BSP); the server always talks gloo.
 
     Notes:
-        Exactly one optimizer; manual optimization in BSP only. In ASP ``trainer.global_step`` is the server's version
-        and ``max_steps`` bounds it; every rank stops at the same epoch's end; validation at epoch ends only.
+        Exactly one optimizer; manual optimization in BSP only. In ASP ``trainer.global_step`` is the server's version,
+        ``max_steps x world_size`` bounds it (DDP's data); every rank stops, and validates, at agreed points.
 
     Example::
 
@@ -254,7 +254,7 @@ class AsyncPSStrategy(DDPStrategy):
         ctx, group = bootstrap.build_context(
             self._settings, trainer, self.optimizers[0], self.precision_plugin, self.root_device, self.global_rank,
             self.world_size, self.cluster_environment.main_address, ddp.broadcast, self._counter, self._weighting,
-            self._schedules, self._log, self._limits.limit,
+            self._schedules, self._log, self._limits,
         )  # fmt: skip
         engines, compensator = self._engines.values(), self._compensation.new()
         self._run = bootstrap.start_run(ctx, group, engines, lambda: self._engine, self.launcher, compensator, ddp)

@@ -18,11 +18,18 @@ from collections.abc import Iterator
 
 import lightning.pytorch as pl
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn
+from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Sampler
 
-from lightning_hetero._lightning_internals import layer_sync_requested, validates_on_time_interval, with_sampler
+from lightning_hetero._lightning_internals import (
+    layer_sync_requested,
+    set_max_steps,
+    validates_on_time_interval,
+    with_sampler,
+)
 from lightning_hetero.contracts import ModeSwitcher
 from lightning_hetero.ps.sampler import sampler_order
+from lightning_hetero.ps.validation_points import ValidationPoints, check_interval
 
 
 def mode_switcher(trainer: pl.Trainer) -> ModeSwitcher | None:
@@ -60,16 +67,11 @@ def check_trainer(module: pl.LightningModule, trainer: pl.Trainer, mode: str) ->
             "together, and torch's SyncBatchNorm needs a GPU backend); remove sync_batchnorm, or use strategy='ddp' "
             "on GPUs."
         )
-    timed = validates_on_time_interval(trainer)  # a duration leaves no `trainer.val_check_interval` at all
-    interval = None if timed else trainer.val_check_interval
-    mid_epoch = timed or isinstance(interval, int) or interval != 1.0
-    if (mid_epoch and not lock_step) or timed:
-        got = "a duration" if timed else repr(interval)
+    if validates_on_time_interval(trainer):  # a duration leaves no `trainer.val_check_interval` at all
         raise ValueError(
-            f"AsyncPSStrategy validates at epoch ends only (val_check_interval={got}): the ranks run different "
-            "numbers of batches in ASP and local SGD and meet only where an epoch ends (BSP alone takes a fraction "
-            "or a count); use limit_train_batches to make epochs shorter (val_check_interval=0.5 is "
-            "limit_train_batches=0.5 with twice the max_epochs), or check_val_every_n_epoch."
+            "AsyncPSStrategy does not validate every so many seconds (val_check_interval as a duration): each rank "
+            "would read its own clock, and the ranks must agree on the point; give val_check_interval as a fraction "
+            "of the epoch or a count of batches (the ranks agree on those), or use Lightning's Timer callback."
         )
     limit = trainer.limit_train_batches
     if limit is None or limit == 0:
@@ -102,6 +104,19 @@ def pool_chunks(chunks: int, limit: float | int, world_size: int) -> int:
     """
     wanted = int(chunks * limit) if isinstance(limit, float) else int(limit) * world_size
     return min(chunks, max(world_size, wanted))
+
+
+def update_budget(max_steps: int, world_size: int, lock_step: bool) -> int:
+    """The bound on ``trainer.global_step`` that trains as much as ``max_steps`` does under DDP, where a step trains a
+    batch on every rank: ``max_steps`` in lock-step (BSP), ``max_steps x world_size`` where every rank's batch is a
+    step of its own (ASP's server updates, local SGD's local steps); -1 (no bound) as it is.
+
+    Example::
+
+        >>> update_budget(62, world_size=2, lock_step=False), update_budget(62, 2, True), update_budget(-1, 2, False)
+        (124, 62, -1)
+    """
+    return max_steps if max_steps < 0 or lock_step else max_steps * world_size
 
 
 def steps_per_epoch(chunks: int, world_size: int, lock_step: bool) -> int:
@@ -163,6 +178,9 @@ class TrainerLimits:
 
     def __init__(self) -> None:
         self.limit: float | int = 1.0
+        #: the taken-over ``val_check_interval`` inside an epoch (``None``: epoch ends, or BSP alone)
+        self.points: ValidationPoints | None = None
+        self._budget = -1  # the update budget set in Lightning's max_steps
         self._trainer: pl.Trainer | None = None
         self._mode = "asp"
         self._world_size = 1
@@ -177,7 +195,19 @@ class TrainerLimits:
             world_size: the number of ranks.
         """
         limit = check_trainer(module, trainer, mode)
-        self.limit = self.limit if trainer is self._trainer and limit == 1.0 else limit  # a second fit: taken over
+        points = None if only_lock_step(trainer, mode) else check_interval(trainer, mode)
+        again = trainer is self._trainer  # a second fit: what the first took over stays taken over
+        self.limit = self.limit if again and limit == 1.0 else limit
+        self.points = self.points if again and points is None else points
+        if not (again and trainer.max_steps == self._budget):
+            self._budget = update_budget(trainer.max_steps, world_size, lock_step=mode == "bsp")
+            if self._budget != trainer.max_steps:
+                rank_zero_info(
+                    f"AsyncPSStrategy(mode={mode!r}): max_steps={trainer.max_steps} trains what DDP's steps train (a "
+                    f"batch on every rank), here {self._budget} updates of one rank's batch each (trainer.max_steps "
+                    f"reads {self._budget}, as trainer.global_step counts them)."
+                )
+                set_max_steps(trainer, self._budget)
         self._trainer, self._mode, self._world_size = trainer, mode, world_size
 
     def loader(self, dataloader: object) -> object:

@@ -180,14 +180,17 @@ class AsynchronousEngine:
             report_hyperparameters(ctx.log, ctx.module, ctx.optimizer.param_groups[0], compensator, epoch)
 
     def epoch_end(self) -> None:
-        """The ranks meet, take the server's latest parameters and average their buffers; after the first epoch rank 0
-        says what the server-sizing rule recommends from the server's measured cost and load."""
+        """Every rank's pushes applied (at a validation point inside an epoch one may still be in flight), the ranks
+        meet, take the server's latest parameters (the same version on every rank) and average their buffers; after
+        the first epoch rank 0 says what the server-sizing rule recommends from the server's measured cost and load."""
         ctx, fault, gate = self._parts()
         server = ctx.servers.server
         if not self._sizing_advised and server is not None and server.tracker.updates:
             self._sizing_advised = True
             shards = 1 if ctx.servers.shards is None else len(ctx.servers.shards)
             rank_zero_info(sizing_advice(server.statistics(), shards).message)
+        assert ctx.servers.client is not None
+        ctx.servers.client.settle()
         fault.meet()
         self._pull()
         gate.average_buffers()

@@ -88,6 +88,7 @@ class LocalSGDEngine:
         rounds = LocalRounds(
             budget, ctx.rank, ctx.world_size, self.outer, self.local_steps, weighting=self.pseudo_gradient_weighting
         )
+        rounds.max_steps = ctx.trainer.max_steps
         if self._restored is not None:
             rounds.load_state_dict(self._restored)
             self._restored = None
@@ -138,35 +139,47 @@ class LocalSGDEngine:
     # ------------------------------------------------------------------ steps
 
     def batch_start(self) -> None:
-        """Before a local batch: open the round (the ranks' parameters agree here) and start timing the step."""
+        """Before a local batch: open the round and start timing the step."""
+        self._open_round()
+        self._step_s = self._busy_timer.step_start()
+        self._batch_samples = self._next_batch_samples()
+
+    def _open_round(self) -> None:
+        """Open a round unless one is (the ranks' parameters agree here)."""
         ctx, _, _ = self._parts()
         if self.rounds is None:
             self.rounds = self._build_rounds(self._loader_batch_size())
         if not self._round_open:
-            self.rounds.begin(ctx.flat.flat, self._loader_batch_size() or 1)
             self.rounds.steps_total = ctx.counter.version  # global_step goes on from the previous mode's count
+            self.rounds.begin(ctx.flat.flat, self._loader_batch_size() or 1)
             self._round_open = True
             self._busy_timer.skip()
             self._set_claim_chunks(self.rounds.claim_chunks)
-        self._step_s = self._busy_timer.step_start()
-        self._batch_samples = self._next_batch_samples()
 
     def optimizer_step(self, optimizer: Any, closure: Callable[[], Any], model: Any, **kwargs: Any) -> Any:
         """A local step with the rank's own optimizer; at the end of its share of the round, or of the epoch, the
         round-end all-reduce."""
         ctx, _, _ = self._parts()
-        output = ctx.precision_plugin.optimizer_step(optimizer, model=model, closure=closure, **kwargs)
+        if self.rounds is not None:
+            self._open_round()  # before the step: whether this rank steps at all in the round (max_steps)
+        resting = self.rounds is not None and self.rounds.target_steps == 0  # ps/local_stop.py
+        if resting:  # Lightning's loop runs the batch's forward and backward; no step is taken
+            output = closure()
+        else:
+            output = ctx.precision_plugin.optimizer_step(optimizer, model=model, closure=closure, **kwargs)
         rounds = self.rounds
         assert rounds is not None  # the closure ran training_step, hence batch_start
-        last = is_last_batch(ctx.trainer)
-        share_done = rounds.record_step(self._batch_samples, self._step_s)
+        sampler = ctx.claim_sampler  # a validation point inside the epoch ends the epoch's rounds there too
+        last = is_last_batch(ctx.trainer) or (sampler is not None and sampler.segment_ended())
+        spent = 0 <= rounds.max_steps <= rounds.steps_total  # then only the epoch's (point's) end meets the others
+        share_done = not spent if resting else rounds.record_step(self._batch_samples, self._step_s)
         if share_done or last:
             with self._busy_timer.waiting():
                 outcome = self._end_round(done=last)
                 while last and not outcome.all_done:
                     outcome = self._end_round(done=True)
             self._set_claim_chunks(rounds.claim_chunks)
-            if last:  # every rank is done with the epoch: the next epoch's first batch begins a round
+            if last:  # every rank is done with the epoch (segment): the next batch begins a round
                 self._busy_timer.skip()
                 self._round_open = False
         ctx.counter.set(rounds.steps_total, in_step=True)
