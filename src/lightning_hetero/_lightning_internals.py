@@ -274,6 +274,18 @@ def set_global_step(trainer: pl.Trainer, steps: int, in_step: bool) -> None:
     counter.completed = steps - 1 if in_step else steps
 
 
+def set_current_epoch(trainer: pl.Trainer, epoch: int) -> None:
+    """Make ``trainer.current_epoch`` read ``epoch`` before the fit loop starts its next epoch (a worker joining a
+    running job at its epoch), as a resumed checkpoint's loop state does.
+
+    Relies on ``fit_loop.epoch_progress`` (``current`` and ``total``: ``ready``, ``started``, ``processed``,
+    ``completed``), whose ``current.completed`` is ``trainer.current_epoch`` (checked against Lightning 2.6.6).
+    """
+    progress = trainer.fit_loop.epoch_progress
+    for counter in (progress.current, progress.total):
+        counter.ready = counter.started = counter.processed = counter.completed = epoch
+
+
 def rebuild_validation_loaders(trainer: pl.Trainer) -> None:
     """Make the fit loop build its validation loaders again (for example after the ranks sharing them changed):
     Lightning otherwise keeps the ones built at the first validation.

@@ -1,0 +1,115 @@
+"""One worker of an elastic local-SGD job (``ElasticLocalSGDStrategy``) on generated data; start one per "machine".
+
+Usage: python elastic_train.py OUT_DIR --lighthouse http://localhost:PORT [--start-lighthouse] [options]
+
+The worker appends one JSON line per committed round to ``OUT_DIR/commits-<name>-<pid>.jsonl`` (the epoch, the
+chunks it trained, the time) and at the end writes ``OUT_DIR/worker-<name>-<pid>.json`` (its report, validation
+accuracy, epochs, parameter checksum). A failure is written to ``OUT_DIR/error-<name>-<pid>.txt``.
+"""
+
+import argparse
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from lightning_hetero.elastic import ElasticLocalSGDStrategy
+from lightning_hetero.synthetic import MLPClassifier, SyntheticClassificationDataModule
+
+
+class SleepyMLP(MLPClassifier):
+    """The synthetic MLP, each training step ``step_sleep_s`` longer (an emulated slower machine)."""
+
+    def __init__(self, step_sleep_s: float, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.step_sleep_s = step_sleep_s
+
+    def training_step(self, batch, batch_idx):
+        time.sleep(self.step_sleep_s)
+        return super().training_step(batch, batch_idx)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--lighthouse", required=True)
+    parser.add_argument("--start-lighthouse", action="store_true")
+    parser.add_argument("--name", default="worker")
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--samples", type=int, default=512)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--steps-per-round", type=int, default=4)
+    parser.add_argument("--step-sleep-s", type=float, default=0.0)
+    parser.add_argument("--hidden", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--round-timeout-s", type=float, default=60.0)
+    parser.add_argument("--heartbeat-timeout-s", type=float, default=1.0)
+    parser.add_argument("--startup-timeout-s", type=float, default=30.0)
+    parser.add_argument("--started-at", type=float, default=None, help="time.time() when the process was started")
+    parser.add_argument("--ckpt-dir", default=None)
+    parser.add_argument("--resume", default=None)
+    args = parser.parse_args()
+    started_at = args.started_at or time.time()
+    torch.set_num_threads(1)
+    logging.getLogger("lightning.fabric.utilities.seed").setLevel(logging.WARNING)
+    L.seed_everything(0)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tag = f"{args.name}-{os.getpid()}"
+    strategy = ElasticLocalSGDStrategy(
+        lighthouse=args.lighthouse,
+        start_lighthouse=args.start_lighthouse,
+        replica_id=args.name,
+        steps_per_round=args.steps_per_round,
+        round_timeout_s=args.round_timeout_s,
+        heartbeat_timeout_s=args.heartbeat_timeout_s,
+        startup_timeout_s=args.startup_timeout_s,
+    )
+    log = (out / f"commits-{tag}.jsonl").open("a", buffering=1)
+
+    def on_commit(epoch: int, chunks: list[int]) -> None:
+        log.write(
+            json.dumps({"epoch": epoch, "chunks": chunks, "t": time.time(), "since_start_s": time.time() - started_at})
+            + "\n"
+        )
+
+    strategy.on_commit = on_commit
+    data = SyntheticClassificationDataModule(num_samples=args.samples, batch_size=args.batch_size)
+    model = SleepyMLP(args.step_sleep_s, hidden=args.hidden, lr=args.lr)
+    callbacks = [ModelCheckpoint(dirpath=args.ckpt_dir, save_last=True)] if args.ckpt_dir else []
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        strategy=strategy,
+        max_epochs=args.epochs,
+        callbacks=callbacks,
+        logger=False,
+        enable_checkpointing=bool(args.ckpt_dir),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
+    try:
+        trainer.fit(model, datamodule=data, ckpt_path=args.resume)
+    except Exception as err:
+        (out / f"error-{tag}.txt").write_text(f"{type(err).__name__}: {err}")
+        raise
+    result = {
+        "name": args.name,
+        "report": strategy.report,
+        "val_acc": float(trainer.callback_metrics.get("val_acc", float("nan"))),
+        "epochs": trainer.current_epoch,
+        "global_step": trainer.global_step,
+        "checksum": float(sum(p.double().sum() for p in model.parameters())),
+        "wall_s": time.time() - started_at,
+    }
+    (out / f"worker-{tag}.json").write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
