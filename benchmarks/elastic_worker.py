@@ -1,6 +1,6 @@
 """One worker of an elastic local-SGD job (``ElasticLocalSGDStrategy``) on generated data; start one per "machine".
 
-Usage: python elastic_train.py OUT_DIR --lighthouse http://localhost:PORT [--start-lighthouse] [options]
+Usage: python benchmarks/elastic_worker.py OUT_DIR --lighthouse http://localhost:PORT [--start-lighthouse] [options]
 
 The worker appends one JSON line per committed round to ``OUT_DIR/commits-<name>-<pid>.jsonl`` (the epoch, the
 chunks it trained, the time) and at the end writes ``OUT_DIR/worker-<name>-<pid>.json`` (its report, validation
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from lightning_hetero.elastic import ElasticLocalSGDStrategy
 from lightning_hetero.synthetic import MLPClassifier, SyntheticClassificationDataModule
@@ -32,6 +32,18 @@ class SleepyMLP(MLPClassifier):
     def training_step(self, batch, batch_idx):
         time.sleep(self.step_sleep_s)
         return super().training_step(batch, batch_idx)
+
+
+class StopFile(Callback):
+    """Stops training after the epoch count written in ``path`` (every worker reads the same count, so all stop at
+    the same epoch)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        if self.path.exists() and trainer.current_epoch + 1 >= int(self.path.read_text()):
+            trainer.should_stop = True
 
 
 def main() -> None:
@@ -53,6 +65,7 @@ def main() -> None:
     parser.add_argument("--started-at", type=float, default=None, help="time.time() when the process was started")
     parser.add_argument("--ckpt-dir", default=None)
     parser.add_argument("--resume", default=None)
+    parser.add_argument("--stop-file", default=None, help="holds an epoch count E: training stops after epoch E")
     args = parser.parse_args()
     started_at = args.started_at or time.time()
     torch.set_num_threads(1)
@@ -81,7 +94,9 @@ def main() -> None:
     strategy.on_commit = on_commit
     data = SyntheticClassificationDataModule(num_samples=args.samples, batch_size=args.batch_size)
     model = SleepyMLP(args.step_sleep_s, hidden=args.hidden, lr=args.lr)
-    callbacks = [ModelCheckpoint(dirpath=args.ckpt_dir, save_last=True)] if args.ckpt_dir else []
+    callbacks: list[Callback] = [ModelCheckpoint(dirpath=args.ckpt_dir, save_last=True)] if args.ckpt_dir else []
+    if args.stop_file:
+        callbacks.append(StopFile(args.stop_file))
     trainer = L.Trainer(
         accelerator="cpu",
         devices=1,
@@ -105,7 +120,7 @@ def main() -> None:
         "val_acc": float(trainer.callback_metrics.get("val_acc", float("nan"))),
         "epochs": trainer.current_epoch,
         "global_step": trainer.global_step,
-        "checksum": float(sum(p.double().sum() for p in model.parameters())),
+        "checksum": float(sum(p.detach().double().sum() for p in model.parameters())),
         "wall_s": time.time() - started_at,
     }
     (out / f"worker-{tag}.json").write_text(json.dumps(result))
