@@ -22,7 +22,7 @@ Example::
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from torch.utils.data import DataLoader, Sampler
 
@@ -43,10 +43,20 @@ class ElasticBatchSampler(Sampler[list[int]]):
         batch_size: samples per chunk (the loader's batch size, the same on every worker).
         shuffle: a new order each epoch (the same on every worker).
         seed: the order's seed.
+        join: called before an epoch's first batch (the worker joins the job there if it has not yet).
     """
 
-    def __init__(self, rounds: ElasticRounds, num_samples: int, batch_size: int, shuffle: bool, seed: int) -> None:
+    def __init__(
+        self,
+        rounds: ElasticRounds,
+        num_samples: int,
+        batch_size: int,
+        shuffle: bool,
+        seed: int,
+        join: Callable[[], None] = lambda: None,
+    ) -> None:
         self.rounds = rounds
+        self.join = join
         self.num_samples = num_samples
         self.batch_size = batch_size
         self.shuffle = shuffle
@@ -62,6 +72,7 @@ class ElasticBatchSampler(Sampler[list[int]]):
         return max(0, min(self.batch_size, self.num_samples - chunk * self.batch_size))
 
     def __iter__(self) -> Iterator[list[int]]:
+        self.join()
         epoch = self.rounds.ledger.epoch
         order = epoch_order(self.num_samples, epoch, self.shuffle, self.seed)
         self.pending.clear()
@@ -72,14 +83,17 @@ class ElasticBatchSampler(Sampler[list[int]]):
             yield order[start : start + self.batch_size]
 
 
-def elastic_loader(dataloader: DataLoader, rounds: ElasticRounds) -> tuple[DataLoader, ElasticBatchSampler] | None:
+def elastic_loader(
+    dataloader: DataLoader, rounds: ElasticRounds, join: Callable[[], None] = lambda: None
+) -> tuple[DataLoader, ElasticBatchSampler] | None:
     """The training ``dataloader`` rebuilt around an :class:`ElasticBatchSampler` (its dataset, workers and collate
-    function kept), and the sampler; ``None`` when the loader has no batch size or a custom sampler."""
+    function kept; ``join`` see there), and the sampler; ``None`` when the loader has no batch size or a custom
+    sampler."""
     order = sampler_order(dataloader.sampler)
     if dataloader.batch_size is None or order is None:
         return None
     shuffle, seed = order
-    sampler = ElasticBatchSampler(rounds, len(dataloader.dataset), dataloader.batch_size, shuffle, seed)  # type: ignore[arg-type]
+    sampler = ElasticBatchSampler(rounds, len(dataloader.dataset), dataloader.batch_size, shuffle, seed, join)  # type: ignore[arg-type]
     loader = DataLoader(
         dataloader.dataset,
         batch_sampler=sampler,

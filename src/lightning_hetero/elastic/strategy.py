@@ -146,6 +146,7 @@ class ElasticLocalSGDStrategy(SingleDeviceStrategy):
         self._lighthouse_server: Any = None
         self._sampler: ElasticBatchSampler | None = None
         self._restored: dict[str, Any] | None = None
+        self._joined = False
         self._started = time.monotonic()
 
     # ------------------------------------------------------------------ setup and teardown
@@ -187,7 +188,7 @@ class ElasticLocalSGDStrategy(SingleDeviceStrategy):
         num_chunks = -(-len(dataloader.dataset) // (dataloader.batch_size or 1))  # type: ignore[arg-type]
         if self.rounds is None:
             self.rounds = ElasticRounds(num_chunks, self.steps_per_round, self.outer, self.pseudo_gradient_weighting)
-        built = elastic_loader(dataloader, self.rounds)
+        built = elastic_loader(dataloader, self.rounds, self._join)
         if built is None:
             raise ValueError(
                 "ElasticLocalSGDStrategy needs a training DataLoader with a batch_size and a plain (random or "
@@ -197,8 +198,20 @@ class ElasticLocalSGDStrategy(SingleDeviceStrategy):
         return loader
 
     def on_train_start(self) -> None:
-        """Join the job: the first round end (this worker's state fetched from a peer when the job is running)."""
+        """Join the job (unless the loader's first batch did already, as on a resume) and start at its epoch."""
         super().on_train_start()
+        self._join()
+        rounds = self._parts()[0]
+        trainer = self.lightning_module.trainer
+        if trainer.current_epoch != rounds.ledger.epoch:  # joined a running job: start at its epoch
+            set_current_epoch(trainer, rounds.ledger.epoch)
+        set_global_step(trainer, rounds.steps_total, in_step=False)
+
+    def _join(self) -> None:
+        """The first round end (this worker's state fetched from a peer when the job is running), once."""
+        if self._joined:
+            return
+        self._joined = True
         rounds = self._parts()[0]
         if self._restored is not None:
             rounds.load_state_dict(self._restored["rounds"])
@@ -208,11 +221,9 @@ class ElasticLocalSGDStrategy(SingleDeviceStrategy):
         rounds.begin(self._flat())
         self._round_end()
         self.report["joined_s"] = time.monotonic() - self._started
-        trainer = self.lightning_module.trainer
-        set_current_epoch(trainer, rounds.ledger.epoch)
-        set_global_step(trainer, rounds.steps_total, in_step=False)
 
     def teardown(self) -> None:
+        self._joined = False
         if self.membership is not None:
             self.membership.shutdown()
             self.membership = None
@@ -234,11 +245,11 @@ class ElasticLocalSGDStrategy(SingleDeviceStrategy):
             optimizer.zero_grad()
             if epoch == self.lightning_module.trainer.current_epoch:
                 self._round_end()
-            return output
-        start = time.perf_counter()
-        output = super().optimizer_step(optimizer, closure, model, **kwargs)
-        if rounds.record_step(chunk, sampler.chunk_samples(chunk), time.perf_counter() - start):
-            self._round_end()
+        else:
+            start = time.perf_counter()
+            output = super().optimizer_step(optimizer, closure, model, **kwargs)
+            if rounds.record_step(chunk, sampler.chunk_samples(chunk), time.perf_counter() - start):
+                self._round_end()
         set_global_step(self.lightning_module.trainer, rounds.steps_total, in_step=True)
         return output
 
