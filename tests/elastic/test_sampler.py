@@ -1,3 +1,5 @@
+from collections import deque
+
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -32,3 +34,12 @@ def test_the_loader_keeps_the_dataset_and_refuses_nothing_plain():
     assert sampler.chunk_samples(2) == 2  # the epoch's short last batch
     assert elastic_loader(DataLoader(data, batch_size=None), _rounds(3)) is None
     assert elastic_loader(DataLoader(data, batch_size=2, sampler=[0, 1]), _rounds(3)) is None
+
+
+def test_a_new_iteration_gives_back_the_chunks_an_abandoned_one_fetched():
+    rounds = _rounds(4)
+    rounds.queue.extend([2, 3])
+    sampler = ElasticBatchSampler(rounds, num_samples=8, batch_size=2, shuffle=False, seed=0)
+    next(iter(sampler))  # fetched chunk 2, never trained: Lightning started the epoch's iteration again
+    assert rounds.taken == deque([2])
+    assert next(iter(sampler)) == [4, 5] and list(sampler.pending) == [2]

@@ -10,6 +10,7 @@ commit vote. Every worker is its own replica group of one process.
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import threading
 import time
@@ -76,6 +77,7 @@ def wait_reachable(address: str, startup_timeout_s: float) -> None:
 def start_lighthouse(address: str, min_workers: int, join_timeout_s: float, heartbeat_timeout_s: float) -> Any:
     """Start torchft's lighthouse in this process, listening on ``address``'s port; returns the server (its
     ``shutdown()`` stops it)."""
+    _quiet_torchft()
     from torchft.coordination import LighthouseServer
 
     _, port = lighthouse_host_port(address)
@@ -86,6 +88,14 @@ def start_lighthouse(address: str, min_workers: int, join_timeout_s: float, hear
         quorum_tick_ms=50,
         heartbeat_timeout_ms=round(heartbeat_timeout_s * 1000),
     )
+
+
+def _quiet_torchft() -> None:
+    """torchft's Rust side logs every quorum at INFO to stderr unless ``RUST_LOG`` says otherwise (read once, when
+    its first server starts); its Python loggers likewise. Warnings stay."""
+    os.environ.setdefault("RUST_LOG", "warn")
+    for name in ("torchft", "torchft_quorums", "torchft_commits", "torchft_errors"):
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 class Membership:
@@ -111,12 +121,11 @@ class Membership:
         lost_after_s: float,
         min_workers: int = 1,
     ) -> None:
+        _quiet_torchft()
         from torch.distributed import TCPStore
         from torchft.manager import Manager
         from torchft.process_group import ProcessGroupGloo
 
-        for name in ("torchft", "torchft_quorums", "torchft_commits", "torchft_errors"):
-            logging.getLogger(name).setLevel(logging.WARNING)
         self.lighthouse = lighthouse
         self.lost_after_s = lost_after_s
         timeout = timedelta(seconds=round_timeout_s)

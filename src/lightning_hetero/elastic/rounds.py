@@ -110,6 +110,11 @@ class ElasticRounds:
         self.taken.append(chunk)
         return chunk
 
+    def untake(self) -> None:
+        """Chunks taken by a loader iteration that was abandoned before training them go back to the queue."""
+        self.queue.extendleft(reversed(self.taken))
+        self.taken.clear()
+
     def record_step(self, chunk: int, samples: int, step_s: float | None) -> bool:
         """Count the local step that trained ``chunk``; return whether this worker's quota for the round is done."""
         if chunk in self.taken:

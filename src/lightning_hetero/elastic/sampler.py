@@ -75,6 +75,8 @@ class ElasticBatchSampler(Sampler[list[int]]):
         self.join()
         epoch = self.rounds.ledger.epoch
         order = epoch_order(self.num_samples, epoch, self.shuffle, self.seed)
+        # a new iteration (an epoch's start; or Lightning restarting one): nothing fetched before is trained
+        self.rounds.untake()
         self.pending.clear()
         while self.rounds.ledger.epoch == epoch:
             chunk = self.rounds.take()
