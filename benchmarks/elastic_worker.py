@@ -17,9 +17,10 @@ from pathlib import Path
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from torch.utils.data import TensorDataset
 
 from lightning_hetero.elastic import ElasticLocalSGDStrategy
-from lightning_hetero.synthetic import MLPClassifier, SyntheticClassificationDataModule
+from lightning_hetero.synthetic import MLPClassifier, SyntheticClassificationDataModule, make_classification
 
 
 class SleepyMLP(MLPClassifier):
@@ -58,6 +59,9 @@ def main() -> None:
     parser.add_argument("--steps-per-round", type=int, default=4)
     parser.add_argument("--step-sleep-s", type=float, default=0.0)
     parser.add_argument("--hidden", type=int, default=32)
+    parser.add_argument("--classes", type=int, default=4)
+    parser.add_argument("--noise", type=float, default=0.5, help="the generated clusters' spread (harder: larger)")
+    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--round-timeout-s", type=float, default=60.0)
     parser.add_argument("--heartbeat-timeout-s", type=float, default=1.0)
@@ -70,7 +74,7 @@ def main() -> None:
     started_at = args.started_at or time.time()
     torch.set_num_threads(1)
     logging.getLogger("lightning.fabric.utilities.seed").setLevel(logging.WARNING)
-    L.seed_everything(0)
+    L.seed_everything(args.seed)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tag = f"{args.name}-{os.getpid()}"
@@ -92,8 +96,15 @@ def main() -> None:
         )
 
     strategy.on_commit = on_commit
-    data = SyntheticClassificationDataModule(num_samples=args.samples, batch_size=args.batch_size)
-    model = SleepyMLP(args.step_sleep_s, hidden=args.hidden, lr=args.lr)
+    data = SyntheticClassificationDataModule(
+        num_samples=args.samples, batch_size=args.batch_size, num_classes=args.classes, seed=args.seed
+    )
+    if args.noise != 0.5:
+        drawn = make_classification(args.samples * 5 // 4, num_classes=args.classes, seed=args.seed, noise=args.noise)
+        x, y = drawn.tensors
+        data.train_set = TensorDataset(x[: args.samples], y[: args.samples])
+        data.val_set = TensorDataset(x[args.samples :], y[args.samples :])
+    model = SleepyMLP(args.step_sleep_s, hidden=args.hidden, lr=args.lr, num_classes=args.classes)
     callbacks: list[Callback] = [ModelCheckpoint(dirpath=args.ckpt_dir, save_last=True)] if args.ckpt_dir else []
     if args.stop_file:
         callbacks.append(StopFile(args.stop_file))

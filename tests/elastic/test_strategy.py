@@ -16,7 +16,7 @@ from lightning_hetero.elastic import ElasticError, ElasticLocalSGDStrategy
 from lightning_hetero.synthetic import MLPClassifier, SyntheticClassificationDataModule
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from elastic_job import ElasticJob, free_port  # noqa: E402
+from elastic_job import ElasticJob, free_port
 
 SAMPLES, BATCH = 256, 16
 CHUNKS = SAMPLES // BATCH
@@ -68,7 +68,9 @@ def test_a_worker_that_cannot_reach_the_lighthouse_says_so_within_startup_timeou
     address = f"http://127.0.0.1:{free_port()}"
     strategy = ElasticLocalSGDStrategy(lighthouse=address, startup_timeout_s=1.0)
     start = time.monotonic()
-    with pytest.raises(ElasticError, match=rf"cannot reach the torchft lighthouse at {address} within startup_timeout_s=1"):
+    with pytest.raises(
+        ElasticError, match=rf"cannot reach the torchft lighthouse at {address} within startup_timeout_s=1"
+    ):
         _trainer(strategy, 1).fit(MLPClassifier(hidden=16), datamodule=_data())
     assert time.monotonic() - start < 30  # gave up, no hang (a wide margin)
 
@@ -127,8 +129,10 @@ def test_workers_leave_join_and_restart_and_every_sample_is_trained_once_per_epo
     assert codes["a"] == [0] and codes["c"] == [0] and codes["b"] == [-9, -9, -9, 0], codes
     errors = job.errors()
     assert len(errors) == 1
-    assert "cannot join the elastic job: its model differs: parameter net.0.weight has shape [48, 32] here and " \
+    assert (
+        "cannot join the elastic job: its model differs: parameter net.0.weight has shape [48, 32] here and "
         "[32, 32] in the running job" in next(iter(errors.values()))
+    )
     coverage = job.coverage(CHUNKS)
     assert len(coverage) >= 3
     assert all(epoch["lost"] == 0 and epoch["duplicated"] == 0 for epoch in list(coverage.values())[:-1]), coverage
@@ -142,7 +146,7 @@ def test_workers_leave_join_and_restart_and_every_sample_is_trained_once_per_epo
 @pytest.mark.multiprocess
 @pytest.mark.timing
 def test_every_worker_ends_with_an_error_naming_the_lost_lighthouse(tmp_path):
-    args = ["--epochs", "1000", "--samples", str(SAMPLES), "--step-sleep-s", "0.02", "--round-timeout-s", "20"]
+    args = ["--epochs", "1000", "--samples", str(SAMPLES), "--step-sleep-s", "0.02", "--round-timeout-s", "10"]
     job = ElasticJob(tmp_path, args)
     try:
         job.start("a", host=True)
@@ -157,4 +161,4 @@ def test_every_worker_ends_with_an_error_naming_the_lost_lighthouse(tmp_path):
     errors = job.errors()
     assert len(errors) == 2
     for error in errors.values():
-        assert f"lost the torchft lighthouse at {job.lighthouse}" in error or f"{job.lighthouse}" in error, error
+        assert f"lost the torchft lighthouse at {job.lighthouse}: unreachable for 1 s" in error, error

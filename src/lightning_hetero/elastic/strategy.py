@@ -107,7 +107,7 @@ class ElasticLocalSGDStrategy(SingleDeviceStrategy):
         min_workers: int = 1,
         startup_timeout_s: float = 30.0,
         round_timeout_s: float = 300.0,
-        heartbeat_timeout_s: float = 5.0,
+        heartbeat_timeout_s: float = 2.0,
         device: torch.device | str = "cpu",
         **kwargs: Any,
     ) -> None:
@@ -279,8 +279,6 @@ class ElasticLocalSGDStrategy(SingleDeviceStrategy):
             if self.on_commit is not None and trained and self._recovered_flat is None:
                 self.on_commit(rounds.ledger.epoch - int(result.epoch_done), trained)
         self._set_flat(flat, flat_buffers)
-        if os.environ.get("ELASTIC_DEBUG"):
-            print(f"DBG {self.replica_id} step={self.membership.step} rank={rank}/{participants} ep={rounds.ledger.epoch} lightning_ep={self.lightning_module.trainer.current_epoch} counted={int((rounds.ledger.counts>0).sum())} queue={list(rounds.queue)} taken={list(rounds.taken)} pending={list(self._sampler.pending)} quota={rounds.quota} ok={summed is not None}", flush=True)
 
     # ------------------------------------------------------------------ the state a joining worker fetches
 
