@@ -32,6 +32,7 @@ from lightning_hetero._lightning_internals import (
     rebuild_validation_loaders,
     replace_sigterm_broadcast,
     resume_lr_scheduler,
+    set_current_epoch,
     set_default_group_timeout,
     set_global_step,
     sync_module_states,
@@ -247,6 +248,20 @@ def test_set_global_step_is_what_trainer_global_step_reads():
     assert trainer.global_step == 7
     set_global_step(trainer, 7, in_step=True)  # the loop adds the step in progress once it completes
     assert trainer.global_step == 6
+
+
+def test_set_current_epoch_before_the_fit_loop_starts_an_epoch_runs_from_it():
+    epochs = []
+
+    class Join(L.Callback):
+        def on_train_start(self, trainer, pl_module):
+            set_current_epoch(trainer, 3)  # a worker joining a running job at its epoch 3
+
+        def on_train_epoch_start(self, trainer, pl_module):
+            epochs.append(trainer.current_epoch)
+
+    trainer = _fit(Join(), epochs=5)
+    assert epochs == [3, 4] and trainer.current_epoch == 5
 
 
 def test_rebuild_validation_loaders_drops_the_cached_loaders():

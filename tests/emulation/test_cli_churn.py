@@ -47,7 +47,9 @@ def test_stop_and_start_kill_and_start_the_named_containers(docker):
 
 
 def test_churn_follows_the_plan(docker):
-    assert cli.main(["cluster", "churn", "--workers", "worker4", "--every-s", "10", "--down-s", "2", "--cycles", "3"]) == 0
+    assert (
+        cli.main(["cluster", "churn", "--workers", "worker4", "--every-s", "10", "--down-s", "2", "--cycles", "3"]) == 0
+    )
     assert docker.calls == [("kill", "worker4"), ("start", "worker4")] * 3
 
 
