@@ -75,6 +75,12 @@ def test_a_worker_that_cannot_reach_the_lighthouse_says_so_within_startup_timeou
     assert time.monotonic() - start < 30  # gave up, no hang (a wide margin)
 
 
+def test_gradient_accumulation_is_refused_naming_the_setting():
+    strategy = ElasticLocalSGDStrategy(lighthouse=f"http://127.0.0.1:{free_port()}")
+    with pytest.raises(ValueError, match="accumulate_grad_batches=2"):
+        _trainer(strategy, 1, accumulate_grad_batches=2).fit(MLPClassifier(hidden=16), datamodule=_data())
+
+
 def test_settings_are_checked_by_name(monkeypatch):
     monkeypatch.delenv("TORCHFT_LIGHTHOUSE", raising=False)
     with pytest.raises(ValueError, match="TORCHFT_LIGHTHOUSE"):

@@ -155,6 +155,11 @@ class ElasticLocalSGDStrategy(SingleDeviceStrategy):
         super().setup(trainer)
         if trainer.state.fn != TrainerFn.FITTING:
             return
+        if trainer.accumulate_grad_batches != 1 or len(self.optimizers) != 1:
+            raise ValueError(
+                "ElasticLocalSGDStrategy needs one optimizer and accumulate_grad_batches=1, got "
+                f"{len(self.optimizers)} optimizer(s) and accumulate_grad_batches={trainer.accumulate_grad_batches}"
+            )
         if self.start_lighthouse:
             self._lighthouse_server = start_lighthouse(
                 self.lighthouse, self.min_workers, self.round_timeout_s, self.heartbeat_timeout_s
