@@ -155,7 +155,7 @@ def main() -> None:
         "python": platform.python_version(),
         **{k: v for k, v in vars(args).items()},
         "speeds": SPEEDS,
-        "defaults": "ElasticLocalSGDStrategy defaults (steps_per_round=16, samples weighting, heartbeat_timeout_s=2)",
+        "defaults": "ElasticLocalSGDStrategy defaults (steps_per_round=16, mean weighting, heartbeat_timeout_s=2)",
     }
     if args.soak:
         with tempfile.TemporaryDirectory() as tmp:

@@ -68,7 +68,7 @@ class ElasticRounds:
     """
 
     def __init__(
-        self, num_chunks: int, steps_per_round: int, outer: OuterOptimizer, weighting: str = "samples"
+        self, num_chunks: int, steps_per_round: int, outer: OuterOptimizer, weighting: str = "mean"
     ) -> None:
         check_weighting(weighting)
         self.ledger = EpochLedger(num_chunks)

@@ -76,8 +76,9 @@ class ElasticLocalSGDStrategy(SingleDeviceStrategy):
         steps_per_round: local steps per worker and round on average (the round's length), split by speed.
         outer_optimizer: the outer optimizer class (default DiLoCo's Nesterov SGD).
         outer_optimizer_kwargs: its keyword arguments.
-        pseudo_gradient_weighting: ``"samples"`` (each worker's pseudo-gradient weighted by the samples it trained)
-            or ``"mean"``.
+        pseudo_gradient_weighting: ``"mean"`` (the workers that trained in the round count equally, as in
+            ``AsyncPSStrategy(mode="local")``, whose measurements chose it) or ``"samples"`` (weighted by the samples
+            each trained).
         min_workers: rounds commit only with at least this many workers.
         startup_timeout_s: how long a starting worker waits for the lighthouse to accept connections.
         round_timeout_s: how long a round end may wait for the others (longer than a round plus validation).
@@ -103,7 +104,7 @@ class ElasticLocalSGDStrategy(SingleDeviceStrategy):
         steps_per_round: int = 16,
         outer_optimizer: type[Optimizer] | None = None,
         outer_optimizer_kwargs: dict[str, Any] | None = None,
-        pseudo_gradient_weighting: str = "samples",
+        pseudo_gradient_weighting: str = "mean",
         min_workers: int = 1,
         startup_timeout_s: float = 30.0,
         round_timeout_s: float = 300.0,
