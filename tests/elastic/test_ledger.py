@@ -40,7 +40,7 @@ def test_a_different_epoch_length_is_refused_naming_both():
 
 def test_quotas_follow_speed_and_a_newcomer_gets_the_mean():
     assert round_quotas([1.0, 1.0, 2.0, 4.0], 8) == [4, 4, 8, 16]
-    assert sum(round_quotas([1.0, 3.0, 0.0], 5)) == 15
+    assert round_quotas([1.0, 3.0, 0.0], 5) == [3, 9, 3]
     assert round_quotas([0.0, 0.0], 3) == [3, 3]  # nobody measured yet: equal
 
 

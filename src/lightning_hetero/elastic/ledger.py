@@ -95,18 +95,19 @@ class EpochLedger:
 
 def round_quotas(rates: list[float], steps_per_round: int) -> list[int]:
     """Local steps of each participant in the next round: ``steps_per_round`` per participant in all, split in
-    proportion to the measured rates (a rate ``<= 0``, a newcomer's, counts as the mean of the known ones).
+    proportion to the measured rates (a rate ``<= 0``, a newcomer's, counts as the slowest known one: nobody waits
+    for a newcomer slower than expected while its speed is measured).
 
     Example::
 
         >>> round_quotas([100.0, 100.0, 200.0, 400.0], steps_per_round=4)
         [2, 2, 4, 8]
-        >>> round_quotas([100.0, 300.0, 0.0], steps_per_round=4)  # a newcomer: the mean rate, 200
-        [2, 6, 4]
+        >>> round_quotas([100.0, 300.0, 0.0], steps_per_round=5)  # a newcomer: as the slowest, 100
+        [3, 9, 3]
     """
     known = [rate for rate in rates if rate > 0]
-    mean = sum(known) / len(known) if known else 1.0
-    weights = [rate if rate > 0 else mean for rate in rates]
+    slowest = min(known) if known else 1.0
+    weights = [rate if rate > 0 else slowest for rate in rates]
     n = len(rates)
     total = steps_per_round * n
     return apportion(weights, total, lower=[1] * n, upper=[total] * n)

@@ -6,7 +6,7 @@ A round-end message is ``[w * (anchor - flat), w * buffers, samples, w, steps, t
 held count at this participant's slot]`` (``w``: the samples this worker trained in the round with
 ``weighting="samples"``, else 1 if it trained); the all-reduce sums it over the round's participants, whose number
 and ranks the membership (torchft's quorum) gives per round. A newcomer takes part from the round it joins: it
-contributes nothing to that one, receives its share of the next and, its speed unknown, a mean worker's quota.
+contributes nothing to that one, receives its share of the next and, its speed unknown, the slowest worker's quota.
 
 Example: two workers, one all-reduce simulated by a sum::
 
