@@ -92,12 +92,14 @@ def test_a_failed_round_rolls_back_and_trains_its_chunks_again():
     assert list(rounds.queue) == [5, 6] and rounds.trained == []
 
 
-def test_a_recovering_worker_drops_chunks_the_job_already_counts():
+def test_a_recovering_worker_drops_the_chunks_it_held_and_its_fetched_batch_trains_idle():
     peer, peer_flat = _worker()
     peer.begin(peer_flat)
     peer.ledger.commit(torch.tensor([1.0] * 3 + [0.0] * (NUM_CHUNKS - 3)))
     rounds, flat = _worker()
     rounds.begin(flat)
-    rounds.queue.extend([1, 2, 7])
+    rounds.queue.extend([4, 7])
+    fetched = rounds.take()
     rounds.load_state_dict(peer.state_dict(), flat)
-    assert list(rounds.queue) == [7]
+    assert list(rounds.queue) == [] and rounds.held == [] and rounds.ledger.counts[:3].tolist() == [1, 1, 1]
+    assert rounds.dropped(fetched) and not rounds.dropped(fetched)

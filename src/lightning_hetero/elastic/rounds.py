@@ -82,6 +82,7 @@ class ElasticRounds:
         self.taken: deque[int] = deque()
         #: chunks trained in the round in progress
         self.trained: list[int] = []
+        self._dropped: set[int] = set()
         #: local steps to take in the round in progress
         self.quota = 1
         self.samples_in_round = 0
@@ -208,15 +209,24 @@ class ElasticRounds:
 
     def load_state_dict(self, state: dict[str, Any], flat: Tensor | None = None) -> None:
         """Take the job's state (from a peer or a checkpoint); with ``flat`` (the model's parameters, already
-        loaded) the round restarts from them, and chunks this worker trained that the job already counts are
-        dropped (the others go back to its queue)."""
+        loaded) the round restarts from them. The chunks this worker held are dropped: a job that went on without it
+        has freed them, and the next commit frees those it did not (its fetched batches train as idle ones,
+        :meth:`dropped`)."""
         self.ledger.load_state_dict(state["ledger"])
         self.outer.load_state_dict(state["outer_optimizer"])
         self.steps_total = int(state["steps_total"])
         self.rounds = int(state["rounds"])
-        counted = self.ledger.counts > 0
-        self.queue = deque(c for c in [*self.trained, *self.taken, *self.queue] if not counted[c])
+        self._dropped.update(self.taken)
         self.taken.clear()
+        self.queue.clear()
         self._end_round()
         if flat is not None:
             self.begin(flat)
+
+    def dropped(self, chunk: int) -> bool:
+        """Whether the batch of ``chunk``, fetched before this worker took the job's state, is to train as an idle
+        one (asked once per fetched batch)."""
+        if chunk in self._dropped:
+            self._dropped.discard(chunk)
+            return True
+        return False

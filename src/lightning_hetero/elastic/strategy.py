@@ -246,7 +246,7 @@ class ElasticLocalSGDStrategy(SingleDeviceStrategy):
         rounds, sampler = self._parts()
         chunk = sampler.next_chunk()
         epoch = rounds.ledger.epoch
-        if chunk == IDLE:
+        if chunk == IDLE or rounds.dropped(chunk):
             output = closure()
             optimizer.zero_grad()
             if epoch == self.lightning_module.trainer.current_epoch:
