@@ -67,9 +67,7 @@ class ElasticRounds:
         weighting: ``"mean"`` or ``"samples"`` (see :class:`~lightning_hetero.ps.local_sgd.LocalRounds`).
     """
 
-    def __init__(
-        self, num_chunks: int, steps_per_round: int, outer: OuterOptimizer, weighting: str = "mean"
-    ) -> None:
+    def __init__(self, num_chunks: int, steps_per_round: int, outer: OuterOptimizer, weighting: str = "mean") -> None:
         check_weighting(weighting)
         self.ledger = EpochLedger(num_chunks)
         self.steps_per_round = steps_per_round
