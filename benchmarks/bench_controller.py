@@ -3,6 +3,8 @@
 Scenarios (2 and 4 DDP ranks on gloo, global batch 64, adjustments every 8 steps):
   sleep HL2 / HL4 / HL8   SlowdownEmulator sleeps; 4-rank factors follow OmniLearn's BSP core counts
   cfs                     SlowdownEmulator(throttle="cfs"): a CPU quota of 1/factor per 100 ms period
+  cfs cpu                 the same quota on real CPU work (a busy loop): the ranks compete for the host's cores
+                          (2 ranks at 1 and 1/4 CPU; 4 ranks at 1/2, 1/2, 1/2 and 1/8)
   flip                    the slow and fast ranks swap 2 steps after an adjustment (sleep HL4, then cfs 1/4)
   homogeneous             equal ranks: HeteroBatch against plain DDP, and plain DDP against itself (the noise
                           floor), the three arms in rotating order
@@ -131,11 +133,13 @@ def paired_ratios(ours: list[float], reference: list[float]) -> list[float]:
     return [o / r for o, r in zip(ours, reference, strict=True)]
 
 
-def static_scenario(name: str, factors: list[float], throttle: str, args: argparse.Namespace) -> dict:
+def static_scenario(
+    name: str, factors: list[float], throttle: str, args: argparse.Namespace, compute: str = "sleep"
+) -> dict:
     candidates = static_candidates(factors)
     runs = [{"kind": "hetero"}] + [{"kind": "static", "split": split} for split in candidates]
     repeats = args.repeats if len(factors) == 2 else max(1, args.repeats - 1)  # 4 ranks: one repeat fewer (time)
-    results = launch(factors, runs * repeats, throttle, args.steps)
+    results = launch(factors, runs * repeats, throttle, args.steps, compute=compute)
     skip = 2 * PERIOD
     static = {
         tuple(split): statistics.median(
@@ -163,7 +167,7 @@ def static_scenario(name: str, factors: list[float], throttle: str, args: argpar
         arms = [{"kind": "hetero"}, {"kind": "static", "split": list(best_split)}]
         if args.ablate_refine:
             arms.append({"kind": "hetero", "refine": False})
-        paired = launch(factors, rotating_order(arms, args.paired), throttle, args.steps)
+        paired = launch(factors, rotating_order(arms, args.paired), throttle, args.steps, compute=compute)
         ours_runs, best_runs = ([throughput(r, skip) for r in arm_runs(paired, arm)] for arm in arms[:2])
         ratios = paired_ratios(ours_runs, best_runs)
         hetero = arm_runs(paired, arms[0])
@@ -196,6 +200,8 @@ def static_scenario(name: str, factors: list[float], throttle: str, args: argpar
     return row | {
         "split_changes": statistics.median(len(r["history"]) for r in hetero),
         "rollbacks": statistics.median(sum(h["reason"] == "rollback" for h in r["history"]) for r in hetero),
+        # changes in the run's second half: 0 once the split has settled (the speeds do not change here)
+        "late_changes": [sum(h["step"] >= args.steps // 2 for h in r["history"]) for r in hetero],
         "worst_inversion": max(worst_inversion(splits_per_step(r), factors) for r in hetero),
         "final_splits": [list(splits_per_step(r)[-1]) for r in hetero],
         "changes": [[(h["step"], list(h["to"]), h["reason"]) for h in r["history"]] for r in hetero],
@@ -270,7 +276,7 @@ def print_table(args: argparse.Namespace, results: list[dict]) -> None:
     )
     print(
         f"{'scenario':<24} {'ctrl/s':>7} {'best static':>18} {'fraction':>8} {'vs sweep max':>12} {'changes':>7} "
-        f"{'inversion':>9}"
+        f"{'inversion':>9} {'late changes':>12}"
     )
     for row in results:
         if "fraction_of_best_static" in row:
@@ -278,7 +284,7 @@ def print_table(args: argparse.Namespace, results: list[dict]) -> None:
             print(
                 f"{row['title']:<24} {row['controller_samples_per_s']:>7.0f} {best:>18} "
                 f"{row['fraction_of_best_static']:>8.3f} {row['fraction_of_sweep_max']:>12.3f} "
-                f"{row['split_changes']:>7} {row['worst_inversion']:>9}"
+                f"{row['split_changes']:>7} {row['worst_inversion']:>9} {row['late_changes']!s:>12}"
             )
     for row in results:
         if "settled_periods" in row:
@@ -335,6 +341,7 @@ def main() -> None:
     for level, factors in TWO_RANKS.items():
         plan.append((f"sleep {level}, 2 ranks", lambda f=factors, n=level: static_scenario(n, f, "sleep", args)))
     plan.append(("cfs 1/4, 2 ranks", lambda: static_scenario("cfs 1/4", [1.0, 4.0], "cfs", args)))
+    plan.append(("cfs cpu 1/4, 2 ranks", lambda: static_scenario("cfs cpu 1/4", [1.0, 4.0], "cfs", args, "spin")))
     plan.append(("flip HL4, 2 ranks", lambda: flip_scenario("flip HL4", [1.0, 4.0], "sleep", args)))
     plan.append(("flip cfs 1/4, 2 ranks", lambda: flip_scenario("flip cfs 1/4", [1.0, 4.0], "cfs", args)))
     plan.append(("homogeneous, 2 ranks", lambda: homogeneous_scenario(args)))
@@ -342,6 +349,13 @@ def main() -> None:
         for level, factors in FOUR_RANKS.items():
             plan.append((f"sleep {level}, 4 ranks", lambda f=factors, n=level: static_scenario(n, f, "sleep", args)))
         plan.append(("cfs, 4 ranks", lambda: static_scenario("cfs 1,1/2,1/2,1/4", [1.0, 2.0, 2.0, 4.0], "cfs", args)))
+        plan.append(
+            (
+                "cfs cpu, 4 ranks",
+                # quotas summing to 1.6 CPUs: 4 CPU-bound ranks at full speed would oversubscribe the 2 cores
+                lambda: static_scenario("cfs cpu 1/2,1/2,1/2,1/8", [2.0, 2.0, 2.0, 8.0], "cfs", args, "spin"),
+            )
+        )
         plan.append(("flip HL4, 4 ranks", lambda: flip_scenario("flip HL4", FOUR_RANKS["HL4"], "sleep", args)))
     only = {name.strip() for name in args.only.split(";") if name.strip()}
     results: list[dict] = []

@@ -5,7 +5,7 @@ see the same machine load).
 Each run is one of: ``hetero`` (HeteroBatchCallback adjusting every ``--adjust-every`` steps; with
 ``"refine": false`` its policy never refines below the deadband, for an ablation), ``static`` (the callback's
 batch-weighted DDP with a fixed split) or ``ddp`` (plain DDP, equal batches). Slowdowns come from
-``SlowdownEmulator``: The model's compute is a sleep of ``--overhead-s + --cost-s x batch`` (so ranks do not compete for this host's
+``SlowdownEmulator``: The model's compute is (``--compute spin``: real CPU time instead of) a sleep of ``--overhead-s + --cost-s x batch`` (so ranks do not compete for this host's
 cores) plus a small MLP. ``--throttle sleep`` stretches it by the rank's factor; ``--throttle cfs`` gives the rank a
 CFS quota of ``1 / factor`` CPUs per 100 ms, charged its CPU time plus the emulated (slept) compute. Rank 0 writes, per run, every step's start time, global and local sizes,
 and the callback's history, as JSON.
@@ -44,6 +44,22 @@ class SleepCostModel(MLPClassifier):
         return super().forward(x)
 
 
+class SpinCostModel(MLPClassifier):
+    """A small MLP whose forward also spends ``overhead_s + cost_s`` per sample of real CPU time (a busy loop on the
+    process's CPU clock): ranks compete for this host's cores as real compute does, and a CFS quota throttles it."""
+
+    def __init__(self, cost_s: float, overhead_s: float) -> None:
+        super().__init__(num_features=32, hidden=128)
+        self.cost_s, self.overhead_s = cost_s, overhead_s
+        self.emulated_cpu_s = 0.0  # nothing emulated: the quota is charged the CPU clock alone
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        end = time.process_time() + self.overhead_s + self.cost_s * x.shape[0]
+        while time.process_time() < end:
+            pass
+        return super().forward(x)
+
+
 class NoRefinement(Callback):
     """Turns off the policy's refinements below the deadband (the policy is built with the train loader)."""
 
@@ -71,7 +87,7 @@ def one_run(args: argparse.Namespace, run: dict, world: int) -> dict | None:
     schedule = {0: dict(enumerate(factors))}
     if args.factors_after:
         schedule[args.switch_step] = dict(enumerate(float(f) for f in args.factors_after.split(",")))
-    model = SleepCostModel(args.cost_s, args.overhead_s)
+    model = (SpinCostModel if args.compute == "spin" else SleepCostModel)(args.cost_s, args.overhead_s)
     # CFS: the quota is charged the rank's CPU time plus its emulated (slept) compute
     emulator = SlowdownEmulator(
         schedule=schedule,
@@ -133,6 +149,7 @@ def main() -> None:
     parser.add_argument("--factors-after", default="")
     parser.add_argument("--switch-step", type=int, default=0)
     parser.add_argument("--throttle", choices=["sleep", "cfs"], default="sleep")
+    parser.add_argument("--compute", choices=["sleep", "spin"], default="sleep", help="emulated compute: sleep or CPU")
     parser.add_argument("--cost-s", type=float, default=0.001)
     parser.add_argument("--overhead-s", type=float, default=0.001)
     parser.add_argument("--global-batch", type=int, default=64)

@@ -101,3 +101,20 @@ def _tails(stdout: str, stderr: str) -> str:
 def read_json(path: Path) -> Any:
     """A JSON report written by a training script."""
     return json.loads(Path(path).read_text())
+
+
+def single_device_trainer(callback: Any, **overrides: Any) -> Any:
+    """A one-process CPU Trainer for one epoch with nothing but ``callback`` (no logger, checkpoints or bars)."""
+    import lightning as L
+
+    kwargs = dict(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=1,
+        callbacks=[callback],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    return L.Trainer(**{**kwargs, **overrides})

@@ -20,10 +20,12 @@ from torch.utils.data import DataLoader, SequentialSampler
 
 from lightning_hetero._lightning_internals import (
     NEVER_STEPPED,
+    forget_train_dataloader,
     inside_training_batch,
     is_last_batch,
     kill_launched_processes,
     launched_processes,
+    layer_sync_requested,
     load_strategy_checkpoint,
     lr_scheduler_paused,
     optimizers_to_device,
@@ -294,3 +296,33 @@ def test_load_strategy_checkpoint_passes_weights_only_where_lightnings_strategy_
     assert load_strategy_checkpoint(strategy.load_checkpoint, path, None)["epoch"] == 3
     takes_it = "weights_only" in inspect.signature(strategy.load_checkpoint).parameters
     assert takes_it == LIGHTNING_2_6  # Lightning 2.6 added the parameter; a change here needs a look at the function
+
+
+def test_layer_sync_requested_follows_sync_batchnorm():
+    for sync in (True, False):
+        trainer = L.Trainer(accelerator="cpu", devices=1, strategy="async_ps", logger=False, sync_batchnorm=sync)
+        assert layer_sync_requested(trainer.strategy) is sync
+
+
+def test_forget_train_dataloader_makes_the_fit_loop_load_it_again():
+    loaded = []
+
+    class Estimating(MLPClassifier):
+        def configure_optimizers(self):
+            assert self.trainer.estimated_stepping_batches == 8  # loads the train loader before fitting starts
+            return super().configure_optimizers()
+
+    class Forget(L.Callback):
+        def on_fit_start(self, trainer, pl_module):
+            loaded.append(trainer.fit_loop._combined_loader)
+            forget_train_dataloader(trainer)
+
+        def on_train_epoch_start(self, trainer, pl_module):
+            loaded.append(trainer.fit_loop._combined_loader)
+
+    trainer = L.Trainer(
+        accelerator="cpu", devices=1, max_epochs=1, callbacks=[Forget()], logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False,
+    )  # fmt: skip
+    trainer.fit(Estimating(), datamodule=SyntheticClassificationDataModule(num_samples=64, batch_size=8))
+    assert loaded[0] is not None and loaded[1] is not None and loaded[1] is not loaded[0]

@@ -179,6 +179,23 @@ def uses_distributed_sampler(trainer: pl.Trainer) -> bool:
     return bool(trainer._accelerator_connector.use_distributed_sampler)
 
 
+def layer_sync_requested(strategy: object) -> bool:
+    """Whether ``Trainer(sync_batchnorm=True)`` asked the strategy to convert BatchNorm layers.
+
+    Relies on ``ParallelStrategy._layer_sync`` (set by the accelerator connector; checked against Lightning 2.6.6).
+    """
+    return getattr(strategy, "_layer_sync", None) is not None
+
+
+def forget_train_dataloader(trainer: pl.Trainer) -> None:
+    """Make the fit loop load its train loader again (one loaded before the strategy's run started, for
+    ``trainer.estimated_stepping_batches``, lacks the strategy's sampler).
+
+    Relies on ``trainer.fit_loop._combined_loader`` (checked against Lightning 2.6.6).
+    """
+    trainer.fit_loop._combined_loader = None
+
+
 def validates_on_time_interval(trainer: pl.Trainer) -> bool:
     """Whether the trainer validates every so many seconds (``val_check_interval`` given as a duration).
 

@@ -99,6 +99,16 @@ class HeteroBatchStrategy(Protocol):
 
 
 @runtime_checkable
+class ModeSwitcher(Protocol):
+    """What marks a callback that switches the strategy's mode during training (``SyncSwitchCallback``): its switching
+    ``policy``. With one, the mode the strategy starts in is not the only one, so what holds in one mode only (manual
+    optimization, mid-epoch validation, a step estimate per rank) does not hold for the run."""
+
+    #: chooses the mode of each epoch (a ``lightning_hetero.switching.policies.SwitchPolicy``)
+    policy: object
+
+
+@runtime_checkable
 class SwitchableStrategy(Protocol):
     """What a strategy offers ``SyncSwitchCallback``: its mode, switched in process at epoch boundaries."""
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_hetero._validation import check_range
+from lightning_hetero.step_clock import HostClock, StepClock
 
 
 class ComputeTimer:
@@ -76,6 +77,9 @@ class BusyTimer:
     validation run). ``cpu_clock=None`` reads no CPU time (``last_cpu_s`` stays ``None``): without a CPU quota it is
     not needed, and the process CPU clock can cost tens of microseconds per read in a VM whose other threads run.
 
+    ``clock`` is a function of the host's time or a :class:`~lightning_hetero.step_clock.StepClock` (CUDA events,
+    whose steps :meth:`close_step` hands out unread so that nothing waits for the device each step).
+
     Example::
 
         >>> timer = BusyTimer(clock=iter([0.0, 0.100, 0.160, 0.250, 0.260]).__next__, cpu_clock=lambda: 0.0)
@@ -90,60 +94,100 @@ class BusyTimer:
     """
 
     def __init__(self, clock: Any = time.perf_counter, cpu_clock: Any | None = time.process_time) -> None:
-        self.clock = clock
+        self.step_clock: StepClock = clock if isinstance(clock, StepClock) else HostClock(clock)
         self.cpu_clock = cpu_clock
-        self._start: float | None = None
+        self._start: Any = None
         self._cpu_start: float | None = 0.0
-        self._ready: float | None = None
+        self._ready: Any = None
         self._wait_s = 0.0
+        self._waits: list[tuple[Any, Any]] = []
         #: wall seconds of the last measured step (the synchronous step time, the same on every rank)
         self.last_wall_s: float | None = None
         #: CPU seconds (``cpu_clock``) the process used in the last measured step
         self.last_cpu_s: float | None = None
 
-    def step_start(self) -> float | None:
-        """Close the open step (returning its busy seconds, or ``None`` if none was open) and open a new one."""
-        now, cpu = self.clock(), None if self.cpu_clock is None else self.cpu_clock()
-        busy = None
-        self.last_wall_s = self.last_cpu_s = None
+    def close_step(self) -> StepSpan | None:
+        """Close the open step (returning it unread, or ``None`` if none was open) and open a new one."""
+        now, cpu = self.step_clock.stamp(), None if self.cpu_clock is None else self.cpu_clock()
+        span = None
+        self.last_cpu_s = None
         if self._start is not None:
-            self.last_wall_s = now - self._start
             self.last_cpu_s = None if cpu is None or self._cpu_start is None else cpu - self._cpu_start
-            busy = max(0.0, self.last_wall_s - self._wait_s)
+            span = StepSpan(self.step_clock, self._start, now, self._waits, self._wait_s)
         self._start, self._cpu_start = now, cpu
         self._ready = None
-        self._wait_s = 0.0
-        return busy
+        self._wait_s, self._waits = 0.0, []
+        return span
+
+    def step_start(self) -> float | None:
+        """Close the open step (returning its busy seconds, or ``None`` if none was open) and open a new one."""
+        span = self.close_step()
+        self.last_wall_s = None if span is None else span.wall_s()
+        return None if span is None else span.busy_s()
 
     def mark_ready(self) -> None:
         """The rank's gradients are ready to leave (may be called once per gradient bucket; the last call counts)."""
         if self._start is not None:
-            self._ready = self.clock()
+            self._ready = self.step_clock.stamp()
 
     def close_ready(self) -> None:
         """The collective started at the last :meth:`mark_ready` has returned: the time since was waiting."""
         if self._ready is not None:
-            self.add_wait(self.clock() - self._ready)
+            self.close_wait(self._ready)
             self._ready = None
 
     def add_wait(self, seconds: float) -> None:
         if self._start is not None and seconds > 0:
             self._wait_s += seconds
 
+    def open_wait(self) -> Any:
+        """Mark the start of a wait; :meth:`close_wait` with the returned stamp ends it."""
+        return self.step_clock.stamp()
+
+    def close_wait(self, opened: Any) -> None:
+        if self._start is not None:
+            self._waits.append((opened, self.step_clock.stamp()))
+
     @contextmanager
     def waiting(self) -> Iterator[None]:
         """Time the enclosed block as waiting."""
-        start = self.clock()
+        opened = self.open_wait()
         try:
             yield
         finally:
-            self.add_wait(self.clock() - start)
+            self.close_wait(opened)
 
     def skip(self) -> None:
         """Do not measure the open step."""
         self._start = None
         self._ready = None
-        self._wait_s = 0.0
+        self._wait_s, self._waits = 0.0, []
+
+
+class StepSpan:
+    """One closed step as its clock's stamps: read (waiting for the device if need be) only when asked.
+
+    Example::
+
+        >>> from lightning_hetero.step_clock import HostClock
+        >>> span = StepSpan(HostClock(), start=0.0, end=0.1, waits=[(0.05, 0.08)], wait_s=0.01)
+        >>> round(span.wall_s(), 3), round(span.busy_s(), 3), span.done()
+        (0.1, 0.06, True)
+    """
+
+    def __init__(self, clock: StepClock, start: Any, end: Any, waits: list[tuple[Any, Any]], wait_s: float) -> None:
+        self.clock, self.start, self.end, self.waits, self.wait_s = clock, start, end, waits, wait_s
+
+    def done(self) -> bool:
+        """Whether reading the span would not wait (its end has been reached)."""
+        return self.clock.done(self.end)
+
+    def wall_s(self) -> float:
+        return self.clock.seconds(self.start, self.end)
+
+    def busy_s(self) -> float:
+        waits = self.wait_s + sum(self.clock.seconds(a, b) for a, b in self.waits)
+        return max(0.0, self.wall_s() - waits)
 
 
 class ThroughputMeter:

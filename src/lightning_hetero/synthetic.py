@@ -53,6 +53,7 @@ class SyntheticClassificationDataModule(L.LightningDataModule):
         seed: seeds the data.
         num_workers: DataLoader worker processes.
         shuffle: shuffle the training data each epoch.
+        noise: the clusters' spread (see :func:`make_classification`; larger is harder).
     """
 
     def __init__(
@@ -64,6 +65,7 @@ class SyntheticClassificationDataModule(L.LightningDataModule):
         seed: int = 0,
         num_workers: int = 0,
         shuffle: bool = True,
+        noise: float = 0.5,
     ) -> None:
         super().__init__()
         self.num_samples = num_samples
@@ -73,7 +75,8 @@ class SyntheticClassificationDataModule(L.LightningDataModule):
         self.seed = seed
         self.num_workers = num_workers
         self.shuffle = shuffle
-        data = make_classification(num_samples + max(1, num_samples // 4), num_features, num_classes, seed=seed).tensors
+        val_samples = max(1, num_samples // 4)
+        data = make_classification(num_samples + val_samples, num_features, num_classes, seed=seed, noise=noise).tensors
         self.train_set = TensorDataset(data[0][:num_samples], data[1][:num_samples])
         self.val_set = TensorDataset(data[0][num_samples:], data[1][num_samples:])
 

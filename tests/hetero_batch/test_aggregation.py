@@ -31,11 +31,25 @@ def plain_mean_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, lr: floa
     return model.state_dict()
 
 
+GPU_RUNS = [
+    pytest.param(
+        ["--accelerator", "cuda", "--strategy", strategy],
+        marks=[
+            pytest.mark.cuda,
+            pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices (NCCL, one rank each)"),
+        ],
+        id=f"cuda-{strategy}",
+    )
+    for strategy in ("ddp", "fsdp")
+]
+
+
 @pytest.mark.multiprocess
-def test_weighted_mean_matches_the_concatenated_batch(run_script, tmp_path):
-    run_script("hetero_train.py", str(tmp_path), "grad")
+@pytest.mark.parametrize("options", [pytest.param([], id="cpu-ddp"), *GPU_RUNS])
+def test_weighted_mean_matches_the_concatenated_batch(run_script, tmp_path, options):
+    run_script("hetero_train.py", str(tmp_path), "grad", *options)
     assert [read_json(tmp_path / f"grad_rank{r}.json")["local_sizes"] for r in range(2)] == [[3], [13]]
-    trained = torch.load(tmp_path / "params.pt")
+    trained = {name: value.cpu() for name, value in torch.load(tmp_path / "params.pt").items()}
 
     torch.manual_seed(0)
     reference = MLPClassifier(num_features=8, num_classes=3, lr=0.5)

@@ -9,26 +9,11 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from lightning_hetero import HeteroBatchCallback
 from lightning_hetero.synthetic import MLPClassifier, SyntheticClassificationDataModule, make_classification
-from tests.helpers import read_json
+from tests.helpers import read_json, single_device_trainer
 
 
 def results(path, mode, tag=""):
     return [read_json(path / f"{mode}{tag}_rank{rank}.json") for rank in range(2)]
-
-
-def _single_device_trainer(callback, **overrides):
-    """A one-process CPU Trainer for one epoch with nothing but ``callback`` (no logger, checkpoints or bars)."""
-    kwargs = dict(
-        accelerator="cpu",
-        devices=1,
-        max_epochs=1,
-        callbacks=[callback],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
-    return L.Trainer(**{**kwargs, **overrides})
 
 
 @pytest.mark.timing
@@ -140,24 +125,17 @@ class Stream(IterableDataset):
 def test_bad_setups_fail_before_any_training_step(callback_kwargs, loader, message):
     datamodule = None if loader is not None else SyntheticClassificationDataModule(num_samples=256, batch_size=32)
     model = CountingModel()
-    trainer = _single_device_trainer(HeteroBatchCallback(**callback_kwargs), num_sanity_val_steps=0)
+    trainer = single_device_trainer(HeteroBatchCallback(**callback_kwargs), num_sanity_val_steps=0)
     with pytest.raises((ValueError, TypeError), match=message):
         trainer.fit(model, train_dataloaders=loader, datamodule=datamodule)
     assert model.steps == 0
 
 
-def test_gradient_accumulation_is_refused():
-    trainer = L.Trainer(
-        accelerator="cpu",
-        devices=1,
-        accumulate_grad_batches=2,
-        callbacks=[HeteroBatchCallback()],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-    )
-    with pytest.raises(ValueError, match="accumulate_grad_batches=1"):
-        trainer.fit(CountingModel(), datamodule=SyntheticClassificationDataModule(num_samples=256))
+def test_gradient_accumulation_steps_once_per_window():
+    model = CountingModel()
+    trainer = single_device_trainer(HeteroBatchCallback(verbose=False), accumulate_grad_batches=2)
+    trainer.fit(model, datamodule=SyntheticClassificationDataModule(num_samples=256, batch_size=32))
+    assert model.steps == 8 and trainer.global_step == 4
 
 
 @pytest.mark.parametrize("argument", ["batch_lr_scaling", "lr_scaling"])
@@ -169,7 +147,7 @@ def test_batch_lr_scaling_applies_once_for_a_larger_global_batch(argument):
         callback = HeteroBatchCallback(global_batch_size=128, batch_lr_scaling="linear", verbose=False)
     assert callback.batch_lr_scaling == "linear"
     model = CountingModel()
-    trainer = _single_device_trainer(callback)
+    trainer = single_device_trainer(callback)
     trainer.fit(model, datamodule=SyntheticClassificationDataModule(num_samples=512, batch_size=32))
     assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(4 * model.hparams.lr)
     assert callback.batch_sizes == (128,)
@@ -185,7 +163,7 @@ def test_single_device_run_uses_every_sample_once():
             return super().training_step(batch, batch_idx)
 
     dm = SyntheticClassificationDataModule(num_samples=100, batch_size=32, shuffle=True)
-    trainer = _single_device_trainer(HeteroBatchCallback(verbose=False))
+    trainer = single_device_trainer(HeteroBatchCallback(verbose=False))
     trainer.fit(Recording(), datamodule=dm)
     rows = torch.cat(seen)
     assert rows.shape[0] == 100
@@ -255,7 +233,7 @@ def test_attributes_moved_to_the_tuner_still_answer_with_a_deprecation_warning()
     callback = HeteroBatchCallback(verbose=False)
     with pytest.warns(DeprecationWarning, match=r"HeteroBatchCallback.policy is deprecated.*tuner.policy"):
         assert callback.policy is None  # no tuner before the train loader is built
-    trainer = _single_device_trainer(callback)
+    trainer = single_device_trainer(callback)
     trainer.fit(MLPClassifier(), datamodule=SyntheticClassificationDataModule(num_samples=128, batch_size=32))
     with pytest.warns(DeprecationWarning):
         assert callback.costs is callback.tuner.costs and callback.plan is callback.tuner.plan

@@ -44,7 +44,7 @@ def test_reading_leaves_the_gathered_rows_unchanged():
     rows = torch.stack([_row((1.0, 1.0, 1), (2.0, 2.0, 1)), _row((1.0, 1.0, 1), (2.0, 2.0, 1), changed=True)])
     before = rows.clone()
     read_rows(rows)
-    assert torch.equal(rows, before)
+    torch.testing.assert_close(rows, before, rtol=0, atol=0, equal_nan=True)  # no memory caps: NaN columns
 
 
 def test_trimmed_drops_only_the_longest_step():
@@ -59,3 +59,14 @@ def test_gather_rows_without_a_process_group_uses_the_strategy():
 
     rows = gather_rows(Strategy(), torch.zeros(len(FIELDS)), BusyTimer())
     assert rows.shape == (2, len(FIELDS)) and rows[1, 0] == 1
+
+
+def test_memory_caps_travel_in_the_rows():
+    rows = torch.stack(
+        [
+            _row((1.0, 1.0, 1), (1.0, 1.0, 1)),
+            own_row((1.0, 1.0, 1), (1.0, 1.0, 1), False, 3, 0.03, [0.03], [0.03], 0.01, memory_cap=24),
+        ]
+    )
+    caps = read_rows(rows).memory_caps
+    assert math.isnan(caps[0]) and caps[1] == 24

@@ -128,3 +128,26 @@ def test_a_pull_waits_for_the_update_in_flight():
     assert client.pull(0).version == 1 and param.item() == -1.0
     client.close()
     assert server.tracker.summary()["updates"] == 1  # the pull applied nothing
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_parameters_are_staged_through_pinned_messages():
+    """As the class's example, with the parameters on CUDA: the pushes and replies travel through pinned messages and
+    every reply lands on the device before the next one reuses its message."""
+    param = torch.nn.Parameter(torch.ones(1000, device="cuda"))
+    server = ParameterServer(
+        FlatLayout.from_named_parameters([("w", param)]),
+        param.detach().cpu(),
+        torch.optim.SGD([param], lr=0.5),
+        {id(param): 0},
+        world_size=1,
+    )
+    flat = param.detach()
+    client = AsynchronousClient(flat, rank=0, server=server, group=None, timeout_s=5.0, lost_cause=lambda err: err,
+                                recorded_fault=lambda wait_s: None, pin_memory=True, overlap=True)  # fmt: skip
+    for version in range(5):
+        param.grad = torch.ones_like(param)
+        client.push([param], 0, base_version=version, share=1.0)
+    client.close()
+    assert torch.allclose(flat.cpu(), torch.full((1000,), 1.0 - 5 * 0.5))

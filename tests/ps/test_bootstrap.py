@@ -1,13 +1,8 @@
-from datetime import timedelta
-
-import lightning as L
 import pytest
 import torch
-from packaging.version import Version
 
-from lightning_hetero.ps.bootstrap import check_trainer, connect_store
+from lightning_hetero.ps.bootstrap import connect_store
 from lightning_hetero.ps.layout import flatten_model
-from lightning_hetero.synthetic import MLPClassifier
 
 
 def test_flatten_model_binds_the_trainable_parameters_to_one_buffer():
@@ -31,37 +26,6 @@ def test_flatten_model_binds_the_trainable_parameters_to_one_buffer():
 def test_flatten_model_names_what_cannot_be_flattened(model, match):
     with pytest.raises(ValueError, match=match):
         flatten_model(model)
-
-
-class _Manual(MLPClassifier):
-    def __init__(self):
-        super().__init__()
-        self.automatic_optimization = False
-
-
-@pytest.mark.parametrize(
-    ("module", "trainer_kwargs", "match"),
-    [
-        (_Manual(), {}, "automatic optimization only"),
-        (MLPClassifier(), {"val_check_interval": 10}, "val_check_interval=10"),
-        pytest.param(
-            MLPClassifier(),
-            {"val_check_interval": timedelta(seconds=5)},
-            "validates at epoch ends only",
-            marks=pytest.mark.skipif(
-                Version(L.__version__).release < (2, 6), reason="time-based val_check_interval is Lightning 2.6+"
-            ),
-        ),
-    ],
-)
-def test_check_trainer_refuses_what_the_strategy_cannot_do(module, trainer_kwargs, match):
-    trainer = L.Trainer(accelerator="cpu", logger=False, **trainer_kwargs)
-    with pytest.raises(ValueError, match=match):
-        check_trainer(module, trainer)
-
-
-def test_check_trainer_accepts_epoch_end_validation():
-    check_trainer(MLPClassifier(), L.Trainer(accelerator="cpu", logger=False, val_check_interval=1.0))
 
 
 def test_connect_store_hosts_the_store_on_rank_0_and_shares_its_port():

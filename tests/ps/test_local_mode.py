@@ -37,10 +37,10 @@ def test_local_settings_are_validated_whatever_the_starting_mode():
         AsyncPSStrategy(mode="bsp", round_samples=0)
 
 
-def test_defaults_are_dilocos_outer_optimizer_and_speed_proportional_steps():
+def test_defaults_are_plain_averaging_and_speed_proportional_steps():
     strategy = AsyncPSStrategy(mode="local")
     assert strategy.mode == "local" and strategy.local_steps == "proportional"
-    assert strategy._settings.outer.description == "SGD(lr=0.7, momentum=0.9, nesterov=True)"
+    assert strategy._settings.outer.description == "SGD(lr=1.0)"
     assert strategy.pseudo_gradient_weighting == "mean"
     assert AsyncPSStrategy(mode="local", round_s=2.5)._engines["local"].round_description() == "2.5 s"
 
@@ -66,5 +66,5 @@ def test_the_local_mode_is_announced_once_per_phase(caplog):
     announcements = [r.getMessage() for r in caplog.records if "local SGD, rounds of" in r.getMessage()]
     assert announcements == [
         "AsyncPSStrategy: local SGD, rounds of 256 samples, local_steps='proportional', "
-        "pseudo_gradient_weighting='samples', outer optimizer SGD(lr=0.7, momentum=0.9, nesterov=True)"
+        "pseudo_gradient_weighting='samples', outer optimizer SGD(lr=1.0)"
     ]

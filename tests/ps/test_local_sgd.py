@@ -157,7 +157,7 @@ def test_unknown_weighting_is_refused_naming_the_setting():
 
 
 def test_outer_nesterov_step_is_applied_to_the_start_of_round_parameters():
-    ranks = make_ranks(2, outer=OuterOptimizer)  # DiLoCo's default
+    ranks = make_ranks(2, outer=lambda: OuterOptimizer(torch.optim.SGD, {"lr": 0.7, "momentum": 0.9, "nesterov": True}))
     params = [torch.zeros(1), torch.zeros(1)]
     for r, p in zip(ranks, params, strict=True):
         r.begin(p, batch_size=1)

@@ -48,9 +48,11 @@ def test_local_sgd_trains_covers_each_epoch_once_and_the_fast_rank_takes_more_lo
 def test_checkpoint_resume_continues_the_rounds_and_the_outer_optimizer(run_script, tmp_path):
     ckpt = tmp_path / "ckpt"
     first, second = tmp_path / "first", tmp_path / "second"
-    run_script("local_train.py", str(first), "--epochs", "2", "--ckpt-dir", str(ckpt), timeout_s=180)
+    nesterov = "--outer-nesterov"  # an outer optimizer with a state (the default, averaging, has none)
+    run_script("local_train.py", str(first), "--epochs", "2", "--ckpt-dir", str(ckpt), nesterov, timeout_s=180)
     saved = torch.load(ckpt / "last.ckpt", weights_only=False)
-    run_script("local_train.py", str(second), "--epochs", "3", "--resume", str(ckpt / "last.ckpt"), timeout_s=180)
+    resume = ("--resume", str(ckpt / "last.ckpt"))
+    run_script("local_train.py", str(second), "--epochs", "3", *resume, nesterov, timeout_s=180)
     before, after = _reports(first), _reports(second)
     state = saved["async_ps"]
     assert state["mode"] == "local" and state["version"] == saved["global_step"] == 2 * SAMPLES // BATCH

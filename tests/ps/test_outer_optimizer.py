@@ -4,17 +4,22 @@ import torch
 from lightning_hetero.ps.outer_optimizer import DEFAULT_OUTER_KWARGS, OuterOptimizer
 
 
-def test_default_is_dilocos_nesterov_sgd():
+def test_default_is_plain_averaging():
+    """DiLoCo's Nesterov outer step lost 5-8 points in 4-epoch runs; averaging kept BSP's accuracy (issue 25)."""
     outer = OuterOptimizer()
     assert outer.optimizer_class is torch.optim.SGD
-    assert outer.kwargs == {"lr": 0.7, "momentum": 0.9, "nesterov": True} == DEFAULT_OUTER_KWARGS
+    assert outer.kwargs == {"lr": 1.0} == DEFAULT_OUTER_KWARGS
+    anchor = torch.tensor([1.0, 2.0])
+    outer.bind(anchor)
+    outer.step(torch.tensor([0.25, -0.5]))  # the mean of the ranks' parameters: anchor - mean pseudo-gradient
+    assert torch.equal(anchor, torch.tensor([0.75, 2.5]))
 
 
 def test_steps_match_torch_nesterov_sgd_on_the_same_gradients():
     anchor = torch.tensor([1.0, -2.0, 3.0])
     reference = torch.nn.Parameter(anchor.clone())
     torch_sgd = torch.optim.SGD([reference], lr=0.7, momentum=0.9, nesterov=True)
-    outer = OuterOptimizer()
+    outer = OuterOptimizer(torch.optim.SGD, {"lr": 0.7, "momentum": 0.9, "nesterov": True})
     outer.bind(anchor)
     for pseudo in (torch.tensor([0.1, 0.2, -0.3]), torch.tensor([0.05, -0.1, 0.0]), torch.tensor([1.0, 1.0, 1.0])):
         outer.step(pseudo)

@@ -1,10 +1,11 @@
 import itertools
 import random
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lightning_hetero.ps.sampler import ClaimSampler, round_robin_chunks
+from lightning_hetero.ps.sampler import ClaimSampler, epoch_order, round_robin_chunks
 
 
 class Counter:
@@ -195,3 +196,25 @@ def test_a_dedicated_server_rank_yields_its_reserved_chunk_only_and_the_others_c
     assert sorted(i for indices in seen for i in indices) == list(range(num_samples))
     assert len(seen[0]) == min(chunk, num_samples)  # rank 0: chunk 0 only, never a claim
     assert tail_calls == [(1, {0})]  # asked once, after its reserved chunk
+
+
+@pytest.mark.parametrize("asynchronous", [True, False])
+def test_a_limited_pool_covers_the_first_chunks_of_the_epochs_order_once(asynchronous):
+    counter: dict[int, int] = {}
+
+    def claim(epoch, count):
+        start = counter.get(epoch, 0)
+        counter[epoch] = start + count
+        return start
+
+    samplers = [
+        ClaimSampler(
+            50, 4, claim, epoch=lambda: 2, asynchronous=lambda: asynchronous, rank=rank, world_size=2, shuffle=True,
+            pool_chunks=5,
+        )
+        for rank in (0, 1)
+    ]  # fmt: skip
+    seen = [i for sampler in samplers for i in sampler]
+    first = epoch_order(50, 2, True, 0)[:20]
+    assert (sorted(seen) if asynchronous else sorted(set(seen))) == sorted(first)  # BSP pads by wrapping
+    assert samplers[0].epoch_samples == 20

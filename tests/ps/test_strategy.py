@@ -25,6 +25,12 @@ def test_registered_and_exported():
         ({"server_shards": 0}, "server_shards"),
         ({"server_shards": 2.0}, "server_shards"),
         ({"server_shards": 2, "on_worker_lost": "continue"}, r"server_shards=2\) does not support on_worker_lost"),
+        # "auto"-style values where no automatic choice exists, or a misspelt one, fail at construction (issue 25)
+        ({"server_shards": "auto"}, r"server_shards=\.\.\.\) must be an integer >= 1, got 'auto'"),
+        ({"server_placement": "auto"}, r"server_placement=\.\.\.\) must be one of \('worker', 'dedicated'\)"),
+        ({"asynchrony_compensation": "Auto"}, "asynchrony_compensation must be one of"),
+        ({"overlap_round_trip": "auto"}, "overlap_round_trip must be True or False"),
+        ({"local_steps": "auto"}, "local_steps must be one of"),
     ],
 )
 def test_bad_arguments_name_the_argument(kwargs, match):

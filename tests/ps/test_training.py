@@ -148,7 +148,12 @@ def test_asp_compensates_momentum_and_entering_bsp_restores_the_users_hyperparam
         assert report["hyper_seen"]["2"] == [[0.1, 0.9]]
         assert report["mode"] == "bsp"
     assert reports[0]["checksum"] == reports[1]["checksum"]
-    assert (result.stdout + result.stderr).count("asynchrony_compensation='auto': in ASP with 2") == 1
+    output = result.stdout + result.stderr
+    assert output.count("asynchrony_compensation='auto': in ASP with 2") == 1
+    assert output.count("Each worker waits for the server's reply (overlap_round_trip=False") == 1  # the script's
+    # once, after the first ASP epoch: the sizing rule with the measured numbers (a small model: one shard)
+    assert output.count("server sizing from the first ASP epoch") == 1
+    assert "keeps server_shards=1 and server_placement='worker'" in output
 
 
 def test_bsp_is_the_same_with_or_without_compensation_and_unhandled_optimizers_are_named(run_script, tmp_path):
@@ -241,7 +246,10 @@ def test_parameter_server_killed_mid_run_stops_the_workers_naming_it(run_script,
 
 @pytest.mark.parametrize(
     ("flag", "message"),
-    [("--manual", "supports automatic optimization only"), ("--two-optimizers", "multiple optimizers")],
+    [
+        ("--manual", "manual optimization (`self.automatic_optimization = False`) in BSP only"),
+        ("--two-optimizers", "multiple optimizers"),
+    ],
 )
 def test_unsupported_setups_raise_at_setup(run_script, tmp_path, flag, message):
     proc = run_script("ps_train.py", str(tmp_path), "--devices", "1", flag, timeout_s=60, expect_ok=False)

@@ -22,7 +22,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
-from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
 from torch.utils.data import DataLoader
 
 from lightning_hetero import AsyncPSStrategy, HeteroBatchCallback, SlowdownEmulator
@@ -86,10 +86,12 @@ def trainer_for(args, callbacks, **kwargs):
     kwargs.setdefault("logger", False)
     if args.strategy == "asp":
         strategy = AsyncPSStrategy(mode="asp", fault_timeout_s=60)
+    elif args.strategy == "fsdp":  # Lightning's FSDP needs CUDA (and NCCL)
+        strategy = FSDPStrategy(process_group_backend=args.backend, timeout=timedelta(seconds=60))
     else:
-        strategy = DDPStrategy(process_group_backend="gloo", timeout=timedelta(seconds=60))
+        strategy = DDPStrategy(process_group_backend=args.backend, timeout=timedelta(seconds=60))
     return L.Trainer(
-        accelerator="cpu",
+        accelerator=args.accelerator,
         devices=2,
         strategy=strategy,
         callbacks=callbacks,
@@ -108,8 +110,9 @@ def run_grad(args):
     recorder = Recorder(hetero)
     trainer = trainer_for(args, [hetero, recorder], max_steps=1, enable_checkpointing=False)
     trainer.fit(model, train_dataloaders=loader)
+    state = trainer.strategy.lightning_module_state_dict()  # FSDP: a collective gathering the full parameters
     if trainer.is_global_zero:
-        torch.save(model.state_dict(), args.out / "params.pt")
+        torch.save(state, args.out / "params.pt")
     return {"local_sizes": recorder.local_sizes}
 
 
@@ -205,8 +208,10 @@ def main():
     parser.add_argument("--tag", default="")
     parser.add_argument("--max-steps", type=int, default=-1)
     parser.add_argument("--ckpt-every", type=int, default=0, help="also checkpoint every n training steps")
-    parser.add_argument("--strategy", choices=["ddp", "asp"], default="ddp")
+    parser.add_argument("--strategy", choices=["ddp", "asp", "fsdp"], default="ddp")
+    parser.add_argument("--accelerator", choices=["cpu", "cuda"], default="cpu")
     args = parser.parse_args()
+    args.backend = "nccl" if args.accelerator == "cuda" else "gloo"
     torch.set_num_threads(1)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.mode in ("grad", "exact"):

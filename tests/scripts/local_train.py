@@ -61,6 +61,7 @@ def main() -> None:
     )
     parser.add_argument("--kill-after", type=int, default=5)
     parser.add_argument("--fault-timeout-s", type=float, default=60.0)
+    parser.add_argument("--outer-nesterov", action="store_true", help="DiLoCo's outer Nesterov SGD (it has a state)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     # quiet on every supported Lightning: seed_everything(verbose=False) is Lightning 2.4+
@@ -71,6 +72,7 @@ def main() -> None:
         round_samples=args.round_samples,
         local_steps=args.local_steps,
         fault_timeout_s=args.fault_timeout_s,
+        outer_optimizer_kwargs={"lr": 0.7, "momentum": 0.9, "nesterov": True} if args.outer_nesterov else None,
     )
     recorder = Recorder()
     callbacks = [recorder]

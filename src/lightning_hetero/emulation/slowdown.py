@@ -30,6 +30,8 @@ from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
 from lightning_hetero._validation import check_range
+from lightning_hetero.emulation.device_stretch import DeviceStretch
+from lightning_hetero.step_clock import StepClock, step_clock_for
 
 SLOWDOWN_UNITS = ("epoch", "step")
 THROTTLE_MODES = ("sleep", "cfs")
@@ -223,6 +225,9 @@ class SlowdownEmulator(Callback):
         self.batch_stretch_s = 0.0
         #: seconds slept since fit started
         self.total_stretch_s = 0.0
+        #: sleep mode on CUDA: the device clock the stretch is queued on (set at fit start; a test may set a fake)
+        self.device_clock: StepClock | None = None
+        self._device: DeviceStretch | None = None
 
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -249,6 +254,12 @@ class SlowdownEmulator(Callback):
             rank_zero_info(f"SlowdownEmulator ({how} emulate slower ranks): {entries}")
 
     @override
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.throttle == "sleep" and self.device_clock is None and pl_module.device.type == "cuda":
+            self.device_clock = step_clock_for(pl_module.device)  # a host sleep would only delay kernel launches
+        self._device = None if self.device_clock is None else DeviceStretch(self.device_clock)
+
+    @override
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         for handle in self._handles:
             handle.remove()
@@ -262,6 +273,8 @@ class SlowdownEmulator(Callback):
         self._segment_start = time.perf_counter()
         self.batch_stretch_s = 0.0
         self._factor = self.schedule.factor(trainer.global_rank, trainer.current_epoch, trainer.global_step)
+        if self._device is not None:
+            self._device.batch_start()
         if self.throttle == "cfs":
             if self._factor <= 1.0:
                 self._quota = None
@@ -273,6 +286,12 @@ class SlowdownEmulator(Callback):
 
     @override
     def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor) -> None:
+        if self._device is not None:  # stretched on the device's queue; the step's compute ends with its backward
+            self._device.before_backward(self._factor)
+            if loss.requires_grad:
+                queue = torch.autograd.Variable._execution_engine.queue_callback  # type: ignore[attr-defined]
+                loss.register_hook(lambda grad, end=self._device.compute_end: queue(end))  # type: ignore[misc]
+            return
         forward_s = time.perf_counter() - self._segment_start
         # The first step of a run pays one-off costs (lazy initialisation, first collectives: up to a second under
         # AsyncPSStrategy) that a slower machine would not multiply; stretching starts once a backward is measured.

@@ -13,25 +13,27 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities import rank_zero_info
 from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
 from lightning_hetero._deprecation import renamed_argument, warn_renamed
 from lightning_hetero._lightning_internals import rebuild_train_dataloader
-from lightning_hetero.batch_weighting import averaged_weight, batch_share
+from lightning_hetero.batch_weighting import batch_share
 from lightning_hetero.contracts import HeteroBatchStrategy
+from lightning_hetero.hetero_batch.accumulation import step_weight
 from lightning_hetero.hetero_batch.aggregation import weight_backward
-from lightning_hetero.hetero_batch.controller import BatchSizeController
+from lightning_hetero.hetero_batch.batch_statistics import model_floor
+from lightning_hetero.hetero_batch.compile_shapes import RecompileWatch, mark_batch_dynamic
 from lightning_hetero.hetero_batch.exchange import gather_rows, read_rows
 from lightning_hetero.hetero_batch.loader import build_hetero_loader, starting_batch_size
 from lightning_hetero.hetero_batch.lr_scaling import lr_scale_factor, scale_learning_rates
+from lightning_hetero.hetero_batch.memory import MemoryGuard, auto_memory_guard, respect_caps
 from lightning_hetero.hetero_batch.sampler import HeteroBatchSampler
-from lightning_hetero.hetero_batch.settings import check_settings
+from lightning_hetero.hetero_batch.settings import check_settings, check_trainer, new_tuner
 from lightning_hetero.hetero_batch.summary import adjustment_metrics
 from lightning_hetero.hetero_batch.tuner import SplitTuner
-from lightning_hetero.hetero_batch.window import ComputeEndMarks, WaitExclusion, quota_source
+from lightning_hetero.hetero_batch.window import ComputeEndMarks, PendingSteps, WaitExclusion, quota_source
 from lightning_hetero.measurement import (
     BusyTimer,
     ComputeTimer,
@@ -39,6 +41,7 @@ from lightning_hetero.measurement import (
     close_compute_window,
     sustained_step_s,
 )
+from lightning_hetero.step_clock import HostClock, step_clock_for
 
 #: the callback's former attributes now on ``callback.tuner`` (deprecated on the callback)
 MOVED_TO_TUNER = ("controller", "policy", "plan", "cost", "period", "costs", "busy_s", "sync_step_s", "throughputs")
@@ -75,7 +78,11 @@ class HeteroBatchCallback(Callback):
             known hardware); default: equal shares.
         min_batch_size: smallest per-rank batch (an int, or one per rank).
         max_batch_size: largest per-rank batch (an int, one per rank, or ``None``).
-        memory_caps: optional per-rank largest batch that fits in memory.
+        memory_caps: per-rank largest batch that fits in memory, or ``"auto"``: each rank finds its own, and a
+            step that runs out of memory is redone in chunks under a lowered cap (see
+            :mod:`~lightning_hetero.hetero_batch.memory`).
+        batch_size_multiple: per-rank sizes are drawn from multiples of this; ``"auto"``: 8 on CUDA when an equal
+            share holds four multiples of 8, else 1 (see :func:`~.settings.resolve_batch_size_multiple`).
         deadband: apply a new split only when it is predicted to shorten the synchronous step by more than this
             fraction (a cluster-wide decision); a smaller gain beyond 2% and the measurement noise, proposed at two
             adjustments in a row, is applied too (a refinement, see
@@ -99,13 +106,14 @@ class HeteroBatchCallback(Callback):
 
     Notes:
         - Works with ``strategy="ddp"`` (any DDP launcher; CPU/gloo and CUDA/NCCL), with single-device training,
-          and with strategies that offer :class:`~lightning_hetero.contracts.HeteroBatchStrategy` such as
+          with ``strategy="fsdp"`` (accepted, not yet run: it needs CUDA) and with strategies that offer :class:`~lightning_hetero.contracts.HeteroBatchStrategy` such as
           :class:`~lightning_hetero.AsyncPSStrategy`.
         - The model's loss must be a mean over the local batch (the usual reduction), so that weighting by
           ``b_k / Σ b`` yields the big-batch mean. Batch norm sees per-rank batches of different sizes.
         - Collectives called directly through ``torch.distributed`` (not through the strategy) are not seen and
           count as the rank's own busy time.
-        - Gradient accumulation is not supported (``accumulate_grad_batches`` must be 1).
+        - With ``accumulate_grad_batches`` each micro-batch's loss is weighted so that a step's gradient is the big
+          batch's over all its micro-batches (:mod:`~lightning_hetero.hetero_batch.accumulation`).
         - While a strategy trains asynchronously (``AsyncPSStrategy`` in ASP) ranks are not in lock-step, so
           ``adjust_every_n_steps`` is ignored there and the split changes at epoch ends only.
         - The split in force is part of the callback's checkpoint state; a resumed run continues with it.
@@ -117,7 +125,7 @@ class HeteroBatchCallback(Callback):
         initial_batch_sizes: Sequence[int] | None = None,
         min_batch_size: int | Sequence[int] = 1,
         max_batch_size: int | Sequence[int] | None = None,
-        memory_caps: Sequence[int | None] | None = None,
+        memory_caps: Sequence[int | None] | str | None = None,
         deadband: float = 0.05,
         smoothing: float = 0.5,
         warmup_steps: int = 3,
@@ -128,6 +136,7 @@ class HeteroBatchCallback(Callback):
         rollback_tolerance: float = 0.15,
         change_tolerance: float = 0.4,
         lr_scaling: str | None = None,
+        batch_size_multiple: int | str = "auto",
     ) -> None:
         batch_lr_scaling = renamed_argument(
             "HeteroBatchCallback", "lr_scaling", "batch_lr_scaling", lr_scaling, batch_lr_scaling
@@ -143,7 +152,10 @@ class HeteroBatchCallback(Callback):
             batch_lr_scaling=batch_lr_scaling,
             rollback_tolerance=rollback_tolerance,
             change_tolerance=change_tolerance,
+            memory_caps=memory_caps,
+            batch_size_multiple=batch_size_multiple,
         )
+        self.batch_size_multiple = batch_size_multiple
         self.global_batch_size = global_batch_size
         self.initial_batch_sizes = None if initial_batch_sizes is None else tuple(initial_batch_sizes)
         self.min_batch_size = min_batch_size
@@ -152,20 +164,19 @@ class HeteroBatchCallback(Callback):
         self.deadband = deadband
         self.adjust_every_n_steps = adjust_every_n_steps
         self.batch_lr_scaling = batch_lr_scaling
-        self.seed = seed
-        self.verbose = verbose
-        self.rollback_tolerance = rollback_tolerance
-        self.change_tolerance = change_tolerance
+        self.seed, self.verbose = seed, verbose
+        self.rollback_tolerance, self.change_tolerance = rollback_tolerance, change_tolerance
         self.warmup_steps = warmup_steps
         self.meter = ThroughputMeter(smoothing=smoothing, warmup_steps=warmup_steps)
         self.timer = ComputeTimer()
         self.busy = BusyTimer()
         self.exclusion = WaitExclusion(self.busy)
+        self._pending = PendingSteps()
         #: the decisions, built with the train loader (the global batch depends on its ``batch_size``)
         self.tuner: SplitTuner | None = None
         self.sampler: HeteroBatchSampler | None = None
-        self._rank = 0
-        self._world_size = 1
+        self._rank, self._world_size, self._device = 0, 1, torch.device("cpu")
+        self._floor = 1  # samples a rank needs per step (2 with BatchNorm)
         self._share = 1.0
         self._loss_weight: float | None = None  # what this rank back-propagates from its loss (None: the strategy's)
         self._local_batch_size = 0
@@ -175,6 +186,8 @@ class HeteroBatchCallback(Callback):
         self._restored: dict[str, Any] | None = None
         self._step_split: tuple[int, ...] | None = None
         self._quota_source: Callable[[], float | None] | None = None
+        self._memory: MemoryGuard | None = None  # memory_caps="auto"
+        self._recompiles: RecompileWatch | None = None
 
     @property
     def batch_sizes(self) -> tuple[int, ...] | None:
@@ -201,36 +214,35 @@ class HeteroBatchCallback(Callback):
         if stage != "fit":
             return
         self._rank, self._world_size = trainer.global_rank, trainer.world_size
-        if trainer.accumulate_grad_batches != 1:
-            raise ValueError(
-                "HeteroBatchCallback does not support gradient accumulation: set Trainer(accumulate_grad_batches=1)"
-            )
-        if not pl_module.automatic_optimization:
-            raise ValueError("HeteroBatchCallback needs automatic optimization (self.automatic_optimization = True)")
-        strategy = trainer.strategy
-        if self._world_size > 1 and not isinstance(strategy, (DDPStrategy, HeteroBatchStrategy)):
-            raise ValueError(
-                f"HeteroBatchCallback supports strategy='ddp' (and strategies offering HeteroBatchStrategy), "
-                f"not {type(strategy).__name__}"
-            )
+        check_trainer(trainer, pl_module)
         if self.initial_batch_sizes is not None and len(self.initial_batch_sizes) != self._world_size:
             raise ValueError(
                 f"initial_batch_sizes has {len(self.initial_batch_sizes)} entries but the world size is "
                 f"{self._world_size}"
             )
+        self._floor = model_floor(pl_module, self.min_batch_size)
+        self._device, self._recompiles = trainer.strategy.root_device, RecompileWatch(self._rank)
+        if self.memory_caps == "auto":
+            self._memory = auto_memory_guard(self._rank, self._world_size, self._device, lambda: self._local_batch_size)
         rebuild_train_dataloader(trainer, self._rebuild_loader)
 
     @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         strategy = trainer.strategy
         # the strategy weights gradients and marks the end of compute, or the loss's gradient hook does (`aggregation`)
-        self._loss_weight = None if isinstance(strategy, HeteroBatchStrategy) else 1.0
+        # accumulating, each micro-batch weighs its loss (`accumulation`) and the strategy averages, as DDP does
+        own = isinstance(strategy, HeteroBatchStrategy) and trainer.accumulate_grad_batches == 1
+        self._loss_weight = None if own else 1.0
         self._marks = ComputeEndMarks(self.timer, self.busy)
+        if isinstance(self.busy.step_clock, HostClock):  # CUDA: events on the compute stream (see `step_clock`)
+            self.busy.step_clock = step_clock_for(pl_module.device)
         if isinstance(strategy, HeteroBatchStrategy):
-            strategy.attach_hetero_batches(self._marks, lambda: self._share)
+            strategy.attach_hetero_batches(self._marks, lambda: self._share if own else 1 / self._world_size)
         elif isinstance(strategy.model, DistributedDataParallel):
             self.exclusion.exclude_buffer_broadcast(strategy.model)
         self.exclusion.exclude_strategy_collectives(strategy)
+        if self._memory is not None:
+            self._memory.install(strategy, pl_module)
         # A CPU quota (CFS) lets a rank that waits look fast: cost its steps at the quota's rate (see
         # `sustained_step_s`).
         self._quota_source = quota_source(trainer.callbacks, self.busy)
@@ -249,6 +261,7 @@ class HeteroBatchCallback(Callback):
     @override
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self.exclusion.remove(trainer.strategy)
+        MemoryGuard.remove(trainer.strategy)
 
     def _rebuild_loader(self, dataloader: Any) -> torch.utils.data.DataLoader:
         start = starting_batch_size(dataloader)
@@ -258,31 +271,12 @@ class HeteroBatchCallback(Callback):
         )
         if self.tuner is None or self.tuner.controller.global_batch_size != global_batch:
             self.tuner = self._new_tuner(global_batch)
-        loader = build_hetero_loader(dataloader, self.tuner.plan, rank=self._rank, seed=self.seed)
+        loader = build_hetero_loader(dataloader, self.tuner.plan, rank=self._rank, seed=self.seed, min_size=self._floor)
         self.sampler = loader.sampler  # type: ignore[assignment]
         return loader
 
     def _new_tuner(self, global_batch: int) -> SplitTuner:
-        if self.initial_batch_sizes is not None and sum(self.initial_batch_sizes) != global_batch:
-            raise ValueError(
-                f"initial_batch_sizes sum to {sum(self.initial_batch_sizes)}, not the global batch {global_batch}"
-            )
-        controller = BatchSizeController(
-            global_batch,
-            self._world_size,
-            min_batch_size=self.min_batch_size,
-            max_batch_size=self.max_batch_size,
-            memory_caps=self.memory_caps,
-            deadband=self.deadband,
-        )
-        tuner = SplitTuner(
-            controller,
-            self._rank,
-            start=self.initial_batch_sizes,
-            rollback_tolerance=self.rollback_tolerance,
-            change_tolerance=self.change_tolerance,
-            warmup_steps=self.warmup_steps,
-        )
+        tuner = new_tuner(self, global_batch, self._rank, self._world_size, self._device.type, self._floor)
         if self._restored is not None:
             tuner.load_state_dict(self._restored)
             self._restored = None
@@ -296,20 +290,24 @@ class HeteroBatchCallback(Callback):
     ) -> None:
         assert self.sampler is not None and self.tuner is not None
         quota = None if self._quota_source is None else self._quota_source()
-        busy_s = self.busy.step_start()
-        wall_s = self.busy.last_wall_s
-        if busy_s is not None and wall_s is not None and self._step_split is not None:
+        span = self.busy.close_step()  # read when its clock has it (CUDA events: once the device got there)
+        if span is not None and self._step_split is not None:
             # a step's sustained cost is at least its CPU time at the quota's rate (see `sustained_step_s`)
-            floor = sustained_step_s(0.0, self.busy.last_cpu_s, quota)
-            self.tuner.record_step(self._step_split, busy_s, floor, wall_s)
+            self._pending.add(self._step_split, span, sustained_step_s(0.0, self.busy.last_cpu_s, quota))
         sizes = tuple(self.sampler.next_sizes())
         if self._step_split is not None and sizes != self._step_split:
-            self.tuner.skip_next()  # the first step at a new split pays for it (allocator, caches)
+            self._pending.skip_next()  # the first step at a new split pays for it (allocator, caches)
+        self._pending.feed(self.tuner)
         self._step_split = sizes
         self._local_batch_size = sizes[self._rank]
+        mark_batch_dynamic(batch, self._local_batch_size)  # torch.compile: one graph for the changing sizes
         self._share = batch_share(sizes, self._rank)
         if self._loss_weight is not None:
-            self._loss_weight = averaged_weight(sizes, self._rank)
+            epoch, sampler = self.sampler.epoch, self.sampler
+            self._loss_weight = step_weight(
+                sizes, self._rank, batch_idx, trainer.accumulate_grad_batches, len(sampler),
+                lambda step: sum(sampler.sizes_at(epoch, step)),
+            )  # fmt: skip
         self.timer.start()
 
     @override
@@ -348,9 +346,16 @@ class HeteroBatchCallback(Callback):
     def _adjust(self, trainer: L.Trainer, epoch_end: bool) -> None:
         tuner, sampler = self.tuner, self.sampler
         assert tuner is not None and sampler is not None
-        row = tuner.close_period(sampler.produced_position)
+        self._pending.feed(tuner, wait=True)
+        memory = self._memory
+        if self._recompiles is not None:
+            self._recompiles.check()  # warns once, naming the rank, past RECOMPILE_BOUND graphs
+        row = tuner.close_period(sampler.produced_position, None if memory is None else memory.caps.own)
         seen = read_rows(gather_rows(trainer.strategy, row, self.busy))
         decision = tuner.adjust(seen, step=trainer.global_step, epoch=trainer.current_epoch)
+        if memory is not None:  # every rank splits within every rank's cap
+            memory.caps.read(seen.memory_caps)
+            decision = respect_caps(decision, tuner.split, tuner.controller, memory.caps.all)
         if decision is None:
             return
         predicted = tuner.predicted_step_s()  # at the split measured, before the decision

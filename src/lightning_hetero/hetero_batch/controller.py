@@ -47,6 +47,9 @@ class BatchSizeController:
         deadband: a new split is applied only when it is predicted to shorten the synchronous step by more than
             this fraction, so sizes do not flap on measurement noise. The decision is cluster-wide: every rank
             computes it from the same all-gathered measurements.
+        batch_size_multiple: sizes are drawn from multiples of this (tensor cores, and fewer shapes for
+            ``torch.compile``); the global batch's remainder modulo it goes to one rank. Bounds that leave no
+            split in multiples fall back to single samples.
 
     Example::
 
@@ -65,8 +68,11 @@ class BatchSizeController:
         max_batch_size: int | Sequence[int] | None = None,
         memory_caps: Sequence[int | None] | None = None,
         deadband: float = 0.05,
+        batch_size_multiple: int = 1,
     ) -> None:
         check_range("world_size", world_size, low=1, integer=True)
+        check_range("batch_size_multiple", batch_size_multiple, low=1, integer=True)
+        self.multiple = batch_size_multiple
         check_range("global_batch_size", global_batch_size, low=1, integer=True)
         check_range("deadband", deadband, low=0)
         self.global_batch_size = global_batch_size
@@ -96,7 +102,7 @@ class BatchSizeController:
 
     def equal_split(self) -> tuple[int, ...]:
         """The split a plain DDP job would use (equal shares, within the bounds)."""
-        return tuple(apportion([1.0] * self.world_size, self.global_batch_size, self.lower, self.upper))
+        return self._split([1.0] * self.world_size)
 
     def propose(self, throughputs: Sequence[float], overheads_s: Sequence[float] | None = None) -> tuple[int, ...]:
         """The split that equalises predicted step times, ignoring the deadband.
@@ -105,7 +111,28 @@ class BatchSizeController:
         """
         if len(throughputs) != self.world_size:
             raise ValueError(f"expected {self.world_size} throughputs, got {len(throughputs)}")
-        return tuple(apportion(throughputs, self.global_batch_size, self.lower, self.upper, offsets=overheads_s))
+        return self._split(throughputs, overheads_s)
+
+    def _split(self, rates: Sequence[float], overheads_s: Sequence[float] | None = None) -> tuple[int, ...]:
+        """:func:`apportion` of the global batch, in units of ``batch_size_multiple`` where the bounds allow it.
+
+        Example::
+
+            >>> BatchSizeController(global_batch_size=100, world_size=2, batch_size_multiple=8).propose([3.0, 1.0])
+            (76, 24)
+        """
+        m, total = self.multiple, self.global_batch_size
+        units, rest = divmod(total, m)
+        lower = [-(-lo // m) for lo in self.lower]
+        upper = [hi // m for hi in self.upper]
+        if m == 1 or not sum(lower) <= units <= sum(upper):
+            return tuple(apportion(rates, total, self.lower, self.upper, offsets=overheads_s))
+        sizes = [u * m for u in apportion([r / m for r in rates], units, lower, upper, offsets=overheads_s)]
+        room = [k for k in range(self.world_size) if sizes[k] + rest <= self.upper[k]]
+        if not room:
+            return tuple(apportion(rates, total, self.lower, self.upper, offsets=overheads_s))
+        sizes[max(room, key=lambda k: (rates[k], -k))] += rest
+        return tuple(sizes)
 
     def decide(
         self, current: Sequence[int], throughputs: Sequence[float], overheads_s: Sequence[float] | None = None

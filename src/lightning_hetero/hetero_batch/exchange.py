@@ -33,6 +33,7 @@ FIELDS = (
     "newest_sync_step_s",
     "newest_sync_steps",
     "relative_error",
+    "memory_cap",
 )
 
 
@@ -60,12 +61,14 @@ def own_row(
     walls: list[float],
     newest_walls: list[float],
     relative_error: float,
+    memory_cap: int | None = None,
 ) -> torch.Tensor:
     """This rank's row: its fit ``(overhead_s, per_sample_s or None, known sizes)`` as it stands and restarted from
     the newest period, whether it saw a change, its loader position, its mean busy seconds at its current size, the
     synchronous step's (trimmed) wall times since the split came into force and in the newest period only, and the
     relative standard error of its busy level at its current size
-    (:meth:`~lightning_hetero.hetero_batch.cost_model.PeriodCostModel.relative_error`).
+    (:meth:`~lightning_hetero.hetero_batch.cost_model.PeriodCostModel.relative_error`), and its memory cap (``None``:
+    none known; see :mod:`~lightning_hetero.hetero_batch.memory`).
 
     Example::
 
@@ -89,6 +92,7 @@ def own_row(
         _mean(newest_walls),
         len(newest_walls),
         relative_error,
+        math.nan if memory_cap is None else memory_cap,
     )
     return torch.tensor([float(v) for v in values], dtype=torch.float64)
 
@@ -113,6 +117,8 @@ class Exchanged:
     changed: tuple[bool, ...]
     #: the furthest any rank's loader got (a new split starts after it)
     position: int
+    #: every rank's largest batch known to fit in memory (NaN: none known)
+    memory_caps: tuple[float, ...] = ()
 
 
 def read_rows(rows: torch.Tensor) -> Exchanged:
@@ -148,6 +154,7 @@ def read_rows(rows: torch.Tensor) -> Exchanged:
         relative_errors=tuple(row["relative_error"] for row in table),
         changed=changed,
         position=int(max(row["position"] for row in table)),
+        memory_caps=tuple(row["memory_cap"] for row in table),
     )
 
 
@@ -161,9 +168,12 @@ def gather_rows(strategy: Any, row: torch.Tensor, busy: BusyTimer) -> torch.Tens
         >>> gather_rows(SingleDeviceStrategy("cpu"), torch.ones(3), BusyTimer()).shape
         torch.Size([1, 3])
     """
-    if isinstance(strategy, DDPStrategy) and torch.distributed.is_available() and torch.distributed.is_initialized():
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    if distributed and torch.distributed.get_backend() == "nccl":  # NCCL gathers device tensors only (DDP, FSDP)
+        row = row.to(strategy.root_device)
+    if isinstance(strategy, DDPStrategy) and distributed:
         rows = [torch.empty_like(row) for _ in range(torch.distributed.get_world_size())]
         with busy.waiting():
             torch.distributed.all_gather(rows, row)
-        return torch.stack(rows)
-    return strategy.all_gather(row).reshape(-1, row.numel())
+        return torch.stack(rows).cpu()
+    return strategy.all_gather(row).reshape(-1, row.numel()).cpu()

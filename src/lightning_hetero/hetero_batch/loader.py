@@ -39,11 +39,18 @@ def starting_batch_size(dataloader: Any) -> int:
     return int(dataloader.batch_size)
 
 
-def build_hetero_loader(dataloader: DataLoader, plan: SplitPlan, rank: int, seed: int) -> DataLoader:
-    """A loader over ``dataloader``'s dataset yielding this rank's slice of each global batch under ``plan``."""
+def build_hetero_loader(dataloader: DataLoader, plan: SplitPlan, rank: int, seed: int, min_size: int = 1) -> DataLoader:
+    """A loader over ``dataloader``'s dataset yielding this rank's slice of each global batch under ``plan`` (at least
+    ``min_size`` samples a step, see :class:`~lightning_hetero.hetero_batch.sampler.HeteroBatchSampler`)."""
     shuffle = isinstance(dataloader.sampler, RandomSampler) or bool(getattr(dataloader.sampler, "shuffle", False))
     sampler = HeteroBatchSampler(
-        dataloader.dataset, plan, rank=rank, shuffle=shuffle, seed=seed, drop_last=dataloader.drop_last
+        dataloader.dataset,
+        plan,
+        rank=rank,
+        shuffle=shuffle,
+        seed=seed,
+        drop_last=dataloader.drop_last,
+        min_size=min_size,
     )
     worker_options: dict[str, Any] = {}
     if dataloader.num_workers > 0:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from lightning_hetero._validation import check_range
@@ -48,6 +48,39 @@ class Proposal:
     in_a_row: int
 
 
+@dataclass(frozen=True)
+class Rejection:
+    """A rolled-back change: moves from ``origin`` towards ``rejected`` stay out while ``left`` adjustments remain.
+
+    ``strikes`` counts the rollbacks of that move since the speeds last changed; each one makes the wait 4x longer.
+
+    Example::
+
+        >>> rejection = Rejection(origin=(50, 14), rejected=(42, 22), left=3, strikes=1)
+        >>> rejection.covers((44, 20)), rejection.covers((47, 17)), rejection.covers((52, 12))
+        (True, True, False)
+    """
+
+    #: the split the rollback returned to
+    origin: tuple[int, ...]
+    #: the split that measured slower
+    rejected: tuple[int, ...]
+    #: adjustments the move stays out (0: remembered for its strikes, not blocking)
+    left: int
+    #: rollbacks of this move since the speeds last changed
+    strikes: int
+
+    def covers(self, proposed: Sequence[int]) -> bool:
+        """Whether ``proposed`` is the rejected split or moves from the origin the same way (cosine above 1/2)."""
+        if tuple(proposed) == self.rejected:
+            return True
+        move = [b - o for b, o in zip(self.rejected, self.origin, strict=True)]
+        other = [b - o for b, o in zip(proposed, self.origin, strict=True)]
+        dot = sum(m * o for m, o in zip(move, other, strict=True))
+        norms = math.sqrt(sum(m * m for m in move) * sum(o * o for o in other))
+        return norms > 0 and dot > 0.5 * norms
+
+
 class AdjustmentPolicy:
     """What to do at one adjustment, from every rank's fitted cost and the measured synchronous step: a stateful,
     deterministic wrapper around :class:`BatchSizeController` that checks its own decisions against measurements.
@@ -63,7 +96,12 @@ class AdjustmentPolicy:
     - **Rollback**: each applied change is a trial. Once the synchronous step at the new split rests on at least
       ``min_sync_steps`` steps, it is compared with the one measured before the change; if it is slower by more
       than ``rollback_tolerance``, the previous split comes back (unless that split is now inverted, i.e. the ranks'
-      speeds changed under it) and the rejected split is not proposed again for ``reject_periods`` adjustments.
+      speeds changed under it). The rejected move is then remembered (:class:`Rejection`): no split moving from
+      the restored one the same way is proposed for ``reject_periods`` adjustments, four times as many at each
+      further rollback of that move (a back-off: 3, 12, 48, ... adjustments), and the memory is forgotten when a rank's
+      measured speed changes (``speeds_changed``). Under a CPU quota the fitted costs keep pointing to a split
+      that measures slower; without the memory the policy tried a neighbour of the rejected split at the next
+      adjustment, and half the periods ran at a worse split.
       Until then the split is held (a change takes effect a step or two after it is decided, so with short
       periods the first measurement at it can rest on one step, and one throttled step must not undo it); a
       baseline on fewer steps judges nothing.
@@ -74,7 +112,7 @@ class AdjustmentPolicy:
     Args:
         controller: the bounds, global batch and deadband.
         rollback_tolerance: fractional slow-down of the measured synchronous step that rolls a change back.
-        reject_periods: adjustments during which a rolled-back split is not proposed again.
+        reject_periods: adjustments during which a rolled-back move is not proposed again (x4 per repeat).
         explore_after: adjustments at the lower bound (with one known size) before exploring; ``None``: never.
         min_sync_steps: steps a synchronous-step measurement needs to judge a trial (when the caller gives counts).
         refine_gain: smallest predicted gain of a refinement (below the controller's deadband); ``None``: never refine.
@@ -116,7 +154,7 @@ class AdjustmentPolicy:
         self.refine_gain = refine_gain
         self.refine_after = refine_after
         self._trial: Trial | None = None  # the last applied change, until it is judged
-        self._rejected: dict[tuple[int, ...], int] = {}  # rolled-back split -> adjustments it stays rejected
+        self._rejected: list[Rejection] = []  # rolled-back moves, until the speeds change
         self._at_floor = [0] * controller.world_size  # adjustments each rank sat at its lower bound
         self._proposed: Proposal | None = None  # the refinement proposed at the last adjustment
         self._left: tuple[int, ...] | None = None  # the split the last applied change left
@@ -129,6 +167,7 @@ class AdjustmentPolicy:
         known_sizes: Sequence[int] | None = None,
         sync_steps: int | None = None,
         relative_errors: Sequence[float] | None = None,
+        speeds_changed: bool = False,
     ) -> Decision:
         """Decide from every rank's ``(overhead_s, per_sample_s)`` and the synchronous step measured at ``current``.
 
@@ -136,6 +175,8 @@ class AdjustmentPolicy:
         ``sync_steps``: how many steps ``sync_step_s`` rests on (``None``: enough).
         ``relative_errors``: each rank's relative standard error of its measured level at ``current`` (for
         refinements; ``None``: not known, no noise gate; NaN: unmeasured, no refinement).
+        ``speeds_changed``: a rank's cost model saw its speed change since the last adjustment (forgets the rejected
+        moves: the evidence against them is gone).
 
         Example::
 
@@ -149,7 +190,9 @@ class AdjustmentPolicy:
             False
         """
         current = tuple(current)
-        self._rejected = {split: left - 1 for split, left in self._rejected.items() if left > 1}
+        if speeds_changed:
+            self._rejected = []
+        self._rejected = [replace(r, left=max(0, r.left - 1)) for r in self._rejected]
         trial, self._trial = self._trial, None
         if trial is not None:
             judged = self._hold(trial, current, sync_steps) or self._rollback(trial, current, costs, sync_step_s)
@@ -166,7 +209,8 @@ class AdjustmentPolicy:
             explored = self._explore(proposed, known_sizes)
             if explored is not None:
                 proposed, reason = explored, "explore"
-        apply = proposed != current and proposed not in self._rejected and (balanced.apply or reason != "balance")
+        rejected = any(r.left and r.covers(proposed) for r in self._rejected)
+        apply = proposed != current and not rejected and (balanced.apply or reason != "balance")
         if apply:
             self._trial = Trial(current, sync_step_s, sync_steps)
             self._left, self._proposed = current, None
@@ -203,9 +247,16 @@ class AdjustmentPolicy:
         if order_by_speed(trial.before, speed_times, controller.lower, controller.upper) != trial.before:
             return None
         if self.reject_periods:
-            self._rejected[current] = self.reject_periods
+            self._reject(trial.before, current)
         self._left, self._proposed = current, None
         return Decision(trial.before, (trial.before_s - sync_step_s) / sync_step_s, apply=True, reason="rollback")
+
+    def _reject(self, origin: tuple[int, ...], rejected: tuple[int, ...]) -> None:
+        """Remember a rolled-back move; a repeat of a remembered one (same origin, same way) waits 4x as long."""
+        same = [r for r in self._rejected if r.origin == origin and r.covers(rejected)]
+        strikes = 1 + max((r.strikes for r in same), default=0)
+        self._rejected = [r for r in self._rejected if r not in same]
+        self._rejected.append(Rejection(origin, rejected, self.reject_periods * 4 ** (strikes - 1), strikes))
 
     def _refine(self, balanced: Decision, current: tuple[int, ...], relative_errors: Sequence[float] | None) -> bool:
         """Whether to apply a balancing move under the deadband: above ``refine_gain`` and the comparison's noise,
@@ -258,7 +309,7 @@ class AdjustmentPolicy:
     def state_dict(self) -> dict[str, Any]:
         """The rejected splits, the adjustments at the floor, the pending refinement and the split last left."""
         return {
-            "rejected": [[list(split), left] for split, left in self._rejected.items()],
+            "rejected": [[list(r.origin), list(r.rejected), r.left, r.strikes] for r in self._rejected],
             "at_floor": self._at_floor,
             "proposed": None if self._proposed is None else [list(self._proposed.sizes), self._proposed.in_a_row],
             "left": None if self._left is None else list(self._left),
@@ -266,13 +317,23 @@ class AdjustmentPolicy:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned (a different world size keeps the floor counts at zero)."""
-        self._rejected = {tuple(split): int(left) for split, left in state.get("rejected", [])}
+        self._rejected = [_rejection(entry) for entry in state.get("rejected", [])]
         at_floor = list(state.get("at_floor", []))
         if len(at_floor) == self.controller.world_size:
             self._at_floor = at_floor
         proposed = state.get("proposed")
         self._proposed = None if proposed is None else Proposal(tuple(proposed[0]), int(proposed[1]))
         self._left = None if state.get("left") is None else tuple(state["left"])
+
+
+def _rejection(entry: Sequence[Any]) -> Rejection:
+    """A saved rejection; a checkpoint of the release before the memory saved ``[split, left]`` (no origin: the
+    move is the split itself, covering nothing else)."""
+    if len(entry) == 2:
+        split = tuple(entry[0])
+        return Rejection(origin=split, rejected=split, left=int(entry[1]), strikes=1)
+    origin, rejected, left, strikes = entry
+    return Rejection(tuple(origin), tuple(rejected), int(left), int(strikes))
 
 
 def _largest(values: Sequence[float]) -> float:

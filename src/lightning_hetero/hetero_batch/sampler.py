@@ -84,10 +84,11 @@ class HeteroBatchSampler(DistributedSampler):
         shuffle: draw a fresh seeded permutation each epoch (``seed + epoch``), else use dataset order.
         seed: base seed, identical on every rank.
         drop_last: drop the final partial global batch instead of splitting it.
+        min_size: the fewest samples a rank may get at a step (2 for a model with BatchNorm layers).
 
     The final partial global batch of ``r`` samples is split in proportion to the current split when every rank
-    can get at least one sample; when ``r`` is smaller than the number of ranks those samples join the previous
-    global batch instead (so nothing is dropped unless ``drop_last``).
+    can get at least ``min_size`` samples; otherwise those samples join the previous global batch instead (so
+    nothing is dropped unless ``drop_last``).
 
     Example::
 
@@ -105,6 +106,7 @@ class HeteroBatchSampler(DistributedSampler):
         shuffle: bool = True,
         seed: int = 0,
         drop_last: bool = False,
+        min_size: int = 1,
     ) -> None:
         world_size = len(plan.current)
         super().__init__(dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last)  # type: ignore[arg-type]
@@ -118,7 +120,8 @@ class HeteroBatchSampler(DistributedSampler):
             )
         full, remainder = divmod(self.dataset_size, self.global_batch_size)
         self._remainder = 0 if drop_last else remainder
-        self.steps_per_epoch = full + (1 if self._remainder >= world_size else 0)
+        self.min_size = min_size
+        self.steps_per_epoch = full + (1 if self._remainder >= world_size * min_size else 0)
         self.produced_position = -1
         self._pending_sizes: deque[tuple[int, ...]] = deque()
 
@@ -134,8 +137,8 @@ class HeteroBatchSampler(DistributedSampler):
         if step < self.steps_per_epoch - 1 or self._remainder == 0:
             return split
         world = len(split)
-        if self._remainder >= world:
-            return tuple(apportion(split, self._remainder, [1] * world, list(split)))
+        if self._remainder >= world * self.min_size:
+            return tuple(apportion(split, self._remainder, [self.min_size] * world, list(split)))
         extra = apportion(split, self._remainder, [0] * world, [self._remainder] * world)
         return tuple(b + e for b, e in zip(split, extra, strict=True))
 

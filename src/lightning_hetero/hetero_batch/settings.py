@@ -1,11 +1,22 @@
-"""The checks behind ``HeteroBatchCallback(...)``: a bad setting fails at construction, naming it."""
+"""The checks behind ``HeteroBatchCallback(...)``: a bad setting fails at construction, naming it; what the callback
+cannot run with fails at setup, before the first batch (:func:`check_trainer`); and the tuner its settings build
+once the global batch and the device are known."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
+from lightning.pytorch.utilities import rank_zero_info
 
 from lightning_hetero._validation import check_range
+from lightning_hetero.contracts import HeteroBatchStrategy
+from lightning_hetero.hetero_batch.batch_statistics import raised_min_batch_size
+from lightning_hetero.hetero_batch.controller import BatchSizeController
 from lightning_hetero.hetero_batch.lr_scaling import LR_SCALING_RULES
+from lightning_hetero.hetero_batch.tuner import SplitTuner
 
 
 def check_settings(
@@ -20,6 +31,8 @@ def check_settings(
     batch_lr_scaling: str | None,
     rollback_tolerance: float,
     change_tolerance: float,
+    memory_caps: Sequence[int | None] | str | None = None,
+    batch_size_multiple: int | str = "auto",
 ) -> None:
     """Raise ``ValueError`` naming the first bad setting.
 
@@ -49,3 +62,86 @@ def check_settings(
         raise ValueError(f"batch_lr_scaling must be one of {LR_SCALING_RULES} or None, got {batch_lr_scaling!r}")
     check_range("rollback_tolerance", rollback_tolerance, low=0)
     check_range("change_tolerance", change_tolerance, low=0, low_open=True)
+    if isinstance(memory_caps, str) and memory_caps != "auto":
+        raise ValueError(f"memory_caps must be 'auto', one size (or None) per rank, or None; got {memory_caps!r}")
+    for cap in [] if memory_caps is None or isinstance(memory_caps, str) else memory_caps:
+        check_range("memory_caps", cap, low=1, integer=True, optional=True)
+    if batch_size_multiple != "auto":
+        check_range("batch_size_multiple", batch_size_multiple, low=1, integer=True)
+
+
+def resolve_batch_size_multiple(setting: int | str, device: str, global_batch: int, world_size: int) -> tuple[int, str]:
+    """The multiple per-rank sizes are drawn from, and why: ``"auto"`` is 8 on CUDA when every rank's equal share
+    holds at least four multiples of 8 (tensor cores, and few shapes for ``torch.compile``), else 1 (on CPUs sizes
+    stay free: small batches would otherwise move in coarse steps).
+
+    Example::
+
+        >>> resolve_batch_size_multiple("auto", "cuda", global_batch=256, world_size=2)[0]
+        8
+        >>> resolve_batch_size_multiple("auto", "cpu", global_batch=256, world_size=2)
+        (1, 'on cpu sizes stay free (8 is the default on CUDA)')
+    """
+    if setting != "auto":
+        return int(setting), "as set"
+    if device != "cuda":
+        return 1, f"on {device} sizes stay free (8 is the default on CUDA)"
+    if global_batch < 32 * world_size:
+        return 1, f"an equal share ({global_batch // world_size}) holds fewer than four multiples of 8"
+    return 8, "on CUDA: tensor-core friendly sizes and few shapes for torch.compile"
+
+
+def new_tuner(settings: Any, global_batch: int, rank: int, world_size: int, device: str, floor: int = 1) -> SplitTuner:
+    """The tuner for ``settings`` (a ``HeteroBatchCallback``'s attributes), printing the batch-size multiple chosen;
+    ``floor`` is the samples a rank needs per step (2 with BatchNorm, :mod:`~lightning_hetero.hetero_batch.batch_statistics`).
+
+    Example::
+
+        >>> from lightning_hetero import HeteroBatchCallback
+        >>> new_tuner(HeteroBatchCallback(), global_batch=64, rank=0, world_size=2, device="cpu").split
+        (32, 32)
+    """
+    initial = settings.initial_batch_sizes
+    if initial is not None and sum(initial) != global_batch:
+        raise ValueError(f"initial_batch_sizes sum to {sum(initial)}, not the global batch {global_batch}")
+    multiple, why = resolve_batch_size_multiple(settings.batch_size_multiple, device, global_batch, world_size)
+    rank_zero_info(f"HeteroBatchCallback: per-rank batch sizes in multiples of {multiple} ({why})")
+    controller = BatchSizeController(
+        global_batch,
+        world_size,
+        min_batch_size=raised_min_batch_size(settings.min_batch_size, floor),
+        max_batch_size=settings.max_batch_size,
+        memory_caps=None if settings.memory_caps == "auto" else settings.memory_caps,
+        deadband=settings.deadband,
+        batch_size_multiple=multiple,
+    )
+    return SplitTuner(
+        controller,
+        rank,
+        start=initial,
+        rollback_tolerance=settings.rollback_tolerance,
+        change_tolerance=settings.change_tolerance,
+        warmup_steps=settings.warmup_steps,
+    )
+
+
+def check_trainer(trainer: pl.Trainer, module: pl.LightningModule) -> None:
+    """Fail at setup, naming the setting, the reason and the alternative, for manual optimization and for a strategy
+    that is neither DDP nor FSDP nor offers :class:`~lightning_hetero.contracts.HeteroBatchStrategy`.
+
+    Args:
+        trainer: the Trainer.
+        module: the LightningModule.
+    """
+    if not module.automatic_optimization:
+        raise ValueError(
+            "HeteroBatchCallback needs automatic optimization (`self.automatic_optimization = False` found): it "
+            "weights each rank's loss in Lightning's automatic backward, whose steps it also times; use automatic "
+            "optimization, or train without the callback."
+        )
+    strategy = trainer.strategy
+    if trainer.world_size > 1 and not isinstance(strategy, (DDPStrategy, FSDPStrategy, HeteroBatchStrategy)):
+        raise ValueError(
+            f"HeteroBatchCallback supports strategy='ddp', 'fsdp' (and strategies offering HeteroBatchStrategy), "
+            f"not {type(strategy).__name__}"
+        )

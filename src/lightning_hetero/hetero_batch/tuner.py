@@ -94,9 +94,10 @@ class SplitTuner:
         """Do not measure the next step (the first at a new split pays for it)."""
         self.period.skip_next()
 
-    def close_period(self, position: int) -> torch.Tensor:
+    def close_period(self, position: int, memory_cap: int | None = None) -> torch.Tensor:
         """End the period: fold its steps into the cost model and return this rank's row for the exchange
-        (:func:`~lightning_hetero.hetero_batch.exchange.own_row`); ``position`` is how far this rank's loader got."""
+        (:func:`~lightning_hetero.hetero_batch.exchange.own_row`); ``position`` is how far this rank's loader got,
+        ``memory_cap`` its largest batch known to fit (``memory_caps="auto"``)."""
         current, cost = self.plan.current, self.cost
         steps, busy_s, self._period_walls = self.period.close(current, self.rank)
         self._changed = cost.update(steps).changed
@@ -109,6 +110,7 @@ class SplitTuner:
             trimmed(self.period.sync_walls),
             trimmed(self._period_walls),
             cost.relative_error(current[self.rank]),
+            memory_cap,
         )
 
     def adjust(self, seen: Exchanged, step: int, epoch: int) -> Decision | None:
@@ -136,6 +138,7 @@ class SplitTuner:
             known_sizes=seen.known_sizes,
             sync_steps=seen.sync_steps,
             relative_errors=seen.relative_errors,
+            speeds_changed=any(seen.changed),
         )
         if decision.apply:
             self.history.append(

@@ -8,13 +8,14 @@ CPU quota at least at the quota's rate (:func:`quota_source`).
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from torch.nn.parallel import DistributedDataParallel
 
 from lightning_hetero.contracts import CpuQuotaClock
-from lightning_hetero.measurement import BusyTimer, ComputeTimer, cgroup_cpu_quota
+from lightning_hetero.measurement import BusyTimer, ComputeTimer, StepSpan, cgroup_cpu_quota
 
 #: strategy methods that run collectives; time spent in them is waiting for other ranks, not this rank's cost
 COLLECTIVES = ("reduce", "all_gather", "broadcast", "barrier")
@@ -62,18 +63,18 @@ class WaitExclusion:
         self.busy = busy
         self._handles: list[Any] = []
         self._wrapped: list[str] = []
-        self._forward_started: float | None = None
+        self._forward_started: Any = None
 
     def exclude_buffer_broadcast(self, ddp: DistributedDataParallel) -> None:
         """DDP broadcasts buffers (BatchNorm statistics) from rank 0 inside its forward, before it calls the wrapped
         module: the time between the two forward pre-hooks is waiting for rank 0, not this rank's compute."""
 
         def outer(*_: Any) -> None:
-            self._forward_started = self.busy.clock()
+            self._forward_started = self.busy.open_wait()
 
         def inner(*_: Any) -> None:
             if self._forward_started is not None:
-                self.busy.add_wait(self.busy.clock() - self._forward_started)
+                self.busy.close_wait(self._forward_started)
                 self._forward_started = None
 
         self._handles += [ddp.register_forward_pre_hook(outer), ddp.module.register_forward_pre_hook(inner)]
@@ -101,6 +102,52 @@ class WaitExclusion:
         for name in self._wrapped:
             vars(strategy).pop(name, None)
         self._wrapped = []
+
+
+class PendingSteps:
+    """Measured steps not yet handed to the tuner, in order: a step timed on a device is read once its events have
+    completed (polled, never waited for), and every step at an adjustment (:meth:`feed` with ``wait=True``).
+
+    Example::
+
+        >>> from lightning_hetero.step_clock import FakeDevice
+        >>> host = [0.0]
+        >>> device = FakeDevice(lambda: host[0])
+        >>> busy, fed = BusyTimer(clock=device, cpu_clock=None), []
+        >>> class Tuner:
+        ...     def record_step(self, split, busy_s, floor_s, wall_s): fed.append(round(busy_s, 3))
+        ...     def skip_next(self): fed.append("skip")
+        >>> pending = PendingSteps()
+        >>> busy.close_step(); device.launch(0.02)  # a step's kernels: the host returns at once
+        >>> pending.add((8, 8), busy.close_step(), floor_s=0.0); pending.skip_next()
+        >>> pending.feed(Tuner()); fed  # the device has not reached the step's end yet
+        []
+        >>> pending.feed(Tuner(), wait=True); fed
+        [0.02, 'skip']
+    """
+
+    def __init__(self) -> None:
+        self._queue: deque[tuple[tuple[int, ...], StepSpan, float] | None] = deque()
+
+    def add(self, split: tuple[int, ...], span: StepSpan, floor_s: float) -> None:
+        self._queue.append((split, span, floor_s))
+
+    def skip_next(self) -> None:
+        """The tuner is not to measure the step after those added so far."""
+        self._queue.append(None)
+
+    def feed(self, tuner: Any, wait: bool = False) -> None:
+        """Hand ``tuner`` the steps that can be read now (all of them, waiting for the device, with ``wait``)."""
+        while self._queue:
+            entry = self._queue[0]
+            if entry is not None and not wait and not entry[1].done():
+                return
+            self._queue.popleft()
+            if entry is None:
+                tuner.skip_next()
+            else:
+                split, span, floor_s = entry
+                tuner.record_step(split, span.busy_s(), floor_s, span.wall_s())
 
 
 def quota_source(callbacks: Iterable[Any], busy: BusyTimer) -> Callable[[], float | None]:

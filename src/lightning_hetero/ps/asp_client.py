@@ -58,7 +58,9 @@ from lightning_hetero.ps.sharding import Shard
 
 class RemoteStepOptimizer:
     """Stands in for the user's optimizer in asynchronous mode: ``step`` runs the closure (forward, backward, hooks,
-    clipping) and then hands the gradients to the parameter server instead of updating locally.
+    clipping) and then hands the gradients to the parameter server instead of updating locally. Without a closure
+    (fp16: the precision plugin ran it and its ``GradScaler`` unscaled the gradients) the gradients are pushed as
+    they are; a step the scaler skips (inf/NaN) never reaches ``step``.
 
     Args:
         optimizer: the user's optimizer (every other attribute is read from it).
@@ -69,7 +71,7 @@ class RemoteStepOptimizer:
         self._optimizer = optimizer
         self._remote_step = remote_step
 
-    def step(self, closure: Callable[[], Any], **kwargs: Any) -> Any:
+    def step(self, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
         return self._remote_step(closure)
 
     def __getattr__(self, name: str) -> Any:
@@ -228,6 +230,9 @@ class AsynchronousClient:
     def _start(self) -> None:
         """Send the filled push messages (the remote ones first); the replies are absorbed by :meth:`_complete`."""
         for endpoint in sorted(self._endpoints, key=lambda e: e.server is not None):
+            if endpoint.copied is not None:  # the next reply overwrites the pinned buffer the device still reads
+                endpoint.copied.synchronize()
+                endpoint.copied = None
             if endpoint.local is not None:
                 endpoint.local.start(endpoint.push, endpoint.reply)
             elif endpoint.server is not None:
@@ -260,6 +265,9 @@ class AsynchronousClient:
                 raise PeerLostError(header.lost_rank, "worker", "reported by the parameter server")
         for endpoint, header in zip(self._endpoints, headers, strict=True):
             endpoint.flat.copy_(payload(endpoint.reply), non_blocking=endpoint.reply.is_pinned())
+            if endpoint.reply.is_pinned() and endpoint.flat.is_cuda:  # the copy runs later on the device's stream
+                endpoint.copied = torch.cuda.Event()
+                endpoint.copied.record()
             endpoint.version = header.version
         return ReplyHeader(
             max(header.status for header in headers), headers[0].version, max(h.staleness for h in headers), -1
@@ -309,6 +317,7 @@ class _Endpoint:
         self.local = _LocalExchange(server, rank) if overlap and server is not None else None
         self.requests: tuple[dist.Work, dist.Work] | None = None  # gloo's, for a remote shard
         self.header: ReplyHeader | None = None  # the in-process server's answer, without overlap
+        self.copied: Any = None  # CUDA: an event after the reply's copy into ``flat`` (see `_start`)
         #: the shard's version of the parameters in ``flat``'s slice
         self.version = 0
 

@@ -25,7 +25,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch.optim import Optimizer
 
-from lightning_hetero._lightning_internals import launched_processes, sync_module_states, validates_on_time_interval
+from lightning_hetero._lightning_internals import forget_train_dataloader, launched_processes, sync_module_states
 from lightning_hetero.ps.asp_client import AsynchronousClient
 from lightning_hetero.ps.claiming import DataClaiming
 from lightning_hetero.ps.collectives import CollectiveGate
@@ -40,6 +40,7 @@ from lightning_hetero.ps.server import ParameterServer
 from lightning_hetero.ps.server_loop import ServerLoop
 from lightning_hetero.ps.shard_hosting import ShardHosting
 from lightning_hetero.ps.sharding import Shard, check_server_shards, plan_shards
+from lightning_hetero.ps.stopping import AgreedStop, install
 
 if TYPE_CHECKING:
     from lightning_hetero.lr_schedules import CountedLRSchedulers
@@ -52,24 +53,6 @@ if TYPE_CHECKING:
 # The server's threads block in receives for as long as their worker is alive (it may validate, or the strategy may
 # train synchronously for many epochs); a dead worker breaks the connection at once, so no timeout is needed there.
 SERVER_RECEIVE_TIMEOUT = timedelta(days=7)
-
-
-def check_trainer(module: pl.LightningModule, trainer: pl.Trainer) -> None:
-    """Fail early, naming the setting, for what the strategy does not support: manual optimization, and validation
-    inside an epoch (ranks run different numbers of batches in ASP).
-    """
-    if not module.automatic_optimization:
-        raise ValueError(
-            "AsyncPSStrategy supports automatic optimization only; the parameter server applies the optimizer. "
-            "Remove `self.automatic_optimization = False`."
-        )
-    # a duration leaves no `trainer.val_check_interval` at all: test it first
-    if validates_on_time_interval(trainer) or isinstance(trainer.val_check_interval, int):
-        got = "a duration" if validates_on_time_interval(trainer) else repr(trainer.val_check_interval)
-        raise ValueError(
-            "AsyncPSStrategy validates at epoch ends only (ranks run different numbers of batches in ASP); "
-            f"got val_check_interval={got}."
-        )
 
 
 def check_optimizers(optimizers: Sequence[Optimizer]) -> None:
@@ -217,6 +200,7 @@ def build_context(
     weighting: BatchWeighting,
     schedules: CountedLRSchedulers,
     log: EpochLog,
+    train_limit: float | int = 1.0,
 ) -> tuple[PSContext, dist.ProcessGroup]:
     """When fitting, on every rank: lay the model out flat, connect to rank 0's store, plan the server's shards and
     meet the other ranks' membership; returns the run's context and the server's gloo group.
@@ -235,6 +219,7 @@ def build_context(
         weighting: this rank's batch share.
         schedules: step-interval LR schedulers counting server updates in ASP.
         log: per-step numbers logged as epoch statistics.
+        train_limit: ``limit_train_batches``, applied to the epoch's claim pool.
     """
     module = trainer.lightning_module
     model = flatten_model(module)
@@ -272,6 +257,7 @@ def build_context(
         weighting=weighting,
         schedules=schedules,
         log=log,
+        train_limit=train_limit,
     )
     return ctx, group
 
@@ -346,7 +332,8 @@ def start_run(
     compensator: AsynchronyCompensator | None,
     ddp: Any,
 ) -> Run:
-    """Build the collaborators on ``ctx``, start the servers and hand all to the engines.
+    """Build the collaborators on ``ctx`` (stops agreed among the ranks: :mod:`~lightning_hetero.ps.stopping`), start
+    the servers and hand all to the engines.
 
     Args:
         ctx: the run's context (:func:`build_context`).
@@ -362,4 +349,8 @@ def start_run(
     gate = CollectiveGate(ctx, fault, engine, ddp.reduce, ddp.broadcast)
     for each in engines:
         each.setup(ctx, fault, gate)
+    stop = AgreedStop(ctx, fault, engine)
+    ctx.counter.ceiling = stop.shown_step
+    install(ctx.trainer, stop)
+    forget_train_dataloader(ctx.trainer)  # one loaded for `estimated_stepping_batches` lacks the claim sampler
     return Run(ctx, fault, gate, DataClaiming(ctx, fault, engine))

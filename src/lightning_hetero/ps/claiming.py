@@ -19,26 +19,17 @@ from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn
-from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, Sampler, SequentialSampler
+from torch.utils.data import DataLoader
 
 from lightning_hetero._lightning_internals import uses_distributed_sampler, with_sampler
 from lightning_hetero.ps.placement import reserved_only
-from lightning_hetero.ps.sampler import ClaimSampler
+from lightning_hetero.ps.sampler import ClaimSampler, sampler_order
+from lightning_hetero.ps.trainer_limits import lock_step_interval, mode_switcher, pool_chunks
 
 if TYPE_CHECKING:
     from lightning_hetero.ps.context import PSContext
     from lightning_hetero.ps.engines import Engine
     from lightning_hetero.ps.fault_tolerance import FaultTolerance
-
-
-def sampler_order(sampler: Sampler | object) -> tuple[bool, int] | None:
-    """``(shuffle, seed)`` of a sampler the claim sampler may replace (Lightning's ``DistributedSampler`` or a plain
-    random or sequential one); ``None`` for a custom sampler, which decides itself which rank sees what."""
-    if isinstance(sampler, DistributedSampler):
-        return sampler.shuffle, sampler.seed
-    if isinstance(sampler, (RandomSampler, SequentialSampler)):
-        return isinstance(sampler, RandomSampler), 0
-    return None
 
 
 class StoreClaims:
@@ -70,6 +61,7 @@ def claiming_loader(
     world_size: int,
     tail: Callable[[int, set[int]], list[int]] | None,
     reserved_only: Callable[[], bool] = lambda: False,
+    limit: float | int = 1.0,
 ) -> tuple[DataLoader, ClaimSampler] | None:
     """A copy of the training ``dataloader`` with a :class:`ClaimSampler` in place of its sampler, and the sampler;
     ``None`` when the loader is left alone (no batch size, or a custom sampler).
@@ -83,11 +75,13 @@ def claiming_loader(
         world_size: the number of ranks.
         tail: rank 0's source of lost workers' chunks in elastic ASP, else ``None``.
         reserved_only: whether this rank trains only its reserved first chunk now (a dedicated server rank in ASP).
+        limit: ``limit_train_batches``: the epoch's pool holds a fraction of the batches, or so many per rank.
     """
     order = sampler_order(dataloader.sampler)
     if dataloader.batch_size is None or order is None:
         return None
     shuffle, seed = order
+    chunks = -(-len(dataloader.dataset) // dataloader.batch_size)  # type: ignore[arg-type]
     sampler = ClaimSampler(
         len(dataloader.dataset),
         dataloader.batch_size,
@@ -100,6 +94,7 @@ def claiming_loader(
         seed=seed,
         tail=tail,
         reserved_only=reserved_only,
+        pool_chunks=pool_chunks(chunks, limit, world_size),
     )
     return with_sampler(dataloader, sampler), sampler
 
@@ -143,8 +138,12 @@ class DataClaiming:
             world_size=ctx.world_size,
             tail=self.fault.lost_workers_chunks if elastic else None,
             reserved_only=lambda: reserved_only(ctx.settings.server_placement, self._engine().through_server, ctx.rank),
+            limit=ctx.train_limit,
         )
-        if claiming is None:
+        if claiming is None:  # a loader of its own (HeteroBatch's, a custom sampler): Lightning's limit applies
+            trainer.limit_train_batches = ctx.train_limit
             return dataloader
         loader, ctx.claim_sampler = claiming
+        if self._engine().lock_step and mode_switcher(trainer) is None:  # BSP alone validates inside an epoch
+            lock_step_interval(trainer, -(-ctx.claim_sampler.epoch_samples // loader.batch_size // ctx.world_size))
         return loader

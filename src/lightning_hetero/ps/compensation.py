@@ -250,7 +250,8 @@ class Compensation:
 
     Args:
         mode: ``"auto"``, ``"dc"`` or ``None``.
-        workers: the number of ranks that train in ASP (read when a compensator is built).
+        workers: the gradients in flight at once in ASP (read when a compensator is built): the training workers,
+            twice as many with ``overlap_round_trip`` (:func:`~lightning_hetero.ps.placement.updates_in_flight`).
         param_groups: the user's optimizer's param groups (the compensator starts from their hyper-parameters).
 
     Example::

@@ -44,12 +44,15 @@ class StepCounter:
     def __init__(self) -> None:
         self.version = 0
         self.trainer: pl.Trainer | None = None
+        #: ``ceiling(version, in_step)``: the step count shown to Lightning (see :mod:`~lightning_hetero.ps.stopping`)
+        self.ceiling: Callable[[int, bool], int] | None = None
 
     def set(self, version: int, in_step: bool) -> None:
         """Make ``version`` the model's and ``trainer.global_step``'s (the loop adds one after a step: ``in_step``)."""
         self.version = version
         assert self.trainer is not None
-        set_global_step(self.trainer, version, in_step)
+        shown = version if self.ceiling is None else self.ceiling(version, in_step)
+        set_global_step(self.trainer, shown, in_step)
 
 
 class BatchWeighting:
@@ -101,6 +104,8 @@ class PSContext:
         schedules: step-interval LR schedulers counting server updates in ASP.
         log: per-step numbers logged as epoch statistics.
         claim_sampler: the training loader's claim sampler, once the loader is built (``None`` for a custom one).
+        train_limit: ``limit_train_batches`` (a fraction of the epoch's batches, or batches per rank): the claim pool's
+            size (:func:`~lightning_hetero.ps.trainer_limits.pool_chunks`).
         active: fitting and not failed or ended.
     """
 
@@ -121,6 +126,7 @@ class PSContext:
     schedules: CountedLRSchedulers
     log: EpochLog
     claim_sampler: ClaimSampler | None = field(default=None)
+    train_limit: float | int = 1.0
     active: bool = True
 
     def float_buffers(self) -> list[torch.Tensor]:

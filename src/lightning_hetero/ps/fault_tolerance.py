@@ -91,7 +91,7 @@ class FaultTolerance:
         self._await_other_workers(epoch)
         with server.cond:
             applied = server.applied_chunks.pop(epoch, set())
-        num_chunks = math.ceil(sampler.num_samples / sampler.chunk_size)
+        num_chunks = math.ceil(sampler.epoch_samples / sampler.chunk_size)
         return sorted(set(range(num_chunks)) - applied - own)
 
     def _await_other_workers(self, epoch: int, patience_s: float | None = None) -> None:

@@ -21,6 +21,8 @@ Example::
 
 from __future__ import annotations
 
+from typing import Any
+
 from lightning_hetero.ps.protocol import SERVER_RANK
 
 #: the accepted values of ``AsyncPSStrategy(server_placement=...)``
@@ -69,6 +71,21 @@ def check_server_placement(
 def training_workers(world_size: int, placement: str) -> int:
     """The ranks that train in ASP: all of them, or all but the dedicated server rank."""
     return world_size - 1 if placement == "dedicated" else world_size
+
+
+def updates_in_flight(world_size: int, settings: Any) -> int:
+    """Gradients on their way to the server at once in ASP: one per training worker, two with
+    ``settings.overlap_round_trip`` (the next batch computes while the last push travels). The asynchrony
+    compensation starts its effective number of workers from it, before any staleness is measured.
+
+    Example::
+
+        >>> from types import SimpleNamespace
+        >>> updates_in_flight(4, SimpleNamespace(server_placement="worker", overlap_round_trip=True))
+        8
+    """
+    workers = training_workers(world_size, settings.server_placement)
+    return 2 * workers if settings.overlap_round_trip else workers
 
 
 def reserved_only(placement: str, through_server: bool, rank: int) -> bool:

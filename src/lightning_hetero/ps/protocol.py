@@ -37,6 +37,7 @@ FLAG_PULL_ONLY = 2  # no gradient: just send the latest parameters
 FLAG_DONE = 4  # the worker leaves; the server's thread for it ends
 FLAG_JOIN = 8  # with FLAG_PULL_ONLY: the worker starts an epoch and counts for the staleness bound from now on
 FLAG_REPORT = 16  # no gradient: the server answers with its report (state and statistics) as a pickled object
+FLAG_SKIPPED = 32  # fp16's GradScaler skipped the step (inf/NaN gradient): no update, but FLAG_LAST still counts
 
 #: reply statuses
 STATUS_OK = 0

@@ -46,6 +46,22 @@ def compensation_message(user: dict[str, Any], compensator: AsynchronyCompensato
     )
 
 
+def round_trip_message(overlap: bool) -> str:
+    """How ASP's workers wait for the server, appended to :func:`compensation_message` (one line at start).
+
+    Example::
+
+        >>> round_trip_message(True)[:60]
+        ' The round trip overlaps the next batch (overlap_round_trip='
+    """
+    if overlap:
+        return (
+            " The round trip overlaps the next batch (overlap_round_trip=True, the default: off the critical path, "
+            "one own update of extra staleness, counted above); False: textbook ASP."
+        )
+    return " Each worker waits for the server's reply (overlap_round_trip=False: textbook ASP)."
+
+
 class EpochMean(Metric):
     """The mean of the numbers given to :meth:`update` since the last reset (over every rank's, when synchronised).
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterator
 
-from torch.utils.data import Sampler
+from torch.utils.data import DistributedSampler, RandomSampler, Sampler, SequentialSampler
 
 from lightning_hetero._validation import check_range
 from lightning_hetero.epoch_order import epoch_order as epoch_order  # re-exported: the old import path
@@ -23,6 +23,16 @@ ClaimFn = Callable[[int, int], int]
 #: ``tail(epoch, own_chunks) -> chunks``: once the claims run out, the chunks this worker must still train (the ones
 #: a lost worker had claimed but not pushed); may block until the other workers are done with the epoch.
 TailFn = Callable[[int, set[int]], list[int]]
+
+
+def sampler_order(sampler: Sampler | object) -> tuple[bool, int] | None:
+    """``(shuffle, seed)`` of a sampler the claim sampler may replace (Lightning's ``DistributedSampler`` or a plain
+    random or sequential one); ``None`` for a custom sampler, which decides itself which rank sees what."""
+    if isinstance(sampler, DistributedSampler):
+        return sampler.shuffle, sampler.seed
+    if isinstance(sampler, (RandomSampler, SequentialSampler)):
+        return isinstance(sampler, RandomSampler), 0
+    return None
 
 
 def round_robin_chunks(num_samples: int, chunk_size: int, rank: int, world_size: int) -> list[tuple[int, int]]:
@@ -70,6 +80,8 @@ class ClaimSampler(Sampler[int]):
             server's rank returns a lost worker's chunks there, so the epoch still covers every sample once).
         reserved_only: asynchronous mode: returns, when an iteration starts, whether this rank yields only its
             reserved first chunk and claims none (a dedicated server rank); ``tail`` is still asked after it.
+        pool_chunks: the epoch covers only the first this many chunks of its order (``limit_train_batches``;
+            ``None``: all of them).
 
     Example::
 
@@ -106,9 +118,12 @@ class ClaimSampler(Sampler[int]):
         seed: int = 0,
         tail: TailFn | None = None,
         reserved_only: Callable[[], bool] = lambda: False,
+        pool_chunks: int | None = None,
     ) -> None:
         check_range("chunk_size", chunk_size, low=1, integer=True)
         self.num_samples = num_samples
+        #: the positions of the epoch's order that are trained (all, unless ``pool_chunks`` limits them)
+        self.epoch_samples = num_samples if pool_chunks is None else min(num_samples, pool_chunks * chunk_size)
         self.chunk_size = chunk_size
         self.claim = claim
         self.epoch = epoch
@@ -132,7 +147,7 @@ class ClaimSampler(Sampler[int]):
     @property
     def samples_left(self) -> int:
         """Asynchronous mode: samples of the epoch nobody had claimed when this rank last claimed (an upper bound)."""
-        return max(0, self.num_samples - self.pool_position)
+        return max(0, self.epoch_samples - self.pool_position)
 
     def next_chunk(self) -> int:
         """The chunk of the oldest batch yielded but not yet taken (the batch about to be trained); -1 if none."""
@@ -142,7 +157,7 @@ class ClaimSampler(Sampler[int]):
         epoch = self.epoch()
         order = epoch_order(self.num_samples, epoch, self.shuffle, self.seed)
         if not self.asynchronous():
-            for start, stop in round_robin_chunks(self.num_samples, self.chunk_size, self.rank, self.world_size):
+            for start, stop in round_robin_chunks(self.epoch_samples, self.chunk_size, self.rank, self.world_size):
                 yield from order[start:stop]
             return
         # Each rank's first chunk is reserved (chunk number ``rank``), so every rank trains at least one batch per
@@ -153,8 +168,8 @@ class ClaimSampler(Sampler[int]):
         pool = self.world_size * self.chunk_size  # the claims' first position
         start, stop = self.rank * self.chunk_size, (self.rank + 1) * self.chunk_size
         self.pool_position = pool
-        while start < self.num_samples:
-            for position in range(start, min(stop, self.num_samples), self.chunk_size):
+        while start < self.epoch_samples:
+            for position in range(start, min(stop, self.epoch_samples), self.chunk_size):
                 yield from self._chunk(order, position // self.chunk_size, own)
             if not claims:
                 break
@@ -168,4 +183,4 @@ class ClaimSampler(Sampler[int]):
     def _chunk(self, order: list[int], chunk: int, own: set[int]) -> Iterator[int]:
         own.add(chunk)
         self.pending_chunks.append(chunk)
-        yield from order[chunk * self.chunk_size : (chunk + 1) * self.chunk_size]
+        yield from order[chunk * self.chunk_size : min((chunk + 1) * self.chunk_size, self.epoch_samples)]

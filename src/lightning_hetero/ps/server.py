@@ -22,6 +22,7 @@ from lightning_hetero.ps.protocol import (
     FLAG_JOIN,
     FLAG_LAST,
     FLAG_PULL_ONLY,
+    FLAG_SKIPPED,
     STATUS_ABORTED,
     STATUS_OK,
     STATUS_STOPPED,
@@ -152,6 +153,12 @@ class ParameterServer:
             if header.flags & FLAG_PULL_ONLY:
                 if header.flags & FLAG_JOIN:
                     self.gate.join(worker)
+                return self._reply(reply, STATUS_OK, 0, worker)
+            if header.flags & FLAG_SKIPPED:  # the worker's step was skipped: the server skips it too
+                if header.flags & FLAG_LAST:
+                    self.gate.finish(worker)
+                    self.finished_epoch[worker] = header.epoch
+                    self.cond.notify_all()
                 return self._reply(reply, STATUS_OK, 0, worker)
             if self.budget_spent:
                 self.gate.finish(worker)

@@ -56,7 +56,7 @@ class PSSettings:
     outer_optimizer: Callable[..., torch.optim.Optimizer] | None = None
     outer_optimizer_kwargs: dict[str, Any] | None = None
     pseudo_gradient_weighting: str = "mean"
-    overlap_round_trip: bool = False
+    overlap_round_trip: bool = True
     server_shards: int = 1
     server_placement: str = "worker"
     outer: OuterOptimizer = field(init=False)

@@ -1,7 +1,6 @@
 """``AsyncPSStrategy``: the Lightning strategy's lifecycle and hooks, one engine per mode
-(:mod:`~lightning_hetero.ps.engines`) and the collaborators built at setup (:mod:`~lightning_hetero.ps.bootstrap`).
-See ``docs/async_ps.md`` for how steps, epochs, logging, checkpoints and faults work, ``docs/architecture.md`` for
-the modules."""
+(:mod:`~lightning_hetero.ps.engines`) and the collaborators built at setup (:mod:`~lightning_hetero.ps.bootstrap`);
+``docs/async_ps.md`` tells how steps, epochs, logging, checkpoints and faults work."""
 
 from __future__ import annotations
 
@@ -34,9 +33,10 @@ from lightning_hetero.ps.context import BatchWeighting, StepCounter
 from lightning_hetero.ps.engines import ENGINES, Engine, switch
 from lightning_hetero.ps.fault_tolerance import kill_launched
 from lightning_hetero.ps.local_sgd import LocalRounds
-from lightning_hetero.ps.placement import refuse_hetero_batches, training_workers
+from lightning_hetero.ps.placement import refuse_hetero_batches, updates_in_flight
 from lightning_hetero.ps.reporting import EpochLog
 from lightning_hetero.ps.settings import PUBLIC_SETTINGS, PSSettings
+from lightning_hetero.ps.trainer_limits import TrainerLimits
 
 DESCRIPTION = "Asynchronous parameter-server training (lightning-hetero)"
 
@@ -66,10 +66,10 @@ class AsyncPSStrategy(DDPStrategy):
         round_s: local SGD: or this many seconds (give at most one; neither: 16 local steps per rank on average).
         local_steps: local SGD: ``"proportional"`` (each rank's steps follow its throughput) or ``"equal"``.
         outer_optimizer: local SGD: the outer optimizer's class (default ``torch.optim.SGD``).
-        outer_optimizer_kwargs: its arguments (default DiLoCo's ``lr=0.7, momentum=0.9, nesterov=True``).
+        outer_optimizer_kwargs: its arguments (default ``lr=1.0``: plain averaging; DiLoCo's: 0.7, Nesterov 0.9).
         pseudo_gradient_weighting: local SGD: ``"mean"`` over the ranks that trained, or by their ``"samples"``.
-        overlap_round_trip: ``True``: the push and the reply travel while the next batch is computed (a bounded
-            extra staleness of one own update); ``False``: textbook ASP, each worker waits for its reply.
+        overlap_round_trip: ``True`` (default): the push and the reply travel while the next batch is computed (a
+            bounded extra staleness of one own update, which the compensation counts); ``False``: textbook ASP.
         server_shards: split the server into this many shards of whole tensors, hosted by ranks
             ``0 .. server_shards - 1`` (``docs/async_ps.md``, Sharding); not with ``on_worker_lost="continue"``.
         server_placement: ``"worker"``: rank 0 hosts the server and trains like the others; ``"dedicated"``: in ASP
@@ -82,8 +82,8 @@ class AsyncPSStrategy(DDPStrategy):
         process_group_backend: backend of the default group (used in BSP); the server always talks gloo.
 
     Notes:
-        Supports automatic optimization with exactly one optimizer. In ASP, ``trainer.global_step`` is the server's
-        version (updates from all workers) and ``max_steps`` bounds it; validation runs at epoch ends only.
+        Exactly one optimizer; manual optimization in BSP only. In ASP ``trainer.global_step`` is the server's version
+        and ``max_steps`` bounds it; every rank stops at the same epoch's end; validation at epoch ends only.
 
     Example::
 
@@ -103,7 +103,7 @@ class AsyncPSStrategy(DDPStrategy):
         on_worker_lost: str = "fail", round_samples: int | None = None, round_s: float | None = None,
         local_steps: str = "proportional", outer_optimizer: Callable[..., torch.optim.Optimizer] | None = None,
         outer_optimizer_kwargs: dict[str, Any] | None = None, pseudo_gradient_weighting: str = "mean",
-        overlap_round_trip: bool = False, server_shards: int = 1, server_placement: str = "worker",
+        overlap_round_trip: bool = True, server_shards: int = 1, server_placement: str = "worker",
         accelerator: pl.accelerators.Accelerator | None = None, parallel_devices: list[torch.device] | None = None,
         cluster_environment: Any = None, checkpoint_io: Any = None, precision_plugin: Any = None,
         process_group_backend: str | None = None,
@@ -121,7 +121,7 @@ class AsyncPSStrategy(DDPStrategy):
         self._settings = settings
         for name in PUBLIC_SETTINGS:  # max_staleness, fault_timeout_s, server_shards, ...: readable attributes
             setattr(self, name, getattr(settings, name))
-        workers = lambda: training_workers(self.world_size, self.server_placement)  # noqa: E731
+        workers = lambda: updates_in_flight(self.world_size, settings)  # noqa: E731
         self._compensation = Compensation(asynchrony_compensation, workers, lambda: self.optimizers[0].param_groups)
         #: seconds the last effective :meth:`set_mode` took (``None`` before any switch)
         self.last_switch_s: float | None = None
@@ -132,7 +132,7 @@ class AsyncPSStrategy(DDPStrategy):
         self._engines: dict[str, Engine] = {name: new(settings, self._weighting) for name, new in ENGINES.items()}
         self._mode: Mode = mode
         self._checkpointing = Checkpointing(self._engines, self._counter)
-        self._restored = False
+        self._restored, self._limits = False, TrainerLimits()  # the Trainer's settings (refusals, estimates)
         self._schedules = CountedLRSchedulers()
         self._log = EpochLog(gather=lambda tensor: self.all_gather(tensor.to(self.root_device)))
         self._run: bootstrap.Run | None = None  # built at setup when fitting
@@ -237,7 +237,7 @@ class AsyncPSStrategy(DDPStrategy):
         self.model_to_device()
         fitting = trainer.state.fn == TrainerFn.FITTING
         if fitting:
-            bootstrap.check_trainer(self.lightning_module, trainer)
+            self._limits.check(self.lightning_module, trainer, self._mode, self.world_size)
             self.setup_optimizers(trainer)
             bootstrap.check_optimizers(self.optimizers)
         self.setup_precision_plugin()
@@ -254,7 +254,7 @@ class AsyncPSStrategy(DDPStrategy):
         ctx, group = bootstrap.build_context(
             self._settings, trainer, self.optimizers[0], self.precision_plugin, self.root_device, self.global_rank,
             self.world_size, self.cluster_environment.main_address, ddp.broadcast, self._counter, self._weighting,
-            self._schedules, self._log,
+            self._schedules, self._log, self._limits.limit,
         )  # fmt: skip
         engines, compensator = self._engines.values(), self._compensation.new()
         self._run = bootstrap.start_run(ctx, group, engines, lambda: self._engine, self.launcher, compensator, ddp)
@@ -316,8 +316,8 @@ class AsyncPSStrategy(DDPStrategy):
 
     @override
     def process_dataloader(self, dataloader: object) -> object:
-        """Give the training loader a claim sampler (see :class:`~lightning_hetero.ps.claiming.DataClaiming`)."""
-        return self._run.claiming.process(dataloader) if self._run is not None else dataloader
+        """The training loader's claim sampler (:class:`~lightning_hetero.ps.claiming.DataClaiming`); before: sized."""
+        return self._run.claiming.process(dataloader) if self._run is not None else self._limits.loader(dataloader)
 
     @property
     @override

@@ -185,6 +185,12 @@ class SyncSwitchCallback(Callback):
                 f"SyncSwitchCallback needs a strategy with `mode` and `set_mode(mode)` (and `last_switch_s`), such as "
                 f"AsyncPSStrategy (strategy='async_ps'); got {type(strategy).__name__}"
             )
+        if not pl_module.automatic_optimization:
+            raise ValueError(
+                "SyncSwitchCallback cannot switch a model with manual optimization (`self.automatic_optimization = "
+                "False`) to ASP or local SGD, where the server or the round's outer step applies the optimizer; train "
+                "it with AsyncPSStrategy(mode='bsp') alone, or use automatic optimization."
+            )
         max_epochs = trainer.max_epochs
         self._max_epochs = None if max_epochs is None or max_epochs < 0 else max_epochs
         self.policy.check_max_epochs(self._max_epochs)

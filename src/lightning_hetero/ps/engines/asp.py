@@ -23,8 +23,14 @@ from lightning_hetero._lightning_internals import is_last_batch, optimizers_to_d
 from lightning_hetero.param_groups import hyperparameters
 from lightning_hetero.ps.asp_client import RemoteStepOptimizer
 from lightning_hetero.ps.checkpointing import SavedState
-from lightning_hetero.ps.protocol import FLAG_JOIN, FLAG_LAST, SERVER_RANK, STATUS_OK
-from lightning_hetero.ps.reporting import compensation_message, report_hyperparameters, report_staleness
+from lightning_hetero.ps.protocol import FLAG_JOIN, FLAG_LAST, FLAG_SKIPPED, SERVER_RANK, STATUS_OK
+from lightning_hetero.ps.reporting import (
+    compensation_message,
+    report_hyperparameters,
+    report_staleness,
+    round_trip_message,
+)
+from lightning_hetero.ps.server_sizing import sizing_advice
 
 if TYPE_CHECKING:
     from lightning_hetero.ps.collectives import CollectiveGate
@@ -55,7 +61,9 @@ class AsynchronousEngine:
         self._joined = False  # this rank pulled at the epoch's start and counts for the staleness bound
         self._chunk = -1  # the claimed chunk of the batch in hand
         self._last_staleness = 0
+        self._pushed = False  # whether this step reached the server (fp16's GradScaler may skip it)
         self._compensation_announced = False
+        self._sizing_advised = False
 
     def setup(self, ctx: PSContext, fault: FaultTolerance, gate: CollectiveGate) -> None:
         self._ctx, self._fault, self._gate = ctx, fault, gate
@@ -89,7 +97,9 @@ class AsynchronousEngine:
         self._compensation_announced = True
         compensator = server.compensator
         mode = compensator.mode if compensator is not None else None
-        rank_zero_info(compensation_message(ctx.optimizer.param_groups[0], compensator, mode))
+        overlap = ctx.servers.client is not None and ctx.servers.client.overlap
+        message = compensation_message(ctx.optimizer.param_groups[0], compensator, mode)
+        rank_zero_info(message + round_trip_message(overlap))
 
     def leave(self) -> None:
         """Every rank takes the server's parameters, optimizer state and version, and rank 0's hyper-parameters and
@@ -132,16 +142,21 @@ class AsynchronousEngine:
         """Lightning's loop steps a stand-in for the user's optimizer whose step is a round trip to the server."""
         ctx, _, _ = self._parts()
         remote = RemoteStepOptimizer(optimizer, self._update)
-        return ctx.precision_plugin.optimizer_step(remote, model=model, closure=closure, **kwargs)
+        self._pushed = False
+        output = ctx.precision_plugin.optimizer_step(remote, model=model, closure=closure, **kwargs)
+        if not self._pushed:  # fp16's GradScaler skipped the step (inf/NaN): the server skips it too
+            self._update(None, skipped=True)
+        return output
 
-    def _update(self, closure: Callable[[], Any]) -> Any:
+    def _update(self, closure: Callable[[], Any] | None, skipped: bool = False) -> Any:
         ctx, _, _ = self._parts()
-        result = closure()
+        result = None if closure is None else closure()
         self._weighting.mark_compute_end()
         client = ctx.servers.client
         assert client is not None
-        flags = FLAG_LAST if is_last_batch(ctx.trainer) else 0
-        self._joined = not flags
+        flags = (FLAG_LAST if is_last_batch(ctx.trainer) else 0) | (FLAG_SKIPPED if skipped else 0)
+        self._joined = not flags & FLAG_LAST
+        self._pushed = True
         header = client.push(
             ctx.flat.params, flags, ctx.counter.version, self._weighting.share(), ctx.trainer.current_epoch, self._chunk
         )
@@ -165,8 +180,14 @@ class AsynchronousEngine:
             report_hyperparameters(ctx.log, ctx.module, ctx.optimizer.param_groups[0], compensator, epoch)
 
     def epoch_end(self) -> None:
-        """The ranks meet, take the server's latest parameters and average their buffers."""
-        _, fault, gate = self._parts()
+        """The ranks meet, take the server's latest parameters and average their buffers; after the first epoch rank 0
+        says what the server-sizing rule recommends from the server's measured cost and load."""
+        ctx, fault, gate = self._parts()
+        server = ctx.servers.server
+        if not self._sizing_advised and server is not None and server.tracker.updates:
+            self._sizing_advised = True
+            shards = 1 if ctx.servers.shards is None else len(ctx.servers.shards)
+            rank_zero_info(sizing_advice(server.statistics(), shards).message)
         fault.meet()
         self._pull()
         gate.average_buffers()

@@ -211,7 +211,7 @@ class LocalSGDEngine:
         chunk = sampler.next_chunk()
         if chunk < 0:
             return sampler.chunk_size
-        return max(0, min(sampler.chunk_size, sampler.num_samples - chunk * sampler.chunk_size))
+        return max(0, min(sampler.chunk_size, sampler.epoch_samples - chunk * sampler.chunk_size))
 
     def report_step(self) -> None:
         """Rank 0 reports its optimizer's own momentum and learning rate."""

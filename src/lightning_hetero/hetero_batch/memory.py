@@ -1,0 +1,373 @@
+"""``memory_caps="auto"``: each rank's largest batch that fits, found from measured memory and from out-of-memory errors.
+
+:class:`MemoryCaps` (pure) holds every rank's cap: this rank's is lowered when a step runs out of memory
+(:meth:`~MemoryCaps.lower`) or set from the memory a sample is measured to take on CUDA
+(:func:`cap_from_memory`), and all ranks' caps are read from the adjustment's exchange so that every rank splits
+within them (:func:`respect_caps`). :class:`MemoryGuard` is the Lightning glue: a step that raises
+``torch.OutOfMemoryError`` in ``training_step`` is not lost; the rank frees memory and redoes it in chunks no larger
+than its new cap, accumulating their gradients into one backward, so DDP's all-reduce still sees the rank's whole
+batch: every sample is used once and the global batch stays exact. Until the next adjustment moves the split within
+the cap, that rank runs each larger batch in chunks. An out-of-memory error in the backward pass is recovered the same
+way, by redoing the optimizer's closure (its ``training_step`` then in chunks), except under DDP or FSDP (whose
+gradient reduction the other ranks already joined) or mid-accumulation (whose earlier gradients the failed backward
+mixed into): there the error says which rank failed at which size and how to set ``memory_caps``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import gc
+import logging
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from lightning.pytorch.strategies import Strategy
+from lightning.pytorch.utilities import rank_zero_info
+from torch.distributed.fsdp import FullyShardedDataParallel
+from torch.nn.parallel import DistributedDataParallel
+
+from lightning_hetero.allocation import apportion
+from lightning_hetero.hetero_batch.controller import BatchSizeController, Decision
+
+log = logging.getLogger("lightning_hetero.hetero_batch")
+
+#: a cap lowered after an out-of-memory error is this fraction of the size that failed
+BACKOFF = 0.75
+#: the share of the device's free memory a cap estimated from the per-sample slope may plan to use
+MEMORY_HEADROOM = 0.9
+
+
+class MemoryCaps:
+    """Every rank's largest batch known to fit (``None``: no cap known), this rank's own lowered as it learns.
+
+    Args:
+        world_size: number of ranks.
+        rank: this rank.
+        multiple: caps are rounded down to a multiple of this (``batch_size_multiple``), never below 1.
+
+    Example::
+
+        >>> caps = MemoryCaps(world_size=2, rank=1)
+        >>> caps.lower(failed_size=40)  # a step of 40 samples ran out of memory
+        30
+        >>> caps.own, caps.all
+        (30, (None, 30))
+        >>> caps.read([None, 30]); caps.all
+        (None, 30)
+    """
+
+    def __init__(self, world_size: int, rank: int, multiple: int = 1) -> None:
+        self.rank, self.multiple = rank, multiple
+        self.all: tuple[int | None, ...] = (None,) * world_size
+
+    @property
+    def own(self) -> int | None:
+        return self.all[self.rank]
+
+    def _set_own(self, cap: int) -> int:
+        cap = max(1, cap // self.multiple * self.multiple if cap >= self.multiple else cap)
+        own = cap if self.own is None else min(self.own, cap)
+        self.all = tuple(own if k == self.rank else c for k, c in enumerate(self.all))
+        return own
+
+    def lower(self, failed_size: int) -> int:
+        """A batch of ``failed_size`` samples ran out of memory: the cap becomes ``BACKOFF`` of it (at most)."""
+        return self._set_own(min(failed_size - 1, math.floor(failed_size * BACKOFF)))
+
+    def estimate(self, cap: int) -> int:
+        """A cap estimated from measured memory (:func:`cap_from_memory`): kept if below the one known."""
+        return self._set_own(cap)
+
+    def read(self, caps: Sequence[float | None]) -> None:
+        """Every rank's cap as exchanged (NaN or ``None``: none)."""
+        self.all = tuple(None if c is None or not math.isfinite(c) else int(c) for c in caps)
+
+
+def cap_from_memory(step_bytes: int, batch_size: int, available_bytes: int) -> int:
+    """The largest batch whose step fits: a measured step took ``step_bytes`` beyond what stays allocated between
+    steps, for ``batch_size`` samples (taken as all per-sample: a pessimistic slope), and ``available_bytes`` can be
+    used by a step (the device's free memory plus what torch's allocator holds beyond the memory between steps);
+    ``MEMORY_HEADROOM`` of it is planned for.
+
+    Example::
+
+        >>> cap_from_memory(step_bytes=32_000, batch_size=32, available_bytes=100_000)  # 1000 bytes per sample
+        90
+    """
+    per_sample = max(1.0, step_bytes / max(1, batch_size))
+    return max(1, math.floor(available_bytes * MEMORY_HEADROOM / per_sample))
+
+
+def respect_caps(
+    decision: Decision | None, current: Sequence[int], controller: BatchSizeController, caps: Sequence[int | None]
+) -> Decision | None:
+    """Put ``caps`` into ``controller``'s upper bounds; if the split in force (or the one decided) exceeds one,
+    return the nearest split within them instead (reason ``"memory"``). Caps that cannot hold the global batch
+    together are left out of the bounds (a warning says so): ranks over their cap then run in chunks.
+
+    Example::
+
+        >>> controller = BatchSizeController(global_batch_size=64, world_size=2)
+        >>> respect_caps(None, [32, 32], controller, [None, 20])
+        Decision(sizes=(44, 20), predicted_gain=0.0, apply=True, reason='memory')
+    """
+    upper = [hi if cap is None else min(hi, cap) for hi, cap in zip(controller.upper, caps, strict=True)]
+    if sum(upper) < controller.global_batch_size:
+        log.warning(
+            f"memory_caps='auto': the ranks' batches that fit in memory {upper} do not hold the global batch "
+            f"({controller.global_batch_size}); ranks over their cap run their batches in chunks"
+        )
+        return decision
+    controller.upper = upper
+    lower = [min(lo, hi) for lo, hi in zip(controller.lower, upper, strict=True)]
+    controller.lower = lower
+    sizes = tuple(current) if decision is None or not decision.apply else decision.sizes
+    if all(b <= hi for b, hi in zip(sizes, upper, strict=True)):
+        return decision
+    within = tuple(apportion([float(b) for b in sizes], controller.global_batch_size, lower, upper))
+    return Decision(within, 0.0, apply=True, reason="memory")
+
+
+def split_batch(batch: Any, size: int, chunk: int) -> list[Any]:
+    """``batch`` cut along its first dimension into pieces of at most ``chunk`` samples (tensors whose first
+    dimension is ``size``, inside tuples, lists and dicts; anything else is repeated in each piece).
+
+    Example::
+
+        >>> x, y = torch.arange(10).reshape(5, 2), torch.arange(5)
+        >>> [tuple(t.shape) for t in split_batch((x, y), size=5, chunk=2)[2]]
+        [(1, 2), (1,)]
+    """
+    starts = range(0, size, chunk)
+
+    def cut(item: Any, start: int) -> Any:
+        if isinstance(item, torch.Tensor) and item.dim() > 0 and item.shape[0] == size:
+            return item[start : start + chunk]
+        if isinstance(item, Mapping):
+            return type(item)({k: cut(v, start) for k, v in item.items()})  # type: ignore[call-arg]
+        if isinstance(item, tuple | list):
+            return type(item)(cut(v, start) for v in item)
+        return item
+
+    return [cut(batch, start) for start in starts]
+
+
+def free_memory(device: torch.device) -> None:
+    """Drop what an out-of-memory step left allocated (Python's garbage, the CUDA caching allocator's free blocks)."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+class MemoryGuard:
+    """Shadows ``strategy.training_step`` for a fit: a step over this rank's cap, or one that runs out of memory, is
+    run in chunks within the cap (see the module's description), until :meth:`remove`.
+
+    Args:
+        caps: the caps (this rank's is lowered on an out-of-memory error).
+        local_size: this step's batch size on this rank.
+        device: the rank's device (whose cache is emptied after an out-of-memory error).
+        on_lowered: told the new cap and the size that failed (for the user's log).
+    """
+
+    def __init__(
+        self,
+        caps: MemoryCaps,
+        local_size: Callable[[], int],
+        device: torch.device,
+        on_lowered: Callable[[int, int], None] = lambda cap, failed: None,
+    ) -> None:
+        self.caps, self.local_size, self.device, self.on_lowered = caps, local_size, device, on_lowered
+        #: steps redone in chunks after an out-of-memory error, and steps run in chunks because over the cap
+        self.redone = self.chunked = 0
+        # CUDA: steps 2 and 3's peak memory sets the cap (see `cap_from_memory`); the first step also allocates the
+        # optimizer's state, which is not per-sample memory
+        self._measure_left = 4
+        self._last: tuple[int, int] | None = None  # (allocated bytes at the last step's start, its batch size)
+        self._retry = False  # the optimizer's closure is being redone: the strategy's own step already ran
+        self._ran: int | None = None  # the largest piece the last training_step ran (its backward's size)
+
+    def _measure_cuda(self, size: int) -> None:
+        """The previous step's peak against its start (allocator statistics: no device synchronisation)."""
+        if self._last is not None and self._measure_left < 3:
+            base, last_size = self._last
+            free, _ = torch.cuda.mem_get_info(self.device)
+            step_bytes = torch.cuda.max_memory_allocated(self.device) - base
+            available = free + torch.cuda.memory_reserved(self.device) - base
+            self.caps.estimate(cap_from_memory(step_bytes, last_size, available))
+        self._measure_left -= 1
+        torch.cuda.reset_peak_memory_stats(self.device)
+        self._last = (torch.cuda.memory_allocated(self.device), size)
+
+    def install(self, strategy: Any, module: torch.nn.Module) -> None:
+        original = strategy.training_step
+        plain = functools.partial(Strategy.training_step, strategy)
+
+        def training_step(batch: Any, *args: Any, **kwargs: Any) -> Any:
+            if self.device.type == "cuda" and self._measure_left > 0:
+                self._measure_cuda(self.local_size())
+            size, failed, called = self.local_size(), False, self._retry
+            self._retry, self._ran = False, None
+            while True:
+                cap = self.caps.own
+                chunked = cap is not None and size > cap
+                # the strategy's own step (AsyncPSStrategy claims a chunk of data in it) runs once per step; any
+                # further forward goes through Lightning's plain one
+                first = plain if called else original
+                called = True
+                try:
+                    if chunked:
+                        out = self._in_chunks(first, plain, strategy, module, batch, size, args, kwargs)
+                    else:
+                        out = first(batch, *args, **kwargs)
+                    break
+                except torch.OutOfMemoryError:
+                    pass  # leave the handler first, so that the failed attempt's frames (and tensors) can be freed
+                self._lower(size if cap is None else min(size, cap))
+                failed = True
+            self.redone += failed
+            self.chunked += chunked and not failed
+            cap = self.caps.own
+            self._ran = size if cap is None else min(size, cap)
+            return out
+
+        strategy.training_step = training_step
+        self._install_closure_guard(strategy, module)
+
+    def _lower(self, failing: int) -> None:
+        if failing <= 1:
+            raise torch.OutOfMemoryError(f"rank {self.caps.rank}: a step of one sample does not fit in memory")
+        free_memory(self.device)
+        self.on_lowered(self.caps.lower(failing), failing)
+
+    def _install_closure_guard(self, strategy: Any, module: torch.nn.Module) -> None:
+        """An out-of-memory error in the backward pass: the optimizer's closure is redone within a lowered cap (its
+        ``training_step`` then in chunks, each early chunk back-propagated inside the step's guard)."""
+        original = strategy.optimizer_step
+
+        def optimizer_step(optimizer: Any, closure: Callable[[], Any], *args: Any, **kwargs: Any) -> Any:
+            def guarded() -> Any:
+                while True:
+                    try:
+                        return closure()
+                    except torch.OutOfMemoryError:
+                        if self._ran is None:  # training_step itself gave up (one sample does not fit)
+                            raise
+                    failing, self._ran = self._ran, None
+                    for param in module.parameters():
+                        param.grad = None  # the failed backward's partial gradients
+                    self._lower(failing)
+                    self.redone += 1
+                    self._retry = True
+
+            return original(optimizer, guarded, *args, **kwargs)
+
+        strategy.optimizer_step = optimizer_step
+        original_backward = strategy.backward
+
+        def backward(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return original_backward(*args, **kwargs)
+            except torch.OutOfMemoryError:
+                if self._ran is not None:
+                    self._refuse_unsafe_retry(strategy, self._ran)
+                raise
+
+        strategy.backward = backward
+
+    def _refuse_unsafe_retry(self, strategy: Any, failing: int) -> None:
+        """DDP's all-reduce (FSDP's reduce-scatter) is joined by the other ranks during backward, and under gradient
+        accumulation the failed backward mixed into the earlier micro-batches' gradients: neither can be redone."""
+        trainer = getattr(strategy.lightning_module, "_trainer", None)
+        why = None
+        if isinstance(strategy.model, DistributedDataParallel | FullyShardedDataParallel):
+            why = f"under {type(strategy.model).__name__} (the other ranks already joined its gradient reduction)"
+        elif trainer is not None and trainer.accumulate_grad_batches > 1:
+            why = "with accumulate_grad_batches > 1 (the earlier micro-batches' gradients are mixed in)"
+        if why is not None:
+            self._ran = None  # not to be redone
+            raise torch.OutOfMemoryError(
+                f"HeteroBatch: rank {self.caps.rank} ran out of memory in backward at a batch of {failing}, which "
+                f"memory_caps='auto' cannot redo {why}; set memory_caps=[...] with a size below {failing} for rank "
+                f"{self.caps.rank} (one entry per rank, None for no cap)"
+            )
+
+    @staticmethod
+    def remove(strategy: Any) -> None:
+        vars(strategy).pop("training_step", None)
+        vars(strategy).pop("optimizer_step", None)
+        vars(strategy).pop("backward", None)
+
+    def _in_chunks(
+        self, first: Any, rest: Any, strategy: Any, module: Any, batch: Any, size: int, args: Any, kw: Any
+    ) -> Any:
+        """The batch in chunks within the cap: every chunk but the last back-propagated at once (without DDP's
+        all-reduce), its gradients kept aside; the last returned with a term whose gradient is what was kept, so
+        the one backward Lightning runs (and DDP's all-reduce) carries the whole batch's mean gradient."""
+        assert self.caps.own is not None
+        chunks = split_batch(batch, size, self.caps.own)
+        params = [p for p in module.parameters() if p.requires_grad]
+        kept: list[torch.Tensor | None] = [None] * len(params)
+        early_loss = 0.0
+        no_sync = getattr(strategy.model, "no_sync", contextlib.nullcontext)
+        for index, chunk in enumerate(chunks[:-1]):
+            with no_sync():
+                step = first if index == 0 else rest
+                loss = _loss_of(step(chunk, *args, **kw)) * (_size_of(chunk, size) / size)
+                grads = torch.autograd.grad(loss, params, allow_unused=True)
+            early_loss += float(loss.detach())
+            kept = [g if k is None else (k if g is None else k + g) for k, g in zip(kept, grads, strict=True)]
+            del loss, grads
+        out = rest(chunks[-1], *args, **kw)
+        last = _loss_of(out) * (_size_of(chunks[-1], size) / size)
+        carried = sum((p * k).sum() for p, k in zip(params, kept, strict=True) if k is not None)
+        total = last + early_loss + (carried - carried.detach() if isinstance(carried, torch.Tensor) else 0.0)
+        return {**out, "loss": total} if isinstance(out, Mapping) else total
+
+
+def auto_memory_guard(rank: int, world_size: int, device: torch.device, local_size: Callable[[], int]) -> MemoryGuard:
+    """The guard for ``memory_caps="auto"``, saying once what "auto" can do on ``device``.
+
+    Example::
+
+        >>> guard = auto_memory_guard(0, 2, torch.device("cpu"), local_size=lambda: 32)
+        >>> guard.caps.all
+        (None, None)
+    """
+    if device.type == "cuda":
+        how = "each rank's cap from its measured memory per sample against torch.cuda.mem_get_info"
+    else:
+        how = (
+            f"{device.type} memory cannot be measured here, so the caps start unbounded and a rank's cap is set only "
+            "when a step raises torch.OutOfMemoryError"
+        )
+    rank_zero_info(
+        f"HeteroBatchCallback(memory_caps='auto'): {how}; a step that runs out of memory is redone in chunks"
+    )
+
+    def lowered(cap: int, failed: int) -> None:
+        log.warning(f"HeteroBatch: rank {rank} ran out of memory at a batch of {failed}; its cap is now {cap}")
+
+    return MemoryGuard(MemoryCaps(world_size, rank), local_size, device, on_lowered=lowered)
+
+
+def _loss_of(output: Any) -> torch.Tensor:
+    return output["loss"] if isinstance(output, Mapping) else output
+
+
+def _size_of(chunk: Any, size: int) -> int:
+    tensors = [t for t in _tensors(chunk) if t.dim() > 0]
+    return int(tensors[0].shape[0]) if tensors else size
+
+
+def _tensors(item: Any) -> list[torch.Tensor]:
+    if isinstance(item, torch.Tensor):
+        return [item]
+    if isinstance(item, Mapping):
+        return [t for v in item.values() for t in _tensors(v)]
+    if isinstance(item, tuple | list):
+        return [t for v in item for t in _tensors(v)]
+    return []
