@@ -87,7 +87,10 @@ def run(kind: str, args: argparse.Namespace, seed: int, out: Path) -> dict[str, 
         job.close()
     commits = job.commits()
     num_chunks = -(-args.samples // args.batch_size)
-    coverage = job.coverage(num_chunks)
+    try:
+        coverage, history_error = job.coverage(num_chunks), None
+    except (AssertionError, ValueError) as err:  # no history to count: the run failed (reported)
+        coverage, history_error = {}, str(err)
     results = {r["name"]: r for r in job.results()}
     span_s = commits[-1]["t"] - commits[0]["t"]
     return {
@@ -102,13 +105,15 @@ def run(kind: str, args: argparse.Namespace, seed: int, out: Path) -> dict[str, 
         "duplicated_per_epoch": [c["duplicated"] for c in coverage.values()],
         "failed_rounds": {name: r["report"]["failed_rounds"] for name, r in results.items()},
         "errors": job.errors(),
+        "history_error": history_error,
     }
 
 
 def soak(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     """One job through ``args.soak`` kill-and-restart cycles of one worker; every process must end."""
     stop = out / "stop"
-    common = ["--epochs", "100000", "--samples", "512", "--batch-size", "16", "--step-sleep-s", "0.02"]
+    common = ["--epochs", "100000", "--samples", "2048", "--batch-size", "16", "--step-sleep-s", "0.02"]
+    common += ["--steps-per-round", "16"]  # the strategy's default
     job = ElasticJob(out, [*common, "--stop-file", str(stop)])
     contributions: list[float | None] = []
     try:
@@ -126,8 +131,8 @@ def soak(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         codes = job.wait(timeout_s=300)
     finally:
         job.close()
-    coverage = job.coverage(512 // 16)
-    complete = list(coverage.values())[:-1]  # the last epoch may be cut by the stop
+    coverage = job.coverage(2048 // 16)  # the job's history (the stop comes at an epoch's end)
+    complete = list(coverage.values())
     return {
         "cycles": args.soak,
         "exit_codes": codes,
@@ -158,7 +163,8 @@ def main() -> None:
         "python": platform.python_version(),
         **{k: v for k, v in vars(args).items()},
         "speeds": SPEEDS,
-        "defaults": "ElasticLocalSGDStrategy defaults (steps_per_round=16, mean weighting, heartbeat_timeout_s=2)",
+        "defaults": "ElasticLocalSGDStrategy defaults (steps_per_round=16, mean weighting, plain-averaging outer "
+        "optimizer, round_timeout_s=300, join_timeout_s=5, heartbeat_timeout_s=2)",
     }
     if args.soak:
         with tempfile.TemporaryDirectory() as tmp:

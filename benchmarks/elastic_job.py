@@ -6,6 +6,7 @@ by the tests in ``tests/elastic/`` (which add ``benchmarks/`` to ``sys.path``).
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import os
 import signal
@@ -15,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from lightning_hetero.elastic.commits import CommitRecord, epoch_coverage, lineage
 
 WORKER = Path(__file__).resolve().parent / "elastic_worker.py"
 
@@ -89,31 +92,36 @@ class ElasticJob:
                     proc.wait()
 
     def commits(self) -> list[dict[str, Any]]:
-        """Every worker's committed rounds (``epoch``, ``chunks``, ``t``, ``since_start_s``, ``pid``)."""
+        """Every worker's committed rounds (a ``CommitRecord``'s fields, ``t``, ``since_start_s``, ``pid``)."""
         rows = []
         for path in self.out.glob("commits-*.jsonl"):
             pid = int(path.stem.rsplit("-", 1)[1])
             rows += [{**json.loads(line), "pid": pid} for line in path.read_text().splitlines() if line.strip()]
         return sorted(rows, key=lambda row: row["t"])
 
-    def coverage(self, num_chunks: int) -> dict[int, dict[str, int]]:
-        """Per epoch: chunks trained in committed rounds, chunks ``lost`` (never) and ``duplicated`` (more than
-        once), from the workers' own commit logs."""
-        counts: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
+    def history(self) -> list[CommitRecord]:
+        """The job's history: the commits the parameters of the workers that finished descend from (they must agree
+        on the last one), from every worker's log."""
+        fields = {field.name for field in dataclasses.fields(CommitRecord)}
+        by_pid: dict[int, list[CommitRecord]] = collections.defaultdict(list)
         for row in self.commits():
-            counts[row["epoch"]].update(row["chunks"])
-        return {
-            epoch: {
-                "trained": sum(c.values()),
-                "lost": sum(1 for chunk in range(num_chunks) if c[chunk] == 0),
-                "duplicated": sum(1 for n in c.values() if n > 1),
-            }
-            for epoch, c in sorted(counts.items())
-        }
+            values = {k: tuple(v) if isinstance(v, list) else v for k, v in row.items() if k in fields}
+            by_pid[row["pid"]].append(CommitRecord(**values))
+        finished = {int(path.stem.rsplit("-", 1)[1]) for path in self.out.glob("worker-*.json")}
+        finals = {(records[-1].step, records[-1].digest) for pid, records in by_pid.items() if pid in finished}
+        if len(finals) != 1:
+            raise AssertionError(f"the workers that finished end at different commits: {sorted(finals)}")
+        final = next(records[-1] for pid, records in by_pid.items() if pid in finished)
+        return lineage([record for records in by_pid.values() for record in records], final)
+
+    def coverage(self, num_chunks: int) -> dict[int, dict[str, int]]:
+        """Per epoch of the job's :meth:`history`: chunks trained, chunks ``lost`` (never) and ``duplicated`` (more
+        than once)."""
+        return epoch_coverage(self.history(), num_chunks)
 
     def first_contribution_s(self, pid: int) -> float | None:
         """Seconds from starting process ``pid`` to its first committed round that trained a chunk."""
-        rows = [row for row in self.commits() if row["pid"] == pid]
+        rows = [row for row in self.commits() if row["pid"] == pid and row["chunks"]]
         return rows[0]["since_start_s"] if rows else None
 
     def results(self) -> list[dict[str, Any]]:

@@ -2,12 +2,13 @@
 
 Usage: python benchmarks/elastic_worker.py OUT_DIR --lighthouse http://localhost:PORT [--start-lighthouse] [options]
 
-The worker appends one JSON line per committed round to ``OUT_DIR/commits-<name>-<pid>.jsonl`` (the epoch, the
-chunks it trained, the time) and at the end writes ``OUT_DIR/worker-<name>-<pid>.json`` (its report, validation
+The worker appends one JSON line per committed round to ``OUT_DIR/commits-<name>-<pid>.jsonl`` (its
+``CommitRecord``: the epoch, the chunks it and all trained, the step, the parameters' digests; and the time) and at the end writes ``OUT_DIR/worker-<name>-<pid>.json`` (its report, validation
 accuracy, epochs, parameter checksum). A failure is written to ``OUT_DIR/error-<name>-<pid>.txt``.
 """
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -19,7 +20,7 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch.utils.data import TensorDataset
 
-from lightning_hetero.elastic import ElasticLocalSGDStrategy
+from lightning_hetero.elastic import CommitRecord, ElasticLocalSGDStrategy
 from lightning_hetero.synthetic import MLPClassifier, SyntheticClassificationDataModule, make_classification
 
 
@@ -63,9 +64,8 @@ def main() -> None:
     parser.add_argument("--noise", type=float, default=0.5, help="the generated clusters' spread (harder: larger)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lr", type=float, default=0.1)
-    parser.add_argument("--round-timeout-s", type=float, default=60.0)
-    parser.add_argument("--heartbeat-timeout-s", type=float, default=1.0)
-    parser.add_argument("--startup-timeout-s", type=float, default=30.0)
+    for timeout in ("round", "join", "heartbeat", "startup"):
+        parser.add_argument(f"--{timeout}-timeout-s", type=float, default=None, help="default: the strategy's")
     parser.add_argument("--started-at", type=float, default=None, help="time.time() when the process was started")
     parser.add_argument("--ckpt-dir", default=None)
     parser.add_argument("--resume", default=None)
@@ -83,17 +83,17 @@ def main() -> None:
         start_lighthouse=args.start_lighthouse,
         replica_id=args.name,
         steps_per_round=args.steps_per_round,
-        round_timeout_s=args.round_timeout_s,
-        heartbeat_timeout_s=args.heartbeat_timeout_s,
-        startup_timeout_s=args.startup_timeout_s,
+        **{
+            f"{timeout}_timeout_s": value
+            for timeout in ("round", "join", "heartbeat", "startup")
+            if (value := getattr(args, f"{timeout}_timeout_s")) is not None
+        },
     )
     log = (out / f"commits-{tag}.jsonl").open("a", buffering=1)
 
-    def on_commit(epoch: int, chunks: list[int]) -> None:
-        log.write(
-            json.dumps({"epoch": epoch, "chunks": chunks, "t": time.time(), "since_start_s": time.time() - started_at})
-            + "\n"
-        )
+    def on_commit(record: CommitRecord) -> None:
+        now = time.time()
+        log.write(json.dumps({**dataclasses.asdict(record), "t": now, "since_start_s": now - started_at}) + "\n")
 
     strategy.on_commit = on_commit
     data = SyntheticClassificationDataModule(

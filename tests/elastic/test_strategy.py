@@ -1,5 +1,5 @@
-"""ElasticLocalSGDStrategy end to end: one worker in this process (checkpoints, a lighthouse nobody runs), and jobs
-of separate worker processes (``benchmarks/elastic_worker.py``) that leave, join and lose their lighthouse."""
+"""ElasticLocalSGDStrategy end to end: one worker in this process (checkpoints, a lighthouse nobody runs), and a job
+of separate worker processes (``benchmarks/elastic_worker.py``) that leave and join."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def _data() -> SyntheticClassificationDataModule:
 def test_one_worker_trains_every_batch_and_its_checkpoint_resumes_with_and_without_torchft(tmp_path):
     strategy = ElasticLocalSGDStrategy(lighthouse=f"http://localhost:{free_port()}", start_lighthouse=True)
     trained: list[int] = []
-    strategy.on_commit = lambda epoch, chunks: trained.extend(chunks)
+    strategy.on_commit = lambda record: trained.extend(record.chunks)
     checkpoint = ModelCheckpoint(dirpath=tmp_path, save_last=True)
     L.seed_everything(0)
     trainer = _trainer(strategy, 2, callbacks=[checkpoint], enable_checkpointing=True)
@@ -112,59 +112,36 @@ def _stop_after_next_epochs(job: ElasticJob, stop_file: Path, epochs: int) -> No
 @pytest.mark.multiprocess
 @pytest.mark.timing
 def test_workers_leave_join_and_restart_and_every_sample_is_trained_once_per_epoch(tmp_path):
-    """A hosts the lighthouse, B starts, C joins the running job, D (another model) is refused, and B is killed
-    and restarted three times; no run hangs, every epoch trains every batch once, the survivors agree."""
+    """A hosts the lighthouse, B starts, C joins the running job, D (another model) is refused, and B is killed and
+    restarted; no run hangs, the job's history trains every batch once per epoch, the survivors agree."""
     stop = tmp_path / "stop"
     args = ["--epochs", "1000", "--samples", str(SAMPLES), "--batch-size", str(BATCH), "--step-sleep-s", "0.02"]
     job = ElasticJob(tmp_path, [*args, "--stop-file", str(stop)])
     try:
-        a = job.start("a", host=True)
+        job.start("a", host=True)
         b = job.start("b")
         _wait_for_commit(job, b)
         c = job.start("c")
         d = job.start("d", "--hidden", "48")
         _wait_for_commit(job, c)
-        for _ in range(3):
-            job.kill("b")
-            _wait_for_commit(job, job.start("b"))
+        job.kill("b")
+        _wait_for_commit(job, job.start("b"))
         assert d.wait(timeout=120) != 0
         _stop_after_next_epochs(job, stop, 2)
         codes = job.wait(timeout_s=120)
     finally:
         job.close()
-    assert codes["a"] == [0] and codes["c"] == [0] and codes["b"] == [-9, -9, -9, 0], codes
+    assert codes["a"] == [0] and codes["c"] == [0] and codes["b"] == [-9, 0], codes
     errors = job.errors()
     assert len(errors) == 1
     assert (
         "cannot join the elastic job: its model differs: parameter net.0.weight has shape [48, 32] here and "
         "[32, 32] in the running job" in next(iter(errors.values()))
     )
-    coverage = job.coverage(CHUNKS)
+    coverage = job.coverage(CHUNKS)  # the history the finished workers' parameters descend from
     assert len(coverage) >= 3
-    assert all(epoch["lost"] == 0 and epoch["duplicated"] == 0 for epoch in list(coverage.values())[:-1]), coverage
+    assert all(epoch["lost"] == 0 and epoch["duplicated"] == 0 for epoch in coverage.values()), coverage
     results = {r["name"]: r for r in job.results()}
     assert results["a"]["checksum"] == results["b"]["checksum"] == results["c"]["checksum"]
     assert results["b"]["report"]["recovered"] and results["c"]["report"]["recovered"]
     assert all(r["report"]["duplicates"] == 0 for r in results.values())
-    assert a.returncode == 0
-
-
-@pytest.mark.multiprocess
-@pytest.mark.timing
-def test_every_worker_ends_with_an_error_naming_the_lost_lighthouse(tmp_path):
-    args = ["--epochs", "1000", "--samples", str(SAMPLES), "--step-sleep-s", "0.02", "--round-timeout-s", "10"]
-    job = ElasticJob(tmp_path, args)
-    try:
-        job.start("a", host=True)
-        b, c = job.start("b"), job.start("c")
-        _wait_for_commit(job, b)
-        _wait_for_commit(job, c)
-        job.kill("a")
-        codes = job.wait(timeout_s=120)
-    finally:
-        job.close()
-    assert codes["b"][0] not in (0, None) and codes["c"][0] not in (0, None), codes
-    errors = job.errors()
-    assert len(errors) == 2
-    for error in errors.values():
-        assert f"lost the torchft lighthouse at {job.lighthouse}: unreachable for 1 s" in error, error

@@ -55,6 +55,8 @@ class RoundResult:
     epoch_done: bool
     #: chunks the round trained a second time (0 unless something is wrong)
     duplicates: int
+    #: the chunks all participants trained in the round, as the ledger counted them (a chunk trained twice: twice)
+    chunks: tuple[int, ...] = ()
 
 
 class ElasticRounds:
@@ -167,6 +169,8 @@ class ElasticRounds:
             self.rounds += 1
         flat.detach().copy_(anchor)
         self.steps_total += steps
+        counted = trained.round().to(torch.int64)
+        chunks = tuple(chunk for chunk, n in enumerate(counted.tolist()) for _ in range(n))
         duplicates = self.ledger.commit(trained)
         self._end_round()
         epoch_done = self.ledger.complete
@@ -180,7 +184,7 @@ class ElasticRounds:
         shares = assign(self.ledger.free(held), quotas, [round(h) for h in slots[participants:]])
         self.queue.extend(shares[rank])
         self.quota = quotas[rank]
-        return RoundResult(samples, participants, epoch_done, duplicates)
+        return RoundResult(samples, participants, epoch_done, duplicates, chunks)
 
     def rollback(self, flat: Tensor) -> None:
         """A round that did not commit: back to the start-of-round parameters; its chunks are trained again."""

@@ -63,6 +63,8 @@ class ElasticBatchSampler(Sampler[list[int]]):
         self.seed = seed
         #: the chunk of each batch yielded and not trained yet (:data:`IDLE` for an idle batch), oldest first
         self.pending: deque[int] = deque()
+        #: the ledger's epoch the current iteration yields batches of
+        self.epoch = rounds.ledger.epoch
 
     def next_chunk(self) -> int:
         """The chunk of the batch about to be trained (:data:`IDLE`: an idle batch)."""
@@ -73,7 +75,7 @@ class ElasticBatchSampler(Sampler[list[int]]):
 
     def __iter__(self) -> Iterator[list[int]]:
         self.join()
-        epoch = self.rounds.ledger.epoch
+        epoch = self.epoch = self.rounds.ledger.epoch
         order = epoch_order(self.num_samples, epoch, self.shuffle, self.seed)
         # a new iteration (an epoch's start; or Lightning restarting one): nothing fetched before is trained
         self.rounds.untake()

@@ -24,8 +24,9 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
-from lightning_hetero._lightning_internals import set_current_epoch, set_global_step
+from lightning_hetero._lightning_internals import advance_current_epoch, set_current_epoch, set_global_step
 from lightning_hetero._validation import check_range
+from lightning_hetero.elastic.commits import CommitRecord, digest
 from lightning_hetero.elastic.membership import LIGHTHOUSE_ENV, ElasticError, Membership, start_lighthouse
 from lightning_hetero.elastic.membership import wait_reachable as _wait_reachable
 from lightning_hetero.elastic.rounds import ElasticRounds
@@ -82,6 +83,9 @@ class ElasticLocalSGDStrategy(SingleDeviceStrategy):
         min_workers: rounds commit only with at least this many workers.
         startup_timeout_s: how long a starting worker waits for the lighthouse to accept connections.
         round_timeout_s: how long a round end may wait for the others (longer than a round plus validation).
+        join_timeout_s: after a worker was lost, how long the hosted lighthouse waits for the live workers that
+            have not reached the round end before it forms the round without them (they rejoin at the next one).
+            Far below ``round_timeout_s``: a live worker can be stuck in the collective the lost one broke.
         heartbeat_timeout_s: a worker silent this long is dropped (hosted lighthouse), and the lighthouse
             unreachable this long during a round end ends the worker with an error naming it.
         device: this worker's device.
@@ -108,6 +112,7 @@ class ElasticLocalSGDStrategy(SingleDeviceStrategy):
         min_workers: int = 1,
         startup_timeout_s: float = 30.0,
         round_timeout_s: float = 300.0,
+        join_timeout_s: float = 5.0,
         heartbeat_timeout_s: float = 2.0,
         device: torch.device | str = "cpu",
         **kwargs: Any,
@@ -123,9 +128,15 @@ class ElasticLocalSGDStrategy(SingleDeviceStrategy):
         for name, value in (
             ("startup_timeout_s", startup_timeout_s),
             ("round_timeout_s", round_timeout_s),
+            ("join_timeout_s", join_timeout_s),
             ("heartbeat_timeout_s", heartbeat_timeout_s),
         ):
             check_range(name, value, low=0, low_open=True)
+        if join_timeout_s >= round_timeout_s:
+            raise ValueError(
+                f"join_timeout_s={join_timeout_s:g} must be below round_timeout_s={round_timeout_s:g}: the round end "
+                "of the workers present would time out while the lighthouse still waits for a lost one"
+            )
         check_weighting(pseudo_gradient_weighting)
         self.lighthouse = lighthouse
         self.start_lighthouse = start_lighthouse
@@ -136,14 +147,16 @@ class ElasticLocalSGDStrategy(SingleDeviceStrategy):
         self.min_workers = min_workers
         self.startup_timeout_s = startup_timeout_s
         self.round_timeout_s = round_timeout_s
+        self.join_timeout_s = join_timeout_s
         self.heartbeat_timeout_s = heartbeat_timeout_s
         #: this worker's rounds (``None`` until the training loader is known)
         self.rounds: ElasticRounds | None = None
         self.membership: Membership | None = None
         #: what the worker saw: ``joined_s`` (start to first round end), ``recovered`` (state fetched from a peer),
-        #: ``rounds``, ``failed_rounds``, ``duplicates``; and ``on_commit(epoch, chunks)`` is called per commit
+        #: ``rounds``, ``failed_rounds``, ``duplicates``
         self.report: dict[str, Any] = {"recovered": False, "failed_rounds": 0, "duplicates": 0}
-        self.on_commit: Callable[[int, list[int]], None] | None = None
+        #: called with a :class:`~lightning_hetero.elastic.CommitRecord` per round this worker commits
+        self.on_commit: Callable[[CommitRecord], None] | None = None
         self._lighthouse_server: Any = None
         self._sampler: ElasticBatchSampler | None = None
         self._restored: dict[str, Any] | None = None
@@ -162,9 +175,7 @@ class ElasticLocalSGDStrategy(SingleDeviceStrategy):
                 f"{len(self.optimizers)} optimizer(s) and accumulate_grad_batches={trainer.accumulate_grad_batches}"
             )
         if self.start_lighthouse:
-            self._lighthouse_server = start_lighthouse(
-                self.lighthouse, self.min_workers, self.round_timeout_s, self.heartbeat_timeout_s
-            )
+            self._lighthouse_server = self.host_lighthouse()
         _wait_reachable(self.lighthouse, self.startup_timeout_s)
         self.membership = Membership(
             self.lighthouse,
@@ -182,6 +193,11 @@ class ElasticLocalSGDStrategy(SingleDeviceStrategy):
             f"optimizer {self.outer.description}"
         )
 
+    def host_lighthouse(self) -> Any:
+        """Start torchft's lighthouse in this process at ``lighthouse``'s port, with this strategy's settings (what
+        ``start_lighthouse=True`` does at ``fit``); returns the server (its ``shutdown()`` stops it)."""
+        return start_lighthouse(self.lighthouse, self.min_workers, self.join_timeout_s, self.heartbeat_timeout_s)
+
     def process_dataloader(self, dataloader: object) -> object:
         """The training loader's batches become the chunks the ledger assigns to this worker."""
         trainer = self.lightning_module.trainer
@@ -194,7 +210,7 @@ class ElasticLocalSGDStrategy(SingleDeviceStrategy):
         num_chunks = -(-len(dataloader.dataset) // (dataloader.batch_size or 1))  # type: ignore[arg-type]
         if self.rounds is None:
             self.rounds = ElasticRounds(num_chunks, self.steps_per_round, self.outer, self.pseudo_gradient_weighting)
-        built = elastic_loader(dataloader, self.rounds, self._join)
+        built = elastic_loader(dataloader, self.rounds, self._epoch_start)
         if built is None:
             raise ValueError(
                 "ElasticLocalSGDStrategy needs a training DataLoader with a batch_size and a plain (random or "
@@ -212,6 +228,17 @@ class ElasticLocalSGDStrategy(SingleDeviceStrategy):
         if trainer.current_epoch != rounds.ledger.epoch:  # joined a running job: start at its epoch
             set_current_epoch(trainer, rounds.ledger.epoch)
         set_global_step(trainer, rounds.steps_total, in_step=False)
+
+    def _epoch_start(self) -> None:
+        """Before an epoch's first batch: join the job if not yet, and start at the ledger's epoch (a worker that
+        fetched the job's state after the others finished epochs without it, as one left out of rounds while stuck)."""
+        if not self._joined:  # the first epoch: on_train_start sets the job's epoch
+            self._join()
+            return
+        rounds = self._parts()[0]
+        trainer = self.lightning_module.trainer
+        if rounds.ledger.epoch > trainer.current_epoch:
+            advance_current_epoch(trainer, rounds.ledger.epoch - trainer.current_epoch)
 
     def _join(self) -> None:
         """The first round end (this worker's state fetched from a peer when the job is running), once."""
@@ -249,7 +276,7 @@ class ElasticLocalSGDStrategy(SingleDeviceStrategy):
         if chunk == IDLE or rounds.dropped(chunk):
             output = closure()
             optimizer.zero_grad()
-            if epoch == self.lightning_module.trainer.current_epoch:
+            if epoch == sampler.epoch:  # else the ledger finished this loader iteration's epoch: no more rounds in it
                 self._round_end()
         else:
             start = time.perf_counter()
@@ -274,16 +301,20 @@ class ElasticLocalSGDStrategy(SingleDeviceStrategy):
                 flat_buffers = torch.cat([b.detach().reshape(-1) for b in buffers]) if buffers else None
             return rounds.message(flat, flat_buffers, rank, participants)
 
-        trained = list(rounds.trained)
+        trained = tuple(rounds.trained)
         summed, rank, participants = self.membership.round(message)
         if summed is None:
             self.report["failed_rounds"] += 1
             rounds.rollback(flat)
         else:
+            parent = digest(rounds.outer.anchor) if self.on_commit is not None else ""
             result = rounds.commit(summed, flat, flat_buffers, rank, participants)
             self.report["duplicates"] += result.duplicates
-            if self.on_commit is not None and trained and self._recovered_flat is None:
-                self.on_commit(rounds.ledger.epoch - int(result.epoch_done), trained)
+            if self.on_commit is not None:
+                epoch = rounds.ledger.epoch - int(result.epoch_done)
+                own = () if self._recovered_flat is not None else trained
+                step = self.membership.step
+                self.on_commit(CommitRecord(epoch, step, own, result.chunks, parent, digest(rounds.outer.anchor)))
         self._set_flat(flat, flat_buffers)
 
     # ------------------------------------------------------------------ the state a joining worker fetches
