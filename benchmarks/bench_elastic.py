@@ -104,6 +104,9 @@ def run(kind: str, args: argparse.Namespace, seed: int, out: Path) -> dict[str, 
         "lost_per_epoch": [c["lost"] for c in coverage.values()],
         "duplicated_per_epoch": [c["duplicated"] for c in coverage.values()],
         "failed_rounds": {name: r["report"]["failed_rounds"] for name, r in results.items()},
+        "round_end_ms": {
+            name: 1000 * r["report"]["round_end_s"] / max(1, r["report"]["round_ends"]) for name, r in results.items()
+        },
         "errors": job.errors(),
         "history_error": history_error,
     }

@@ -153,8 +153,15 @@ class ElasticLocalSGDStrategy(SingleDeviceStrategy):
         self.rounds: ElasticRounds | None = None
         self.membership: Membership | None = None
         #: what the worker saw: ``joined_s`` (start to first round end), ``recovered`` (state fetched from a peer),
-        #: ``rounds``, ``failed_rounds``, ``duplicates``
-        self.report: dict[str, Any] = {"recovered": False, "failed_rounds": 0, "duplicates": 0}
+        #: ``failed_rounds``, ``duplicates``, ``round_ends`` and ``round_end_s`` (their count and total seconds: the
+        #: quorum, the all-reduce and the commit vote, waiting for the others included)
+        self.report: dict[str, Any] = {
+            "recovered": False,
+            "failed_rounds": 0,
+            "duplicates": 0,
+            "round_ends": 0,
+            "round_end_s": 0.0,
+        }
         #: called with a :class:`~lightning_hetero.elastic.CommitRecord` per round this worker commits
         self.on_commit: Callable[[CommitRecord], None] | None = None
         self._lighthouse_server: Any = None
@@ -302,7 +309,10 @@ class ElasticLocalSGDStrategy(SingleDeviceStrategy):
             return rounds.message(flat, flat_buffers, rank, participants)
 
         trained = tuple(rounds.trained)
+        start = time.perf_counter()
         summed, rank, participants = self.membership.round(message)
+        self.report["round_ends"] += 1
+        self.report["round_end_s"] += time.perf_counter() - start
         if summed is None:
             self.report["failed_rounds"] += 1
             rounds.rollback(flat)
