@@ -75,7 +75,7 @@ class ElasticLocalSGDStrategy(SingleDeviceStrategy):
             job then ends when this worker does).
         replica_id: this worker's name in the job (default: ``hostname-pid``).
         steps_per_round: local steps per worker and round on average (the round's length), split by speed.
-        outer_optimizer: the outer optimizer class (default DiLoCo's Nesterov SGD).
+        outer_optimizer: the outer optimizer class (default ``torch.optim.SGD`` with ``lr=1.0``: plain averaging).
         outer_optimizer_kwargs: its keyword arguments.
         pseudo_gradient_weighting: ``"mean"`` (the workers that trained in the round count equally, as in
             ``AsyncPSStrategy(mode="local")``, whose measurements chose it) or ``"samples"`` (weighted by the samples
