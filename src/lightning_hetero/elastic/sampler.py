@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader, Sampler
 
 from lightning_hetero.elastic.rounds import ElasticRounds
 from lightning_hetero.epoch_order import epoch_order
-from lightning_hetero.ps.claiming import sampler_order
+from lightning_hetero.ps.sampler import sampler_order
 
 #: what :meth:`ElasticBatchSampler.next_chunk` returns for an idle batch
 IDLE = -1
