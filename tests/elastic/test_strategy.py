@@ -89,6 +89,8 @@ def test_settings_are_checked_by_name(monkeypatch):
         ElasticLocalSGDStrategy(lighthouse="http://h:1", steps_per_round=0)
     with pytest.raises(ValueError, match="weighting"):
         ElasticLocalSGDStrategy(lighthouse="http://h:1", pseudo_gradient_weighting="median")
+    with pytest.raises(ValueError, match="join_timeout_s=10 must be below round_timeout_s=10"):
+        ElasticLocalSGDStrategy(lighthouse="http://h:1", join_timeout_s=10, round_timeout_s=10)
     monkeypatch.setenv("TORCHFT_LIGHTHOUSE", "http://node0:29510")
     assert ElasticLocalSGDStrategy().lighthouse == "http://node0:29510"
 
