@@ -151,6 +151,8 @@ def soak(args: argparse.Namespace, out: Path) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=1)
+    parser.add_argument("--first-seed", type=int, default=0)
+    parser.add_argument("--out", default="elastic.json", help="the JSON's name in benchmarks/results/")
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--samples", type=int, default=6400)
     parser.add_argument("--batch-size", type=int, default=16)
@@ -179,7 +181,7 @@ def main() -> None:
         (RESULTS / "elastic_soak.json").write_text(json.dumps({"conditions": conditions, **report}, indent=1))
         return
     runs = []
-    for seed in range(args.seeds):
+    for seed in range(args.first_seed, args.first_seed + args.seeds):
         for kind in args.runs.split(","):
             out = Path(tempfile.mkdtemp(prefix=f"elastic-{kind}-"))  # kept: the workers' logs, for a failed run
             runs.append(run(kind, args, seed, out))
@@ -205,7 +207,7 @@ def main() -> None:
         print(f"{kind:12} {row['samples_per_s']:10.1f} {row['throughput_ratio']:6.2f} {row['val_acc']:8.4f} "
               f"{row['accuracy_delta_points']:8.2f} {'-' if first is None else f'{first:.1f}':>14} {row['lost']:5d} "
               f"{row['duplicated']:4d}")  # fmt: skip
-    (RESULTS / "elastic.json").write_text(
+    (RESULTS / args.out).write_text(
         json.dumps({"conditions": conditions, "summary": summary, "runs": runs}, indent=1)
     )
 
