@@ -207,9 +207,7 @@ def main() -> None:
         print(f"{kind:12} {row['samples_per_s']:10.1f} {row['throughput_ratio']:6.2f} {row['val_acc']:8.4f} "
               f"{row['accuracy_delta_points']:8.2f} {'-' if first is None else f'{first:.1f}':>14} {row['lost']:5d} "
               f"{row['duplicated']:4d}")  # fmt: skip
-    (RESULTS / args.out).write_text(
-        json.dumps({"conditions": conditions, "summary": summary, "runs": runs}, indent=1)
-    )
+    (RESULTS / args.out).write_text(json.dumps({"conditions": conditions, "summary": summary, "runs": runs}, indent=1))
 
 
 if __name__ == "__main__":
