@@ -25,7 +25,7 @@ format: venv
 
 # The API reference from the docstrings, warnings as errors (-W); HTML in build/docs/html (git-ignored).
 docs:
-	VENV=$(VENV) EXTRAS=dev,docs bash scripts/bootstrap.sh
+	VENV=$(VENV) EXTRAS=dev,docs,elastic bash scripts/bootstrap.sh
 	$(PY) -m sphinx -W --keep-going -E -q -b html docs/api build/docs/html
 
 # The fast tests against the oldest Lightning pyproject declares and the newest release (their own venvs).

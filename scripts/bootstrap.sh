@@ -6,14 +6,14 @@
 # requirement is already satisfied and pip never pulls the multi-gigabyte CUDA build. Elsewhere torch is installed
 # as pip resolves it.
 #
-#   scripts/bootstrap.sh                    create or refresh $VENV (default .venv) with the $EXTRAS (default dev)
+#   scripts/bootstrap.sh                    create or refresh $VENV (default .venv) with the $EXTRAS (default dev,elastic)
 #   scripts/bootstrap.sh --print-cpu-wheel  print the CPU torch wheel the bootstrap would install (nothing if none)
 #   scripts/bootstrap.sh --check-cpu-only   fail, naming them, if $VENV holds a CUDA torch or nvidia-* packages
 set -euo pipefail
 
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
-EXTRAS=${EXTRAS:-dev}
+EXTRAS=${EXTRAS:-dev,elastic}
 HELPER="$(dirname "$0")/cpu_torch.py"
 
 case "${1:-}" in

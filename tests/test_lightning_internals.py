@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader, SequentialSampler
 
 from lightning_hetero._lightning_internals import (
     NEVER_STEPPED,
+    advance_current_epoch,
     forget_train_dataloader,
     inside_training_batch,
     is_last_batch,
@@ -34,6 +35,7 @@ from lightning_hetero._lightning_internals import (
     rebuild_validation_loaders,
     replace_sigterm_broadcast,
     resume_lr_scheduler,
+    set_current_epoch,
     set_default_group_timeout,
     set_global_step,
     set_max_steps,
@@ -251,6 +253,33 @@ def test_set_global_step_is_what_trainer_global_step_reads():
     assert trainer.global_step == 7
     set_global_step(trainer, 7, in_step=True)  # the loop adds the step in progress once it completes
     assert trainer.global_step == 6
+
+
+def test_set_current_epoch_before_the_fit_loop_starts_an_epoch_runs_from_it():
+    epochs = []
+
+    class Join(L.Callback):
+        def on_train_start(self, trainer, pl_module):
+            set_current_epoch(trainer, 3)  # a worker joining a running job at its epoch 3
+
+        def on_train_epoch_start(self, trainer, pl_module):
+            epochs.append(trainer.current_epoch)
+
+    trainer = _fit(Join(), epochs=5)
+    assert epochs == [3, 4] and trainer.current_epoch == 5
+
+
+def test_advance_current_epoch_in_an_epoch_moves_the_fit_loop_on():
+    epochs = []
+
+    class CatchUp(L.Callback):
+        def on_train_epoch_start(self, trainer, pl_module):
+            if trainer.current_epoch == 1:
+                advance_current_epoch(trainer, 2)  # a worker that fetched the job's state two epochs on
+            epochs.append(trainer.current_epoch)
+
+    trainer = _fit(CatchUp(), epochs=6)
+    assert epochs == [0, 3, 4, 5] and trainer.current_epoch == 6
 
 
 def test_rebuild_validation_loaders_drops_the_cached_loaders():

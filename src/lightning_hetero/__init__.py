@@ -14,6 +14,7 @@ from lightning_hetero._lazy import lazy_attributes
 from lightning_hetero._registration import register_now_or_after_lightning
 
 if TYPE_CHECKING:
+    from lightning_hetero.elastic import ElasticLocalSGDStrategy
     from lightning_hetero.emulation import ProgressReporter, SlowdownEmulator
     from lightning_hetero.hetero_batch import BatchSizeController, HeteroBatchCallback
     from lightning_hetero.measurement import ComputeTimer, ThroughputMeter
@@ -33,6 +34,7 @@ _MODULES = {
     "AsyncPSStrategy": "lightning_hetero.ps",
     "BatchSizeController": "lightning_hetero.hetero_batch",
     "ComputeTimer": "lightning_hetero.measurement",
+    "ElasticLocalSGDStrategy": "lightning_hetero.elastic",
     "FixedFractionPolicy": "lightning_hetero.switching",
     "GreedyPolicy": "lightning_hetero.switching",
     "HeteroBatchCallback": "lightning_hetero.hetero_batch",
@@ -50,6 +52,7 @@ __all__ = [
     "AsyncPSStrategy",
     "BatchSizeController",
     "ComputeTimer",
+    "ElasticLocalSGDStrategy",
     "FixedFractionPolicy",
     "GreedyPolicy",
     "HeteroBatchCallback",

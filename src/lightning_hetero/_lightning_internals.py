@@ -311,6 +311,33 @@ def set_val_check_batch(trainer: pl.Trainer, batches: int) -> None:
     trainer.val_check_batch = batches
 
 
+def set_current_epoch(trainer: pl.Trainer, epoch: int) -> None:
+    """Make ``trainer.current_epoch`` read ``epoch`` before the fit loop starts its next epoch (a worker joining a
+    running job at its epoch), as a resumed checkpoint's loop state does.
+
+    Relies on ``fit_loop.epoch_progress`` (``current`` and ``total``: ``ready``, ``started``, ``processed``,
+    ``completed``), whose ``current.completed`` is ``trainer.current_epoch`` (checked against Lightning 2.6.6).
+    """
+    progress = trainer.fit_loop.epoch_progress
+    for counter in (progress.current, progress.total):
+        counter.ready = counter.started = counter.processed = counter.completed = epoch
+
+
+def advance_current_epoch(trainer: pl.Trainer, epochs: int) -> None:
+    """Move ``trainer.current_epoch`` on by ``epochs`` in the middle of the fit loop (an elastic worker that fetched
+    the job's state from a peer after the job finished epochs without it), keeping the counters' offsets (an epoch
+    in progress is ``ready`` and ``started`` one ahead of ``completed``).
+
+    Relies on ``fit_loop.epoch_progress`` as :func:`set_current_epoch` does (checked against Lightning 2.6.6).
+    """
+    progress = trainer.fit_loop.epoch_progress
+    for counter in (progress.current, progress.total):
+        counter.ready += epochs
+        counter.started += epochs
+        counter.processed += epochs
+        counter.completed += epochs
+
+
 def rebuild_validation_loaders(trainer: pl.Trainer) -> None:
     """Make the fit loop build its validation loaders again (for example after the ranks sharing them changed):
     Lightning otherwise keeps the ones built at the first validation.

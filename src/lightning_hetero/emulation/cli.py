@@ -26,7 +26,7 @@ from lightning_hetero.emulation.config import ConfigError, EmulationConfig, load
 from lightning_hetero.emulation.plan import ContainerUpdate, PlanError, plan_level
 from lightning_hetero.emulation.presets import OMNILEARN_CORES, TABLE_HOST_CPUS
 from lightning_hetero.emulation.runner import BackendError, describe_plan, run_dynamic, run_static
-from lightning_hetero.emulation.schedule import OMNILEARN_SCHEDULES
+from lightning_hetero.emulation.schedule import OMNILEARN_SCHEDULES, churn_plan
 
 if TYPE_CHECKING:
     from lightning_hetero.emulation.docker_backend import DockerBackend
@@ -92,6 +92,18 @@ def build_parser() -> argparse.ArgumentParser:
     cluster_commands = cluster.add_subparsers(dest="action", required=True)
     add_common(cluster_commands.add_parser("up", help="create the workers at the initial level"))
     add_common(cluster_commands.add_parser("down", help="remove the workers and their network"))
+    for action, text in (
+        ("stop", "kill worker containers mid-run (machines lost)"),
+        ("start", "start killed worker containers again (they rejoin an elastic job)"),
+        ("churn", "kill a worker every --every-s seconds and start it --down-s later, --cycles times"),
+    ):
+        sub = cluster_commands.add_parser(action, help=text)
+        add_common(sub)
+        sub.add_argument("--workers", required=True, help="comma-separated container names, e.g. worker2")
+        if action == "churn":
+            sub.add_argument("--every-s", type=float, default=60.0)
+            sub.add_argument("--down-s", type=float, default=5.0)
+            sub.add_argument("--cycles", type=int, default=1)
     return parser
 
 
@@ -143,7 +155,25 @@ def _emulate(config: EmulationConfig, args: argparse.Namespace) -> int:
     return 0
 
 
+def _churn(args: argparse.Namespace) -> int:
+    """``cluster stop|start|churn``: workers leaving and coming back (see ``docs/elastic.md``)."""
+    names = [name for name in args.workers.split(",") if name]
+    plan = [(0.0, args.action)] if args.action != "churn" else churn_plan(args.every_s, args.down_s, args.cycles)
+    if args.dry_run:
+        for at_s, action in plan:
+            print(f"at {at_s:g} s: {action} {', '.join(names)}")
+        return 0
+    backend = _connect(args)
+    start = time.monotonic()
+    for at_s, action in plan:
+        time.sleep(max(0.0, start + at_s - time.monotonic()))
+        backend.set_running(names, running=action == "start")
+    return 0
+
+
 def _cluster(config: EmulationConfig, args: argparse.Namespace) -> int:
+    if args.action in ("stop", "start", "churn"):
+        return _churn(args)
     initial_level = config.level or (config.schedule.level_at(0) if config.schedule is not None else None)
     if args.action == "down":
         if args.dry_run:

@@ -154,6 +154,15 @@ class DockerBackend:
             done.append((container, previous))
             log.info("%s: %s", reason, update.describe())
 
+    def set_running(self, names: Sequence[str], running: bool) -> None:
+        """Start the named containers again, or kill them (SIGKILL: a machine lost, as a spot instance is)."""
+        for container in self.containers(names):
+            if running:
+                container.start()
+            else:
+                container.kill()
+            log.info("%s: %s", container.name, "started" if running else "killed")
+
     def cpu_cgroup(self, name: str) -> CpuCgroup:
         """The CFS quota, period and throttling counters that container ``name`` sees in its own cgroup."""
         (container,) = self.containers([name])

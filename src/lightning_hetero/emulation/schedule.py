@@ -87,5 +87,28 @@ class LevelSchedule:
         return self.starts[-1]
 
 
+def churn_plan(every_s: float, down_s: float, cycles: int) -> list[tuple[float, str]]:
+    """When to stop and start a worker to script churn (an elastic job's workers leaving and coming back): every
+    ``every_s`` seconds it is killed, and ``down_s`` later started again, ``cycles`` times.
+
+    Example::
+
+        >>> churn_plan(every_s=60, down_s=5, cycles=2)
+        [(60.0, 'stop'), (65.0, 'start'), (120.0, 'stop'), (125.0, 'start')]
+        >>> churn_plan(every_s=5, down_s=5, cycles=1)
+        Traceback (most recent call last):
+        ...
+        ValueError: down_s=5 must be shorter than every_s=5
+    """
+    if every_s <= 0 or down_s <= 0 or cycles < 1:
+        raise ValueError(f"every_s and down_s must be > 0 and cycles >= 1, got {every_s}, {down_s}, {cycles}")
+    if down_s >= every_s:
+        raise ValueError(f"down_s={down_s:g} must be shorter than every_s={every_s:g}")
+    plan: list[tuple[float, str]] = []
+    for cycle in range(1, cycles + 1):
+        plan += [(float(cycle * every_s), "stop"), (float(cycle * every_s + down_s), "start")]
+    return plan
+
+
 # renamed in issue 13 (so that "schedule" alone names no class); the old name goes in the next release
 __getattr__ = renamed_attributes(__name__, {"Schedule": ("LevelSchedule", LevelSchedule)})

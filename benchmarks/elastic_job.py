@@ -1,0 +1,131 @@
+"""An elastic job on this machine: workers of ``elastic_worker.py`` started one by one as separate processes (as on
+separate machines), killed and restarted at will, and what they wrote read back. Used by ``bench_elastic.py`` and
+by the tests in ``tests/elastic/`` (which add ``benchmarks/`` to ``sys.path``).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from lightning_hetero.elastic.commits import CommitRecord, epoch_coverage, lineage
+
+WORKER = Path(__file__).resolve().parent / "elastic_worker.py"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ElasticJob:
+    """Workers of one job writing into ``out``; ``args`` go to every worker (``--epochs``, ``--samples``, ...).
+
+    Args:
+        out: the job's folder (the workers' JSON, commit logs and errors).
+        args: command-line options for every worker.
+        lighthouse: the lighthouse's address (default: a free local port; the first worker started with
+            ``host=True`` starts it).
+    """
+
+    def __init__(self, out: Path, args: list[str], lighthouse: str | None = None) -> None:
+        self.out = Path(out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.args = list(args)
+        self.lighthouse = lighthouse or f"http://localhost:{free_port()}"
+        #: every process started, by worker name, oldest first
+        self.procs: dict[str, list[subprocess.Popen]] = collections.defaultdict(list)
+        #: when each process was started (``time.time()``), by pid
+        self.started_at: dict[int, float] = {}
+
+    def start(self, name: str, *args: str, host: bool = False) -> subprocess.Popen:
+        """Start worker ``name`` (``host``: it starts the lighthouse) with ``args`` after the job's."""
+        started_at = time.time()
+        command = [sys.executable, str(WORKER), str(self.out), "--lighthouse", self.lighthouse, "--name", name]
+        command += [*self.args, *args, "--started-at", repr(started_at)]
+        if host:
+            command.append("--start-lighthouse")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        log = (self.out / f"{name}.log").open("a")
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self.procs[name].append(proc)
+        self.started_at[proc.pid] = started_at
+        return proc
+
+    def kill(self, name: str) -> None:
+        """SIGKILL the running process of worker ``name``."""
+        proc = self.procs[name][-1]
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+    def wait(self, timeout_s: float) -> dict[str, list[int | None]]:
+        """Wait for every process (killing those still running after ``timeout_s``: returncode ``None``)."""
+        deadline = time.monotonic() + timeout_s
+        codes: dict[str, list[int | None]] = {}
+        for name, procs in self.procs.items():
+            codes[name] = []
+            for proc in procs:
+                try:
+                    codes[name].append(proc.wait(timeout=max(0.1, deadline - time.monotonic())))
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+                    codes[name].append(None)
+        return codes
+
+    def close(self) -> None:
+        for procs in self.procs.values():
+            for proc in procs:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+
+    def commits(self) -> list[dict[str, Any]]:
+        """Every worker's committed rounds (a ``CommitRecord``'s fields, ``t``, ``since_start_s``, ``pid``)."""
+        rows = []
+        for path in self.out.glob("commits-*.jsonl"):
+            pid = int(path.stem.rsplit("-", 1)[1])
+            rows += [{**json.loads(line), "pid": pid} for line in path.read_text().splitlines() if line.strip()]
+        return sorted(rows, key=lambda row: row["t"])
+
+    def history(self) -> list[CommitRecord]:
+        """The job's history: the commits the parameters of the workers that finished descend from (they must agree
+        on the last one), from every worker's log."""
+        fields = {field.name for field in dataclasses.fields(CommitRecord)}
+        by_pid: dict[int, list[CommitRecord]] = collections.defaultdict(list)
+        for row in self.commits():
+            values = {k: tuple(v) if isinstance(v, list) else v for k, v in row.items() if k in fields}
+            by_pid[row["pid"]].append(CommitRecord(**values))
+        finished = {int(path.stem.rsplit("-", 1)[1]) for path in self.out.glob("worker-*.json")}
+        finals = {(records[-1].step, records[-1].digest) for pid, records in by_pid.items() if pid in finished}
+        if len(finals) != 1:
+            raise AssertionError(f"the workers that finished end at different commits: {sorted(finals)}")
+        final = next(records[-1] for pid, records in by_pid.items() if pid in finished)
+        return lineage([record for records in by_pid.values() for record in records], final)
+
+    def coverage(self, num_chunks: int) -> dict[int, dict[str, int]]:
+        """Per epoch of the job's :meth:`history`: chunks trained, chunks ``lost`` (never) and ``duplicated`` (more
+        than once)."""
+        return epoch_coverage(self.history(), num_chunks)
+
+    def first_contribution_s(self, pid: int) -> float | None:
+        """Seconds from starting process ``pid`` to its first committed round that trained a chunk."""
+        rows = [row for row in self.commits() if row["pid"] == pid and row["chunks"]]
+        return rows[0]["since_start_s"] if rows else None
+
+    def results(self) -> list[dict[str, Any]]:
+        return [json.loads(path.read_text()) for path in sorted(self.out.glob("worker-*.json"))]
+
+    def errors(self) -> dict[str, str]:
+        return {path.stem: path.read_text() for path in sorted(self.out.glob("error-*.txt"))}

@@ -1,0 +1,141 @@
+"""One worker of an elastic local-SGD job (``ElasticLocalSGDStrategy``) on generated data; start one per "machine".
+
+Usage: python benchmarks/elastic_worker.py OUT_DIR --lighthouse http://localhost:PORT [--start-lighthouse] [options]
+
+The worker appends one JSON line per committed round to ``OUT_DIR/commits-<name>-<pid>.jsonl`` (its
+``CommitRecord``: the epoch, the chunks it and all trained, the step, the parameters' digests; and the time) and at the end writes ``OUT_DIR/worker-<name>-<pid>.json`` (its report, validation
+accuracy, epochs, parameter checksum). A failure is written to ``OUT_DIR/error-<name>-<pid>.txt``.
+"""
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from torch.utils.data import TensorDataset
+
+from lightning_hetero.elastic import CommitRecord, ElasticLocalSGDStrategy
+from lightning_hetero.synthetic import MLPClassifier, SyntheticClassificationDataModule, make_classification
+
+
+class SleepyMLP(MLPClassifier):
+    """The synthetic MLP, each training step ``step_sleep_s`` longer (an emulated slower machine)."""
+
+    def __init__(self, step_sleep_s: float, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.step_sleep_s = step_sleep_s
+
+    def training_step(self, batch, batch_idx):
+        time.sleep(self.step_sleep_s)
+        return super().training_step(batch, batch_idx)
+
+
+class StopFile(Callback):
+    """Stops training after the epoch count written in ``path`` (every worker reads the same count, so all stop at
+    the same epoch)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        if self.path.exists() and trainer.current_epoch + 1 >= int(self.path.read_text()):
+            trainer.should_stop = True
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--lighthouse", required=True)
+    parser.add_argument("--start-lighthouse", action="store_true")
+    parser.add_argument("--name", default="worker")
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--samples", type=int, default=512)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--steps-per-round", type=int, default=4)
+    parser.add_argument("--step-sleep-s", type=float, default=0.0)
+    parser.add_argument("--hidden", type=int, default=32)
+    parser.add_argument("--classes", type=int, default=4)
+    parser.add_argument("--noise", type=float, default=0.5, help="the generated clusters' spread (harder: larger)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--lr", type=float, default=0.1)
+    for timeout in ("round", "join", "heartbeat", "startup"):
+        parser.add_argument(f"--{timeout}-timeout-s", type=float, default=None, help="default: the strategy's")
+    parser.add_argument("--started-at", type=float, default=None, help="time.time() when the process was started")
+    parser.add_argument("--ckpt-dir", default=None)
+    parser.add_argument("--resume", default=None)
+    parser.add_argument("--stop-file", default=None, help="holds an epoch count E: training stops after epoch E")
+    args = parser.parse_args()
+    started_at = args.started_at or time.time()
+    torch.set_num_threads(1)
+    logging.getLogger("lightning.fabric.utilities.seed").setLevel(logging.WARNING)
+    L.seed_everything(args.seed)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tag = f"{args.name}-{os.getpid()}"
+    strategy = ElasticLocalSGDStrategy(
+        lighthouse=args.lighthouse,
+        start_lighthouse=args.start_lighthouse,
+        replica_id=args.name,
+        steps_per_round=args.steps_per_round,
+        **{
+            f"{timeout}_timeout_s": value
+            for timeout in ("round", "join", "heartbeat", "startup")
+            if (value := getattr(args, f"{timeout}_timeout_s")) is not None
+        },
+    )
+    log = (out / f"commits-{tag}.jsonl").open("a", buffering=1)
+
+    def on_commit(record: CommitRecord) -> None:
+        now = time.time()
+        log.write(json.dumps({**dataclasses.asdict(record), "t": now, "since_start_s": now - started_at}) + "\n")
+
+    strategy.on_commit = on_commit
+    data = SyntheticClassificationDataModule(
+        num_samples=args.samples, batch_size=args.batch_size, num_classes=args.classes, seed=args.seed
+    )
+    if args.noise != 0.5:
+        drawn = make_classification(args.samples * 5 // 4, num_classes=args.classes, seed=args.seed, noise=args.noise)
+        x, y = drawn.tensors
+        data.train_set = TensorDataset(x[: args.samples], y[: args.samples])
+        data.val_set = TensorDataset(x[args.samples :], y[args.samples :])
+    model = SleepyMLP(args.step_sleep_s, hidden=args.hidden, lr=args.lr, num_classes=args.classes)
+    callbacks: list[Callback] = [ModelCheckpoint(dirpath=args.ckpt_dir, save_last=True)] if args.ckpt_dir else []
+    if args.stop_file:
+        callbacks.append(StopFile(args.stop_file))
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        strategy=strategy,
+        max_epochs=args.epochs,
+        callbacks=callbacks,
+        logger=False,
+        enable_checkpointing=bool(args.ckpt_dir),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
+    try:
+        trainer.fit(model, datamodule=data, ckpt_path=args.resume)
+    except Exception as err:
+        (out / f"error-{tag}.txt").write_text(f"{type(err).__name__}: {err}")
+        raise
+    result = {
+        "name": args.name,
+        "report": strategy.report,
+        "val_acc": float(trainer.callback_metrics.get("val_acc", float("nan"))),
+        "epochs": trainer.current_epoch,
+        "global_step": trainer.global_step,
+        "checksum": float(sum(p.detach().double().sum() for p in model.parameters())),
+        "wall_s": time.time() - started_at,
+    }
+    (out / f"worker-{tag}.json").write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,396 @@
+"""``ElasticLocalSGDStrategy``: speed-proportional local SGD whose workers leave and join a running job, on torchft.
+
+Each worker is its own process (``python train.py`` per machine, one device each) with this strategy; the workers
+find each other through torchft's lighthouse. The Lightning glue only: the rounds are
+:mod:`lightning_hetero.elastic.rounds`, the membership :mod:`lightning_hetero.elastic.membership`. See
+``docs/elastic.md``.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import os
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from lightning.pytorch.strategies import SingleDeviceStrategy
+from lightning.pytorch.trainer.states import RunningStage, TrainerFn
+from lightning.pytorch.utilities import rank_zero_info
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
+from torch.optim import Optimizer
+from torch.utils.data import DataLoader
+
+from lightning_hetero._lightning_internals import advance_current_epoch, set_current_epoch, set_global_step
+from lightning_hetero._validation import check_range
+from lightning_hetero.elastic.commits import CommitRecord, digest
+from lightning_hetero.elastic.membership import LIGHTHOUSE_ENV, ElasticError, Membership, start_lighthouse
+from lightning_hetero.elastic.membership import wait_reachable as _wait_reachable
+from lightning_hetero.elastic.rounds import ElasticRounds
+from lightning_hetero.elastic.sampler import IDLE, ElasticBatchSampler, elastic_loader
+from lightning_hetero.ps.local_sgd import check_weighting
+from lightning_hetero.ps.outer_optimizer import OuterOptimizer
+
+#: the checkpoint's key for the elastic state (a plain Lightning checkpoint otherwise)
+CHECKPOINT_KEY = "elastic_local_sgd"
+
+
+def _model_signature(module: torch.nn.Module) -> dict[str, list[int]]:
+    return {name: list(p.shape) for name, p in module.named_parameters() if p.requires_grad}
+
+
+def signature_mismatch(own: dict[str, list[int]], job: dict[str, list[int]]) -> str | None:
+    """The first difference between this worker's model and the running job's, in words (``None``: they match).
+
+    Example::
+
+        >>> signature_mismatch({"w": [4, 8]}, {"w": [4, 16]})
+        'parameter w has shape [4, 8] here and [4, 16] in the running job'
+        >>> signature_mismatch({"w": [4]}, {"w": [4], "b": [2]})
+        'parameter b of the running job is missing here'
+    """
+    for name, shape in job.items():
+        if name not in own:
+            return f"parameter {name} of the running job is missing here"
+        if own[name] != shape:
+            return f"parameter {name} has shape {own[name]} here and {shape} in the running job"
+    extra = sorted(set(own) - set(job))
+    return f"parameter {extra[0]} is not in the running job's model" if extra else None
+
+
+class ElasticLocalSGDStrategy(SingleDeviceStrategy):
+    """Local SGD on one device per worker, with workers that leave and join while the job runs (torchft).
+
+    Every worker trains its own copy for a round (its local steps in proportion to its measured speed), then the
+    workers present combine their pseudo-gradients in one all-reduce and an outer optimizer applies them. A worker
+    that dies is dropped at the next round end; one started later joins at the next round end with the state fetched
+    from a peer and trains from its first round. Every sample is trained once per epoch by the workers present.
+
+    Args:
+        lighthouse: torchft's lighthouse, ``http://host:port`` (default: the ``TORCHFT_LIGHTHOUSE`` variable).
+        start_lighthouse: start the lighthouse in this worker at ``lighthouse``'s port (the first worker's node; the
+            job then ends when this worker does).
+        replica_id: this worker's name in the job (default: ``hostname-pid``).
+        steps_per_round: local steps per worker and round on average (the round's length), split by speed.
+        outer_optimizer: the outer optimizer class (default ``torch.optim.SGD`` with ``lr=1.0``: plain averaging).
+        outer_optimizer_kwargs: its keyword arguments.
+        pseudo_gradient_weighting: ``"mean"`` (the workers that trained in the round count equally, as in
+            ``AsyncPSStrategy(mode="local")``, whose measurements chose it) or ``"samples"`` (weighted by the samples
+            each trained).
+        min_workers: rounds commit only with at least this many workers.
+        startup_timeout_s: how long a starting worker waits for the lighthouse to accept connections.
+        round_timeout_s: how long a round end may wait for the others (longer than a round plus validation).
+        join_timeout_s: after a worker was lost, how long the hosted lighthouse waits for the live workers that
+            have not reached the round end before it forms the round without them (they rejoin at the next one).
+            Far below ``round_timeout_s``: a live worker can be stuck in the collective the lost one broke.
+        heartbeat_timeout_s: a worker silent this long is dropped (hosted lighthouse), and the lighthouse
+            unreachable this long during a round end ends the worker with an error naming it.
+        device: this worker's device.
+        **kwargs: passed to ``SingleDeviceStrategy``.
+
+    Example::
+
+        >>> strategy = ElasticLocalSGDStrategy(lighthouse="http://node0:29510", start_lighthouse=True)
+        >>> strategy.lighthouse, strategy.steps_per_round
+        ('http://node0:29510', 16)
+    """
+
+    strategy_name = "elastic_local_sgd"
+
+    def __init__(
+        self,
+        lighthouse: str | None = None,
+        start_lighthouse: bool = False,
+        replica_id: str | None = None,
+        steps_per_round: int = 16,
+        outer_optimizer: type[Optimizer] | None = None,
+        outer_optimizer_kwargs: dict[str, Any] | None = None,
+        pseudo_gradient_weighting: str = "mean",
+        min_workers: int = 1,
+        startup_timeout_s: float = 30.0,
+        round_timeout_s: float = 300.0,
+        join_timeout_s: float = 5.0,
+        heartbeat_timeout_s: float = 2.0,
+        device: torch.device | str = "cpu",
+        **kwargs: Any,
+    ) -> None:
+        if importlib.util.find_spec("torchft") is None:
+            raise ImportError("ElasticLocalSGDStrategy needs torchft: pip install 'lightning-hetero[elastic]'")
+        super().__init__(device=torch.device(device), **kwargs)
+        lighthouse = lighthouse or os.environ.get(LIGHTHOUSE_ENV)
+        if not lighthouse:
+            raise ValueError(f"ElasticLocalSGDStrategy needs lighthouse='http://host:port' or {LIGHTHOUSE_ENV}")
+        check_range("steps_per_round", steps_per_round, low=1, integer=True)
+        check_range("min_workers", min_workers, low=1, integer=True)
+        for name, value in (
+            ("startup_timeout_s", startup_timeout_s),
+            ("round_timeout_s", round_timeout_s),
+            ("join_timeout_s", join_timeout_s),
+            ("heartbeat_timeout_s", heartbeat_timeout_s),
+        ):
+            check_range(name, value, low=0, low_open=True)
+        if join_timeout_s >= round_timeout_s:
+            raise ValueError(
+                f"join_timeout_s={join_timeout_s:g} must be below round_timeout_s={round_timeout_s:g}: the round end "
+                "of the workers present would time out while the lighthouse still waits for a lost one"
+            )
+        check_weighting(pseudo_gradient_weighting)
+        self.lighthouse = lighthouse
+        self.start_lighthouse = start_lighthouse
+        self.replica_id = replica_id or f"{socket.gethostname()}-{os.getpid()}"
+        self.steps_per_round = steps_per_round
+        self.outer = OuterOptimizer(outer_optimizer, outer_optimizer_kwargs)
+        self.pseudo_gradient_weighting = pseudo_gradient_weighting
+        self.min_workers = min_workers
+        self.startup_timeout_s = startup_timeout_s
+        self.round_timeout_s = round_timeout_s
+        self.join_timeout_s = join_timeout_s
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        #: this worker's rounds (``None`` until the training loader is known)
+        self.rounds: ElasticRounds | None = None
+        self.membership: Membership | None = None
+        #: what the worker saw: ``joined_s`` (start to first round end), ``recovered`` (state fetched from a peer),
+        #: ``failed_rounds``, ``duplicates``, ``round_ends`` and ``round_end_s`` (their count and total seconds: the
+        #: quorum, the all-reduce and the commit vote, waiting for the others included)
+        self.report: dict[str, Any] = {
+            "recovered": False,
+            "failed_rounds": 0,
+            "duplicates": 0,
+            "round_ends": 0,
+            "round_end_s": 0.0,
+        }
+        #: called with a :class:`~lightning_hetero.elastic.CommitRecord` per round this worker commits
+        self.on_commit: Callable[[CommitRecord], None] | None = None
+        self._lighthouse_server: Any = None
+        self._sampler: ElasticBatchSampler | None = None
+        self._restored: dict[str, Any] | None = None
+        self._joined = False
+        self._started = time.monotonic()
+
+    # ------------------------------------------------------------------ setup and teardown
+
+    def setup(self, trainer: Any) -> None:
+        super().setup(trainer)
+        if trainer.state.fn != TrainerFn.FITTING:
+            return
+        if trainer.accumulate_grad_batches != 1 or len(self.optimizers) != 1:
+            raise ValueError(
+                "ElasticLocalSGDStrategy needs one optimizer and accumulate_grad_batches=1, got "
+                f"{len(self.optimizers)} optimizer(s) and accumulate_grad_batches={trainer.accumulate_grad_batches}"
+            )
+        if self.start_lighthouse:
+            self._lighthouse_server = self.host_lighthouse()
+        _wait_reachable(self.lighthouse, self.startup_timeout_s)
+        self.membership = Membership(
+            self.lighthouse,
+            self.replica_id,
+            self._load_peer_state,
+            self._peer_state,
+            round_timeout_s=self.round_timeout_s,
+            lost_after_s=self.heartbeat_timeout_s,
+            min_workers=self.min_workers,
+        )
+        rank_zero_info(
+            f"ElasticLocalSGDStrategy: worker {self.replica_id}, lighthouse {self.lighthouse} "
+            f"({'started here' if self.start_lighthouse else 'given'}), {self.steps_per_round} local steps per worker "
+            f"and round split by speed, pseudo_gradient_weighting={self.pseudo_gradient_weighting!r}, outer "
+            f"optimizer {self.outer.description}"
+        )
+
+    def host_lighthouse(self) -> Any:
+        """Start torchft's lighthouse in this process at ``lighthouse``'s port, with this strategy's settings (what
+        ``start_lighthouse=True`` does at ``fit``); returns the server (its ``shutdown()`` stops it)."""
+        return start_lighthouse(self.lighthouse, self.min_workers, self.join_timeout_s, self.heartbeat_timeout_s)
+
+    def process_dataloader(self, dataloader: object) -> object:
+        """The training loader's batches become the chunks the ledger assigns to this worker."""
+        trainer = self.lightning_module.trainer
+        if (
+            trainer.state.fn != TrainerFn.FITTING
+            or trainer.state.stage != RunningStage.TRAINING
+            or not isinstance(dataloader, DataLoader)
+        ):
+            return dataloader
+        num_chunks = -(-len(dataloader.dataset) // (dataloader.batch_size or 1))  # type: ignore[arg-type]
+        if self.rounds is None:
+            self.rounds = ElasticRounds(num_chunks, self.steps_per_round, self.outer, self.pseudo_gradient_weighting)
+        built = elastic_loader(dataloader, self.rounds, self._epoch_start)
+        if built is None:
+            raise ValueError(
+                "ElasticLocalSGDStrategy needs a training DataLoader with a batch_size and a plain (random or "
+                "sequential) sampler: the workers share its batches through the epoch's ledger"
+            )
+        loader, self._sampler = built
+        return loader
+
+    def on_train_start(self) -> None:
+        """Join the job (unless the loader's first batch did already, as on a resume) and start at its epoch."""
+        super().on_train_start()
+        self._join()
+        rounds = self._parts()[0]
+        trainer = self.lightning_module.trainer
+        if trainer.current_epoch != rounds.ledger.epoch:  # joined a running job: start at its epoch
+            set_current_epoch(trainer, rounds.ledger.epoch)
+        set_global_step(trainer, rounds.steps_total, in_step=False)
+
+    def _epoch_start(self) -> None:
+        """Before an epoch's first batch: join the job if not yet, and start at the ledger's epoch (a worker that
+        fetched the job's state after the others finished epochs without it, as one left out of rounds while stuck)."""
+        if not self._joined:  # the first epoch: on_train_start sets the job's epoch
+            self._join()
+            return
+        rounds = self._parts()[0]
+        trainer = self.lightning_module.trainer
+        if rounds.ledger.epoch > trainer.current_epoch:
+            advance_current_epoch(trainer, rounds.ledger.epoch - trainer.current_epoch)
+
+    def _join(self) -> None:
+        """The first round end (this worker's state fetched from a peer when the job is running), once."""
+        if self._joined:
+            return
+        self._joined = True
+        rounds = self._parts()[0]
+        if self._restored is not None:
+            rounds.load_state_dict(self._restored["rounds"])
+            assert self.membership is not None
+            self.membership.restore_step(int(self._restored["step"]))
+            self._restored = None
+        rounds.begin(self._flat())
+        self._round_end()
+        self.report["joined_s"] = time.monotonic() - self._started
+
+    def teardown(self) -> None:
+        self._joined = False
+        if self.membership is not None:
+            self.membership.shutdown()
+            self.membership = None
+        if self._lighthouse_server is not None:
+            self._lighthouse_server.shutdown()
+            self._lighthouse_server = None
+        super().teardown()
+
+    # ------------------------------------------------------------------ steps and round ends
+
+    def optimizer_step(self, optimizer: Any, closure: Callable[[], Any], model: Any = None, **kwargs: Any) -> Any:
+        """A local step on this worker's chunk; an idle batch runs the closure only. At the end of the worker's
+        quota (or on an idle batch) the round end."""
+        rounds, sampler = self._parts()
+        chunk = sampler.next_chunk()
+        epoch = rounds.ledger.epoch
+        if chunk == IDLE or rounds.dropped(chunk):
+            output = closure()
+            optimizer.zero_grad()
+            if epoch == sampler.epoch:  # else the ledger finished this loader iteration's epoch: no more rounds in it
+                self._round_end()
+        else:
+            start = time.perf_counter()
+            output = super().optimizer_step(optimizer, closure, model, **kwargs)
+            if rounds.record_step(chunk, sampler.chunk_samples(chunk), time.perf_counter() - start):
+                self._round_end()
+        set_global_step(self.lightning_module.trainer, rounds.steps_total, in_step=True)
+        return output
+
+    def _round_end(self) -> None:
+        rounds, _ = self._parts()
+        assert self.membership is not None
+        flat = self._flat()
+        buffers = self._float_buffers()
+        flat_buffers = torch.cat([b.detach().reshape(-1) for b in buffers]) if buffers else None
+        self._recovered_flat: torch.Tensor | None = None
+
+        def message(rank: int, participants: int) -> torch.Tensor:
+            nonlocal flat, flat_buffers
+            if self._recovered_flat is not None:  # recovered from a peer in the quorum: start from its state
+                flat = self._recovered_flat
+                flat_buffers = torch.cat([b.detach().reshape(-1) for b in buffers]) if buffers else None
+            return rounds.message(flat, flat_buffers, rank, participants)
+
+        trained = tuple(rounds.trained)
+        start = time.perf_counter()
+        summed, rank, participants = self.membership.round(message)
+        self.report["round_ends"] += 1
+        self.report["round_end_s"] += time.perf_counter() - start
+        if summed is None:
+            self.report["failed_rounds"] += 1
+            rounds.rollback(flat)
+        else:
+            parent = digest(rounds.outer.anchor) if self.on_commit is not None else ""
+            result = rounds.commit(summed, flat, flat_buffers, rank, participants)
+            self.report["duplicates"] += result.duplicates
+            if self.on_commit is not None:
+                epoch = rounds.ledger.epoch - int(result.epoch_done)
+                own = () if self._recovered_flat is not None else trained
+                step = self.membership.step
+                self.on_commit(CommitRecord(epoch, step, own, result.chunks, parent, digest(rounds.outer.anchor)))
+        self._set_flat(flat, flat_buffers)
+
+    # ------------------------------------------------------------------ the state a joining worker fetches
+
+    def _peer_state(self) -> dict[str, Any]:
+        """Served to a recovering peer (during this worker's quorum): the round's start parameters, buffers, the
+        inner optimizer, the rounds' state."""
+        rounds, _ = self._parts()
+        anchor = rounds.outer.anchor
+        assert anchor is not None
+        return {
+            "signature": _model_signature(self.lightning_module),
+            "anchor": anchor.clone(),
+            "buffers": [b.detach().clone() for b in self._float_buffers()],
+            "optimizer": copy.deepcopy(self.optimizers[0].state_dict()) if self.optimizers else None,
+            "rounds": copy.deepcopy(rounds.state_dict()),
+        }
+
+    def _load_peer_state(self, state: dict[str, Any]) -> None:
+        mismatch = signature_mismatch(_model_signature(self.lightning_module), state["signature"])
+        if mismatch is not None:
+            raise ElasticError(f"this worker cannot join the elastic job: its model differs: {mismatch}")
+        rounds, _ = self._parts()
+        flat = state["anchor"].to(self.root_device)
+        for buffer, value in zip(self._float_buffers(), state["buffers"], strict=True):
+            buffer.copy_(value)
+        if state["optimizer"] is not None and self.optimizers:
+            self.optimizers[0].load_state_dict(state["optimizer"])
+        self._set_flat(flat, None)
+        rounds.load_state_dict(state["rounds"], flat)
+        self._recovered_flat = flat.clone()
+        self.report["recovered"] = True
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
+        if self.rounds is not None and self.membership is not None:
+            checkpoint[CHECKPOINT_KEY] = {"rounds": self.rounds.state_dict(), "step": self.membership.step}
+        super().save_checkpoint(checkpoint, filepath, storage_options)
+
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        checkpoint = super().load_checkpoint(checkpoint_path, weights_only)
+        self._restored = checkpoint.get(CHECKPOINT_KEY)
+        return checkpoint
+
+    # ------------------------------------------------------------------ helpers
+
+    def _parts(self) -> tuple[ElasticRounds, ElasticBatchSampler]:
+        if self.rounds is None or self._sampler is None:
+            raise ElasticError("ElasticLocalSGDStrategy found no training DataLoader to share among the workers")
+        return self.rounds, self._sampler
+
+    def _params(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.lightning_module.parameters() if p.requires_grad]
+
+    def _float_buffers(self) -> list[torch.Tensor]:
+        return [b for b in self.lightning_module.buffers() if b.is_floating_point()]
+
+    def _flat(self) -> torch.Tensor:
+        return parameters_to_vector(self._params()).detach()
+
+    def _set_flat(self, flat: torch.Tensor, flat_buffers: torch.Tensor | None) -> None:
+        with torch.no_grad():
+            vector_to_parameters(flat, self._params())
+            if flat_buffers is not None:
+                offset = 0
+                for buffer in self._float_buffers():
+                    buffer.copy_(flat_buffers[offset : offset + buffer.numel()].view_as(buffer))
+                    offset += buffer.numel()

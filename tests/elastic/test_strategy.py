@@ -1,0 +1,149 @@
+"""ElasticLocalSGDStrategy end to end: one worker in this process (checkpoints, a lighthouse nobody runs), and a job
+of separate worker processes (``benchmarks/elastic_worker.py``) that leave and join."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from lightning_hetero.elastic import ElasticError, ElasticLocalSGDStrategy
+from lightning_hetero.synthetic import MLPClassifier, SyntheticClassificationDataModule
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from elastic_job import ElasticJob, free_port
+
+SAMPLES, BATCH = 256, 16
+CHUNKS = SAMPLES // BATCH
+
+
+def _trainer(strategy, epochs: int, **kwargs) -> L.Trainer:
+    settings = {
+        "accelerator": "cpu",
+        "devices": 1,
+        "max_epochs": epochs,
+        "logger": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "num_sanity_val_steps": 0,
+        "enable_checkpointing": False,
+    }
+    return L.Trainer(strategy=strategy, **(settings | kwargs))
+
+
+def _data() -> SyntheticClassificationDataModule:
+    return SyntheticClassificationDataModule(num_samples=SAMPLES, batch_size=BATCH)
+
+
+def test_one_worker_trains_every_batch_and_its_checkpoint_resumes_with_and_without_torchft(tmp_path):
+    strategy = ElasticLocalSGDStrategy(lighthouse=f"http://localhost:{free_port()}", start_lighthouse=True)
+    trained: list[int] = []
+    strategy.on_commit = lambda record: trained.extend(record.chunks)
+    checkpoint = ModelCheckpoint(dirpath=tmp_path, save_last=True)
+    L.seed_everything(0)
+    trainer = _trainer(strategy, 2, callbacks=[checkpoint], enable_checkpointing=True)
+    trainer.fit(MLPClassifier(hidden=16), datamodule=_data())
+    assert sorted(trained) == sorted(list(range(CHUNKS)) * 2)
+    assert trainer.global_step == 2 * CHUNKS and strategy.report["failed_rounds"] == 0
+    saved = torch.load(tmp_path / "last.ckpt", weights_only=False)
+    assert saved["elastic_local_sgd"]["rounds"]["ledger"]["epoch"] == 2
+
+    plain = _trainer("auto", 3)  # no torchft needed to read it: a plain Lightning checkpoint
+    plain.fit(MLPClassifier(hidden=16), datamodule=_data(), ckpt_path=tmp_path / "last.ckpt")
+    assert plain.current_epoch == 3
+
+    resumed = ElasticLocalSGDStrategy(lighthouse=f"http://localhost:{free_port()}", start_lighthouse=True)
+    again = _trainer(resumed, 3)
+    again.fit(MLPClassifier(hidden=16), datamodule=_data(), ckpt_path=tmp_path / "last.ckpt")
+    assert again.current_epoch == 3 and resumed.rounds.ledger.epoch == 3
+    assert again.global_step == 3 * CHUNKS
+
+
+def test_a_worker_that_cannot_reach_the_lighthouse_says_so_within_startup_timeout_s():
+    address = f"http://127.0.0.1:{free_port()}"
+    strategy = ElasticLocalSGDStrategy(lighthouse=address, startup_timeout_s=1.0)
+    start = time.monotonic()
+    with pytest.raises(
+        ElasticError, match=rf"cannot reach the torchft lighthouse at {address} within startup_timeout_s=1"
+    ):
+        _trainer(strategy, 1).fit(MLPClassifier(hidden=16), datamodule=_data())
+    assert time.monotonic() - start < 30  # gave up, no hang (a wide margin)
+
+
+def test_gradient_accumulation_is_refused_naming_the_setting():
+    strategy = ElasticLocalSGDStrategy(lighthouse=f"http://127.0.0.1:{free_port()}")
+    with pytest.raises(ValueError, match="accumulate_grad_batches=2"):
+        _trainer(strategy, 1, accumulate_grad_batches=2).fit(MLPClassifier(hidden=16), datamodule=_data())
+
+
+def test_settings_are_checked_by_name(monkeypatch):
+    monkeypatch.delenv("TORCHFT_LIGHTHOUSE", raising=False)
+    with pytest.raises(ValueError, match="TORCHFT_LIGHTHOUSE"):
+        ElasticLocalSGDStrategy()
+    with pytest.raises(ValueError, match="steps_per_round"):
+        ElasticLocalSGDStrategy(lighthouse="http://h:1", steps_per_round=0)
+    with pytest.raises(ValueError, match="weighting"):
+        ElasticLocalSGDStrategy(lighthouse="http://h:1", pseudo_gradient_weighting="median")
+    with pytest.raises(ValueError, match="join_timeout_s=10 must be below round_timeout_s=10"):
+        ElasticLocalSGDStrategy(lighthouse="http://h:1", join_timeout_s=10, round_timeout_s=10)
+    monkeypatch.setenv("TORCHFT_LIGHTHOUSE", "http://node0:29510")
+    assert ElasticLocalSGDStrategy().lighthouse == "http://node0:29510"
+
+
+def _wait_for_commit(job: ElasticJob, proc, timeout_s: float = 90.0) -> float:
+    """Seconds from starting ``proc`` to its first committed round that trained a chunk."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        since = job.first_contribution_s(proc.pid)
+        if since is not None:
+            return since
+        assert proc.poll() is None, f"worker {proc.pid} exited with {proc.returncode}: {job.errors()}"
+        time.sleep(0.2)
+    raise AssertionError(f"worker {proc.pid} contributed nothing within {timeout_s} s")
+
+
+def _stop_after_next_epochs(job: ElasticJob, stop_file: Path, epochs: int) -> None:
+    stop_file.write_text(str(max(row["epoch"] for row in job.commits()) + epochs))
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timing
+def test_workers_leave_join_and_restart_and_every_sample_is_trained_once_per_epoch(tmp_path):
+    """A hosts the lighthouse, B starts, C joins the running job, D (another model) is refused, and B is killed and
+    restarted; no run hangs, the job's history trains every batch once per epoch, the survivors agree."""
+    stop = tmp_path / "stop"
+    args = ["--epochs", "1000", "--samples", str(SAMPLES), "--batch-size", str(BATCH), "--step-sleep-s", "0.02"]
+    job = ElasticJob(tmp_path, [*args, "--stop-file", str(stop)])
+    try:
+        job.start("a", host=True)
+        b = job.start("b")
+        _wait_for_commit(job, b)
+        c = job.start("c")
+        d = job.start("d", "--hidden", "48")
+        _wait_for_commit(job, c)
+        job.kill("b")
+        _wait_for_commit(job, job.start("b"))
+        assert d.wait(timeout=120) != 0
+        _stop_after_next_epochs(job, stop, 2)
+        codes = job.wait(timeout_s=120)
+    finally:
+        job.close()
+    assert codes["a"] == [0] and codes["c"] == [0] and codes["b"] == [-9, 0], codes
+    errors = job.errors()
+    assert len(errors) == 1
+    assert (
+        "cannot join the elastic job: its model differs: parameter net.0.weight has shape [48, 32] here and "
+        "[32, 32] in the running job" in next(iter(errors.values()))
+    )
+    coverage = job.coverage(CHUNKS)  # the history the finished workers' parameters descend from
+    assert len(coverage) >= 3
+    assert all(epoch["lost"] == 0 and epoch["duplicated"] == 0 for epoch in coverage.values()), coverage
+    results = {r["name"]: r for r in job.results()}
+    assert results["a"]["checksum"] == results["b"]["checksum"] == results["c"]["checksum"]
+    assert results["b"]["report"]["recovered"] and results["c"]["report"]["recovered"]
+    assert all(r["report"]["duplicates"] == 0 for r in results.values())
