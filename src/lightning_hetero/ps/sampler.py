@@ -17,7 +17,6 @@ from torch.utils.data import DistributedSampler, RandomSampler, Sampler, Sequent
 
 from lightning_hetero._validation import check_range
 from lightning_hetero.epoch_order import epoch_order as epoch_order  # re-exported: the old import path
-from lightning_hetero.ps.claim_prefetch import ClaimAhead
 
 #: ``claim(epoch, count) -> start``: atomically reserve ``count`` positions of the epoch's order; return the first.
 ClaimFn = Callable[[int, int], int]
@@ -144,9 +143,6 @@ class ClaimSampler(Sampler[int]):
         self.claim_chunks = 1
         #: asynchronous mode: the shared counter's position as this rank last saw it (its claims' end)
         self.pool_position = 0
-        #: asynchronous mode: keep the next claim in flight while this one's chunks train
-        #: (:class:`~lightning_hetero.ps.claim_prefetch.ClaimAhead`; local SGD sets it), read at each claim
-        self.claim_ahead = False
 
     @property
     def samples_left(self) -> int:
@@ -172,29 +168,17 @@ class ClaimSampler(Sampler[int]):
         pool = self.world_size * self.chunk_size  # the claims' first position
         start, stop = self.rank * self.chunk_size, (self.rank + 1) * self.chunk_size
         self.pool_position = pool
-        ahead = ClaimAhead(lambda size: self.claim(epoch, size), enabled=lambda: claims and self.claim_ahead)
-        try:
-            ahead.ahead(self._claim_size())
-            while start < self.epoch_samples:
-                for position in range(start, min(stop, self.epoch_samples), self.chunk_size):
-                    yield from self._chunk(order, position // self.chunk_size, own)
-                if not claims:
-                    break
-                first, size = ahead.take(self._claim_size())
-                start = pool + first
-                stop = self.pool_position = start + size
-                ahead.ahead(self._claim_size())
-        finally:
-            ahead.close()
+        while start < self.epoch_samples:
+            for position in range(start, min(stop, self.epoch_samples), self.chunk_size):
+                yield from self._chunk(order, position // self.chunk_size, own)
+            if not claims:
+                break
+            count = max(1, min(self.claim_chunks, self.samples_left // (2 * self.world_size * self.chunk_size)))
+            start = pool + self.claim(epoch, count * self.chunk_size)
+            stop = self.pool_position = start + count * self.chunk_size
         if self.tail is not None:
             for chunk in self.tail(epoch, own):
                 yield from self._chunk(order, chunk, own)
-
-    def _claim_size(self) -> int:
-        """Positions the next claim reserves: ``claim_chunks`` chunks, at most ``1 / (2 x world_size)`` of the
-        chunks left."""
-        left = self.samples_left // (2 * self.world_size * self.chunk_size)
-        return max(1, min(self.claim_chunks, left)) * self.chunk_size
 
     def _chunk(self, order: list[int], chunk: int, own: set[int]) -> Iterator[int]:
         own.add(chunk)

@@ -139,7 +139,7 @@ class LocalSGDEngine:
         self._settle()  # none in flight after an epoch's last round end; a stop elsewhere settles here
         self._round_open = False
         self._announced = False
-        self._set_claim_chunks(1, ahead=False)
+        self._set_claim_chunks(1)
         optimizer = ctx.optimizer
         state = gate.broadcast(copy.deepcopy(optimizer.state_dict()) if ctx.rank == SERVER_RANK else None, SERVER_RANK)
         optimizer.load_state_dict(state)
@@ -219,13 +219,11 @@ class LocalSGDEngine:
         overlap.settle(lambda summed, sent: rounds.apply(summed, ctx.flat.flat, flat_buffers, sent=sent))
         _write_buffers(buffers, flat_buffers)
 
-    def _set_claim_chunks(self, chunks: int, ahead: bool = True) -> None:
-        """Claim this many batches at once from the epoch's pool (local SGD: a share of the round; other modes: 1),
-        the next claim fetched ``ahead`` while these train (local SGD; other modes: not)."""
+    def _set_claim_chunks(self, chunks: int) -> None:
+        """Claim this many batches at once from the epoch's pool (local SGD: a share of the round; other modes: 1)."""
         ctx, _, _ = self._parts()
         if ctx.claim_sampler is not None:
             ctx.claim_sampler.claim_chunks = chunks
-            ctx.claim_sampler.claim_ahead = ahead
 
     def _loader_batch_size(self) -> int | None:
         ctx, _, _ = self._parts()
