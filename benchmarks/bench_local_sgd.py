@@ -10,9 +10,7 @@ as the inner optimizer by local SGD) side by side, cell by cell:
 - ``local_prop``: ``AsyncPSStrategy(mode="local")`` (local steps proportional to measured speed, pseudo-gradients
   combined as a plain mean over the ranks, the default);
 - ``local_prop_samples``: the same with ``pseudo_gradient_weighting="samples"`` (weighted by the samples each rank
-  trained in the round, so the fast ranks dominate);
-- ``local_prop_blocking``: ``local_prop`` with ``overlap_round_trip=False`` (every round end a blocking all-reduce;
-  by default a round end but the epoch's last is overlapped with the next round's steps).
+  trained in the round, so the fast ranks dominate).
 
 Local SGD rounds are ``--round-steps`` local steps per rank on average (``round_samples = round_steps x N x 32``)
 with plain averaging as the outer step by default (``SGD(lr=1.0)``; DiLoCo's Nesterov SGD: ``--outer-lr 0.7
@@ -80,7 +78,7 @@ from local_sgd_breakdown import BreakdownRecorder, collect, format_breakdown
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-CONFIGS = ("ddp", "hetero", "asp", "local_equal", "local_prop", "local_prop_samples", "local_prop_blocking")
+CONFIGS = ("ddp", "hetero", "asp", "local_equal", "local_prop", "local_prop_samples")
 MODELS = ("light", "heavy")
 FEATURES, HIDDEN, BATCH = 32, 512, 32
 
@@ -323,7 +321,6 @@ def run_one(args: argparse.Namespace) -> None:
                 "nesterov": args.outer_momentum > 0,
             },
             fault_timeout_s=300,
-            overlap_round_trip=args.config != "local_prop_blocking",
         )
         if args.breakdown:
             callbacks.append(BreakdownRecorder(str(args.out)))

@@ -42,7 +42,6 @@ from lightning_hetero._validation import check_range
 from lightning_hetero.allocation import apportion
 from lightning_hetero.measurement import ThroughputMeter
 from lightning_hetero.ps.outer_optimizer import OuterOptimizer
-from lightning_hetero.ps.round_overlap import rebase
 
 #: How the ranks' local steps in a round are set.
 LOCAL_STEPS = ("proportional", "equal")
@@ -343,18 +342,10 @@ class LocalRounds:
         self.bytes_sent += message.numel() * message.element_size()
         return message
 
-    def start_next_round(self) -> None:
-        """The round-end message is in flight (:mod:`~lightning_hetero.ps.round_overlap`): the next round starts."""
-        self._start_round()
-
-    def apply(
-        self, summed: Tensor, flat: Tensor, buffers: Tensor | None = None, sent: Tensor | None = None
-    ) -> RoundOutcome:
+    def apply(self, summed: Tensor, flat: Tensor, buffers: Tensor | None = None) -> RoundOutcome:
         """Apply the all-reduced messages: the outer step on the anchor, ``flat`` (and ``buffers``) overwritten with
         the combined parameters (and the weighted mean buffers), the next round started (unless every rank is done:
-        the next epoch's first batch begins it, :meth:`begin`, so that no deadline runs during validation). With
-        ``sent`` (the parameters the message was computed from, its round end overlapped): ``flat`` keeps its
-        progress since on top of the combined parameters, and the next round, started at the message, goes on."""
+        the next epoch's first batch begins it, :meth:`begin`, so that no deadline runs during validation)."""
         numel = flat.numel()
         buffer_numel = 0 if buffers is None else buffers.numel()
         tail = summed[numel + buffer_numel :].cpu()
@@ -367,7 +358,7 @@ class LocalRounds:
             if buffers is not None:
                 buffers.copy_((summed[numel : numel + buffer_numel] / weight).to(buffers.dtype))
             self.rounds += 1
-        flat.detach().copy_(anchor) if sent is None else rebase(flat.detach(), sent, anchor)
+        flat.detach().copy_(anchor)
         for rank, rate in enumerate(tail[4 : 4 + self.world_size].tolist()):
             if rate > 0:
                 self.rates[rank] = rate
@@ -375,7 +366,7 @@ class LocalRounds:
         self.epoch_left = min(lefts) if lefts else None
         self.steps_total += steps
         all_done = done >= self.world_size
-        if not all_done and sent is None:
+        if not all_done:
             self._start_round()
         return RoundOutcome(all_done=all_done, samples=samples, steps=steps)
 

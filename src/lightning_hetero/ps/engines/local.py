@@ -25,7 +25,6 @@ from lightning_hetero.ps.checkpointing import SavedState
 from lightning_hetero.ps.local_sgd import LocalRounds, RoundBudget, RoundOutcome
 from lightning_hetero.ps.protocol import SERVER_RANK
 from lightning_hetero.ps.reporting import report_hyperparameters
-from lightning_hetero.ps.round_overlap import RoundOverlap
 
 if TYPE_CHECKING:
     from lightning_hetero.ps.collectives import CollectiveGate
@@ -43,8 +42,7 @@ class LocalSGDEngine:
 
     Args:
         settings: the strategy's settings (the round budget, ``local_steps``, the outer optimizer,
-            ``pseudo_gradient_weighting``; ``overlap_round_trip``: round ends but an epoch's last overlapped with the
-            next round's steps, :mod:`~lightning_hetero.ps.round_overlap`).
+            ``pseudo_gradient_weighting``).
         weighting: refused when ``HeteroBatchCallback`` attached a batch share.
     """
 
@@ -59,8 +57,6 @@ class LocalSGDEngine:
         self.local_steps = settings.local_steps
         self.pseudo_gradient_weighting = settings.pseudo_gradient_weighting
         self.outer = settings.outer
-        self.overlap = settings.overlap_round_trip
-        self._overlap: RoundOverlap | None = None
         #: the round state (``None`` before the first local batch); its ``plans``, ``rounds`` and ``bytes_sent``
         #: tell what happened
         self.rounds: LocalRounds | None = None
@@ -79,10 +75,6 @@ class LocalSGDEngine:
     def setup(self, ctx: PSContext, fault: FaultTolerance, gate: CollectiveGate) -> None:
         self._ctx, self._fault, self._gate = ctx, fault, gate
         self._world_size = ctx.world_size
-        start = lambda message: dist.all_reduce(  # noqa: E731
-            message, op=dist.ReduceOp.SUM, group=fault.collective_group(), async_op=True
-        )
-        self._overlap = RoundOverlap(start, wait=lambda handle: fault.collective(handle.wait))
 
     def _parts(self) -> tuple[PSContext, FaultTolerance, CollectiveGate]:
         assert self._ctx is not None and self._fault is not None and self._gate is not None
@@ -123,8 +115,7 @@ class LocalSGDEngine:
         self._announced = True
         rank_zero_info(
             f"AsyncPSStrategy: local SGD, rounds of {self.round_description()}, local_steps={self.local_steps!r}, "
-            f"pseudo_gradient_weighting={self.pseudo_gradient_weighting!r}, outer optimizer {self.outer.description}, "
-            f"round ends {'overlapped with the next round' if self.overlap else 'blocking'} (overlap_round_trip)"
+            f"pseudo_gradient_weighting={self.pseudo_gradient_weighting!r}, outer optimizer {self.outer.description}"
         )
 
     def round_description(self) -> str:
@@ -137,7 +128,6 @@ class LocalSGDEngine:
         """At an epoch's end (the ranks' parameters agree after the epoch's last round): the inner optimizers' states
         differ per rank, so rank 0's is given to all (BSP steps identical copies; ASP's server takes rank 0's)."""
         ctx, _, gate = self._parts()
-        self._settle()  # none in flight after an epoch's last round end; a stop elsewhere settles here
         self._round_open = False
         self._announced = False
         self._set_claim_chunks(1)
@@ -160,8 +150,6 @@ class LocalSGDEngine:
             self._busy_timer.skip()
             self._set_claim_chunks(self.rounds.claim_chunks)
             self._report_due = True
-        elif self._overlap is not None and self._overlap.ready():
-            self._settle()
         self._step_s = self._busy_timer.step_start()
         self._batch_samples = self._next_batch_samples()
 
@@ -188,39 +176,23 @@ class LocalSGDEngine:
         return output
 
     def _end_round(self, done: bool) -> RoundOutcome:
-        """A round end: the one in flight settled first; overlapped (``overlap_round_trip``, not at the epoch's
-        end: its outcome is not known yet, reported as no samples) or a blocking all-reduce."""
         ctx, fault, _ = self._parts()
-        rounds, overlap = self.rounds, self._overlap
-        assert rounds is not None and overlap is not None
-        self._settle()
+        rounds = self.rounds
+        assert rounds is not None
         flat = ctx.flat.flat
         buffers = ctx.float_buffers()
         flat_buffers = torch.cat([b.detach().reshape(-1) for b in buffers]) if buffers else None
         sampler = ctx.claim_sampler
         message = rounds.message(flat, flat_buffers, done, sampler.samples_left if sampler is not None else None)
-        if self.overlap and not done:
-            overlap.launch(message, flat)
-            rounds.start_next_round()
-            return RoundOutcome(all_done=False, samples=0, steps=0)
         group = fault.collective_group()
         fault.collective(lambda: dist.all_reduce(message, op=dist.ReduceOp.SUM, group=group))
         outcome = rounds.apply(message, flat, flat_buffers)
-        _write_buffers(buffers, flat_buffers)
+        if flat_buffers is not None:
+            offset = 0
+            for buffer in buffers:
+                buffer.copy_(flat_buffers[offset : offset + buffer.numel()].view_as(buffer))
+                offset += buffer.numel()
         return outcome
-
-    def _settle(self) -> None:
-        """Apply the overlapped round end in flight, if any (waiting for it): the outer step, this rank's progress
-        since kept on top (:func:`~lightning_hetero.ps.round_overlap.rebase`), the mean buffers."""
-        ctx, _, _ = self._parts()
-        rounds, overlap = self.rounds, self._overlap
-        if overlap is None or overlap.pending is None:
-            return
-        assert rounds is not None
-        buffers = ctx.float_buffers()
-        flat_buffers = torch.cat([b.detach().reshape(-1) for b in buffers]) if buffers else None
-        overlap.settle(lambda summed, sent: rounds.apply(summed, ctx.flat.flat, flat_buffers, sent=sent))
-        _write_buffers(buffers, flat_buffers)
 
     def _set_claim_chunks(self, chunks: int) -> None:
         """Claim this many batches at once from the epoch's pool (local SGD: a share of the round; other modes: 1)."""
@@ -278,13 +250,3 @@ class LocalSGDEngine:
         else:
             self._restored = state
         self._round_open = False
-
-
-def _write_buffers(buffers: list[torch.Tensor], flat_buffers: torch.Tensor | None) -> None:
-    """Copy the combined flat buffers back into the module's buffers."""
-    if flat_buffers is None:
-        return
-    offset = 0
-    for buffer in buffers:
-        buffer.copy_(flat_buffers[offset : offset + buffer.numel()].view_as(buffer))
-        offset += buffer.numel()
