@@ -218,7 +218,7 @@ class LocalSGDEngine:
 
     def report_step(self) -> None:
         """Rank 0 reports its optimizer's own momentum and learning rate at a round's first step (the epoch's mean
-        over rounds: a report costs about 0.2 ms, a step of a small model a few)."""
+        is over rounds: a report costs about 0.2 ms, against steps of a few ms for a small model)."""
         ctx, _, _ = self._parts()
         if ctx.rank == SERVER_RANK and self._report_due:
             self._report_due = False
