@@ -43,6 +43,8 @@ def test_local_sgd_trains_covers_each_epoch_once_and_the_fast_rank_takes_more_lo
     # end, so an epoch of 4 nominal rounds has 3 or 4: the count depends on timing, but rounds end inside epochs
     assert fast["rounds"] >= 2 * 2
     assert fast["val_acc"] > 0.9
+    # rank 0 reports its own optimizer's hyper-parameters (at each round's first step): lr 0.1, momentum 0.5
+    assert fast["logged_ps"] == {"ps/lr_effective": pytest.approx(0.1), "ps/momentum_effective": pytest.approx(0.5)}
 
 
 def test_checkpoint_resume_continues_the_rounds_and_the_outer_optimizer(run_script, tmp_path):

@@ -114,6 +114,7 @@ def main() -> None:
         "checksum": checksum(model),
         "buffers": [float(b.double().sum()) for b in model.buffers() if b.is_floating_point()],
         "val_acc": float(trainer.callback_metrics.get("val_acc", float("nan"))),
+        "logged_ps": {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("ps/")},
         "losses": model.losses,
         "plans": rounds.plans if rounds is not None else None,
         "rounds": rounds.rounds if rounds is not None else None,

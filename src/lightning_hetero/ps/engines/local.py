@@ -65,6 +65,7 @@ class LocalSGDEngine:
         self._busy_timer = BusyTimer(cpu_clock=None)  # no CPU-time floor in local SGD: one clock read less a step
         self._restored: dict[str, Any] | None = None
         self._step_s: float | None = None
+        self._report_due = False  # rank 0 reports the inner optimizer's hyper-parameters at a round's first step
         self._batch_samples = 0
         self._world_size = 1
         self._ctx: PSContext | None = None
@@ -155,6 +156,7 @@ class LocalSGDEngine:
             self._round_open = True
             self._busy_timer.skip()
             self._set_claim_chunks(self.rounds.claim_chunks)
+            self._report_due = True
 
     def optimizer_step(self, optimizer: Any, closure: Callable[[], Any], model: Any, **kwargs: Any) -> Any:
         """A local step with the rank's own optimizer; at the end of its share of the round, or of the epoch, the
@@ -179,6 +181,7 @@ class LocalSGDEngine:
                 while last and not outcome.all_done:
                     outcome = self._end_round(done=True)
             self._set_claim_chunks(rounds.claim_chunks)
+            self._report_due = True
             if last:  # every rank is done with the epoch (segment): the next batch begins a round
                 self._busy_timer.skip()
                 self._round_open = False
@@ -227,9 +230,11 @@ class LocalSGDEngine:
         return max(0, min(sampler.chunk_size, sampler.epoch_samples - chunk * sampler.chunk_size))
 
     def report_step(self) -> None:
-        """Rank 0 reports its optimizer's own momentum and learning rate."""
+        """Rank 0 reports its optimizer's own momentum and learning rate at a round's first step (the epoch's mean
+        is over rounds: a report costs about 0.2 ms, against steps of a few ms for a small model)."""
         ctx, _, _ = self._parts()
-        if ctx.rank == SERVER_RANK:
+        if ctx.rank == SERVER_RANK and self._report_due:
+            self._report_due = False
             group = ctx.optimizer.param_groups[0]
             report_hyperparameters(ctx.log, ctx.module, group, None, ctx.trainer.current_epoch)
 
