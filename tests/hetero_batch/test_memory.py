@@ -160,6 +160,12 @@ def test_respect_caps_moves_a_split_within_them_or_leaves_it_to_chunks():
     assert respect_caps(None, (52, 12), BatchSizeController(64, 2), (20, 12)) is None  # 32 < 64: chunks instead
 
 
+def test_a_split_moved_within_memory_caps_keeps_the_multiples():
+    controller = BatchSizeController(global_batch_size=64, world_size=2, batch_size_multiple=8)
+    decision = respect_caps(None, (32, 32), controller, (None, 20))
+    assert decision.reason == "memory" and decision.sizes == (48, 16)  # 16: the largest multiple within rank 1's 20
+
+
 def test_cap_from_memory_and_batch_splitting():
     assert cap_from_memory(step_bytes=3200, batch_size=32, available_bytes=9600) == 86  # 100 B a sample, 90% of 9600
     pieces = split_batch({"x": torch.zeros(5, 2), "n": 3}, size=5, chunk=3)

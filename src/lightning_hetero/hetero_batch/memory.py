@@ -29,7 +29,6 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.distributed.fsdp import FullyShardedDataParallel
 from torch.nn.parallel import DistributedDataParallel
 
-from lightning_hetero.allocation import apportion
 from lightning_hetero.hetero_batch.controller import BatchSizeController, Decision
 
 log = logging.getLogger("lightning_hetero.hetero_batch")
@@ -153,7 +152,7 @@ def respect_caps(
     sizes = tuple(current) if decision is None or not decision.apply else decision.sizes
     if all(b <= hi for b, hi in zip(sizes, upper, strict=True)):
         return decision
-    within = tuple(apportion([float(b) for b in sizes], controller.global_batch_size, lower, upper))
+    within = controller.propose([float(b) for b in sizes])  # in proportion, in multiples of batch_size_multiple
     return Decision(within, 0.0, apply=True, reason="memory")
 
 
