@@ -109,6 +109,8 @@ def main(out: Path, mode: str, broken_epochs: set[int], resume: bool) -> None:
         _trainer(mode, resumed.scaler, [resumed], epochs=3).fit(model, datamodule=data, ckpt_path=checkpoint)
         report["resumed_start_scale"] = resumed.start_scale
     (out / f"{mode.split(':')[0]}_rank{trainer.global_rank}.json").write_text(json.dumps(report))
+    if torch.distributed.is_initialized():  # an undestroyed gloo group can abort the interpreter at exit
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
