@@ -119,6 +119,11 @@ def run_case(case: str, device: str, epochs: int, samples: int, out: Path, seed:
             "compiled_graphs_per_rank": per_rank_graphs,
         }
         (out / f"{case}_s{seed}.json").write_text(json.dumps(report, indent=1))
+    # leave together: a gloo group left alive can abort a rank at interpreter exit ("terminate called without an
+    # active exception", exit code -6), which fails the run after its report was written
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 def summarize(runs: dict[str, list[dict]]) -> dict:

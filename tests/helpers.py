@@ -19,20 +19,34 @@ SCRIPTS = Path(__file__).parent / "scripts"
 def run_script(name: str, *args: str, timeout_s: float = 120, expect_ok: bool = True) -> subprocess.CompletedProcess:
     """Run ``tests/scripts/<name>`` in a fresh interpreter; Lightning's launcher starts the other ranks from it.
 
-    The script runs in its own session, so a run past ``timeout_s`` is killed with every rank it started, and the
-    failure shows what the ranks printed until then.
+    As :func:`run_command`, in ``tests/scripts`` and without the caller's ``MASTER_PORT``.
     """
     env = dict(os.environ)
-    env.setdefault("PYTHONUNBUFFERED", "1")
     env.pop("MASTER_PORT", None)
     command = [sys.executable, str(SCRIPTS / name), *args]
+    return run_command(command, timeout_s=timeout_s, expect_ok=expect_ok, cwd=SCRIPTS, env=env)
+
+
+def run_command(
+    command: list[str],
+    timeout_s: float = 120,
+    expect_ok: bool = True,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess:
+    """Run ``command`` (unbuffered Python output) in its own session, so a run past ``timeout_s`` is killed with
+    every process it started; a failure (or, with ``expect_ok``, a non-zero exit) shows the tails of what it printed.
+    """
+    env = dict(os.environ if env is None else env)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    name = Path(command[1]).name if len(command) > 1 else command[0]
     with subprocess.Popen(
         command,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env=env,
-        cwd=str(SCRIPTS),
+        cwd=None if cwd is None else str(cwd),
         start_new_session=True,
     ) as proc:
         try:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import run_command
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_gpu.py"
 spec = importlib.util.spec_from_file_location("bench_gpu", SCRIPT)
@@ -37,7 +38,7 @@ def test_summary_medians_of_paired_ratios_and_accuracy_points():
 def test_the_cpu_smoke_run_writes_a_case_and_the_summary(tmp_path):
     command = [sys.executable, str(SCRIPT), "--device", "cpu", "--cases", "hetero", "--seeds", "1", "--epochs", "1",
                "--samples", "1280", "--out", str(tmp_path)]  # fmt: skip
-    subprocess.run(command, check=True, timeout=240, capture_output=True)
+    run_command(command, timeout_s=240)  # a failure shows what the driver and both ranks printed
     summary = json.loads((tmp_path / "summary.json").read_text())
     (case,) = summary["runs"]["hetero"]
     assert case["device"] == "cpu" and sum(case["final_split"]) == 256 and len(case["compiled_graphs_per_rank"]) == 2

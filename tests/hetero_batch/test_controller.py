@@ -363,3 +363,14 @@ def test_closed_loop_under_a_real_quota_settles_at_the_best_static_split(workloa
     else:
         assert 18 <= best_slow <= 26 and abs(second[1] - best_slow) <= 3
     assert all(split[1] <= split[0] for split in run["splits"])
+
+
+@pytest.mark.parametrize("min_batch_size", [2, 8])
+def test_exploration_moves_whole_multiples_and_the_remainder_stays_where_it_is(min_batch_size):
+    # a global batch of 100 in multiples of 8: 12 multiples, and the remainder of 4 on the faster rank
+    policy = AdjustmentPolicy(BatchSizeController(100, 2, min_batch_size, batch_size_multiple=8), explore_after=2)
+    costs = [(0.0, 0.001), (0.100, 0.001)]  # a misfit: a 100 ms overhead keeps rank 1 at its floor, one multiple
+    assert not policy.decide([92, 8], costs, sync_step_s=0.1, known_sizes=[2, 1]).apply
+    explored = policy.decide([92, 8], costs, sync_step_s=0.1, known_sizes=[2, 1])
+    assert explored.apply and explored.reason == "explore" and explored.sizes == (84, 16)
+    assert sum(explored.sizes) == 100 and [size % 8 for size in explored.sizes] == [4, 0]

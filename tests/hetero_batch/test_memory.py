@@ -107,6 +107,33 @@ def test_an_out_of_memory_backward_under_accumulation_says_how_to_cap():
         _fit(limit=20, memory_caps="auto", model_class=RunsOutOfMemoryInBackward, accumulate=3)
 
 
+def _resumed(checkpoint, limit=20):
+    """Two epochs of `_fit`'s run resumed from ``checkpoint`` (taken after its first): the resumed callback."""
+    torch.manual_seed(0)
+    callback = HeteroBatchCallback(memory_caps="auto", verbose=False)
+    trainer = single_device_trainer(callback, max_epochs=2)
+    loader = DataLoader(_indexed(96), batch_size=32, shuffle=True)
+    trainer.fit(RunsOutOfMemory(limit), train_dataloaders=loader, ckpt_path=checkpoint)
+    return callback
+
+
+def test_learnt_caps_are_checkpointed_and_a_resumed_run_starts_within_them(tmp_path):
+    torch.manual_seed(0)
+    callback = HeteroBatchCallback(memory_caps="auto", verbose=False)
+    trainer = single_device_trainer(callback)
+    trainer.fit(RunsOutOfMemory(limit=20), train_dataloaders=DataLoader(_indexed(96), batch_size=32, shuffle=True))
+    trainer.save_checkpoint(tmp_path / "epoch0.ckpt")
+    held = torch.load(tmp_path / "epoch0.ckpt", weights_only=False)
+    assert held["callbacks"]["HeteroBatchCallback"]["memory_caps"] == [18]  # learnt from the errors of epoch 0
+    resumed = _resumed(tmp_path / "epoch0.ckpt")._memory
+    assert resumed.caps.own == 18 and resumed.redone == 0 and resumed.chunked == 3  # no error: chunks from the start
+    # a checkpoint without caps (before they were saved) still loads: the cap is learnt again
+    del held["callbacks"]["HeteroBatchCallback"]["memory_caps"]
+    torch.save(held, tmp_path / "old.ckpt")
+    relearnt = _resumed(tmp_path / "old.ckpt")._memory
+    assert relearnt.caps.own == 18 and relearnt.redone == 1
+
+
 def test_memory_caps_auto_on_cpu_says_what_it_can_do(caplog):
     with caplog.at_level("INFO"):
         _fit(limit=None, memory_caps="auto")
@@ -131,6 +158,12 @@ def test_respect_caps_moves_a_split_within_them_or_leaves_it_to_chunks():
     decision = respect_caps(None, (32, 32), controller, (None, 12))
     assert decision.sizes == (52, 12) and decision.reason == "memory" and controller.upper == [64, 12]
     assert respect_caps(None, (52, 12), BatchSizeController(64, 2), (20, 12)) is None  # 32 < 64: chunks instead
+
+
+def test_a_split_moved_within_memory_caps_keeps_the_multiples():
+    controller = BatchSizeController(global_batch_size=64, world_size=2, batch_size_multiple=8)
+    decision = respect_caps(None, (32, 32), controller, (None, 20))
+    assert decision.reason == "memory" and decision.sizes == (48, 16)  # 16: the largest multiple within rank 1's 20
 
 
 def test_cap_from_memory_and_batch_splitting():

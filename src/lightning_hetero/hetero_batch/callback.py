@@ -28,7 +28,7 @@ from lightning_hetero.hetero_batch.compile_shapes import RecompileWatch, mark_ba
 from lightning_hetero.hetero_batch.exchange import gather_rows, read_rows
 from lightning_hetero.hetero_batch.loader import build_hetero_loader, starting_batch_size
 from lightning_hetero.hetero_batch.lr_scaling import lr_scale_factor, scale_learning_rates
-from lightning_hetero.hetero_batch.memory import MemoryGuard, auto_memory_guard, respect_caps
+from lightning_hetero.hetero_batch.memory import MemoryGuard, auto_memory_guard, respect_caps, restore_caps, saved_caps
 from lightning_hetero.hetero_batch.sampler import HeteroBatchSampler
 from lightning_hetero.hetero_batch.settings import check_settings, check_trainer, new_tuner
 from lightning_hetero.hetero_batch.summary import adjustment_metrics
@@ -384,11 +384,12 @@ class HeteroBatchCallback(Callback):
     @override
     def state_dict(self) -> dict[str, Any]:
         state = {"split": None, "history": []} if self.tuner is None else self.tuner.state_dict()
-        return {**state, "lr_scale_applied": self._lr_scale_applied}
+        return {**state, "lr_scale_applied": self._lr_scale_applied, **saved_caps(self._memory)}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._restored = state_dict
+        restore_caps(self._memory, state_dict)  # memory_caps="auto" (set up before Lightning restores callbacks)
         self._lr_scale_applied = state_dict.get("lr_scale_applied", False)
         self.tuner = None  # rebuilt from the restored state with the train loader
 

@@ -100,6 +100,26 @@ class BatchSizeController:
                 f"({sum(self.upper)}): raise max_batch_size / memory_caps or lower the global batch"
             )
 
+    @property
+    def unit(self) -> int:
+        """The step sizes move by: ``batch_size_multiple``, or 1 where the bounds leave no split in multiples."""
+        m = self.multiple
+        units = self.global_batch_size // m
+        fits = sum(-(-lo // m) for lo in self.lower) <= units <= sum(hi // m for hi in self.upper)
+        return m if fits else 1
+
+    @property
+    def floors(self) -> list[int]:
+        """Each rank's smallest size: its ``min_batch_size`` rounded up to a multiple of :attr:`unit`.
+
+        Example::
+
+            >>> BatchSizeController(global_batch_size=100, world_size=2, min_batch_size=2, batch_size_multiple=8).floors
+            [8, 8]
+        """
+        u = self.unit
+        return [-(-lo // u) * u for lo in self.lower]
+
     def equal_split(self) -> tuple[int, ...]:
         """The split a plain DDP job would use (equal shares, within the bounds)."""
         return self._split([1.0] * self.world_size)
@@ -121,11 +141,11 @@ class BatchSizeController:
             >>> BatchSizeController(global_batch_size=100, world_size=2, batch_size_multiple=8).propose([3.0, 1.0])
             (76, 24)
         """
-        m, total = self.multiple, self.global_batch_size
+        m, total = self.unit, self.global_batch_size
         units, rest = divmod(total, m)
         lower = [-(-lo // m) for lo in self.lower]
         upper = [hi // m for hi in self.upper]
-        if m == 1 or not sum(lower) <= units <= sum(upper):
+        if m == 1:
             return tuple(apportion(rates, total, self.lower, self.upper, offsets=overheads_s))
         sizes = [u * m for u in apportion([r / m for r in rates], units, lower, upper, offsets=overheads_s)]
         room = [k for k in range(self.world_size) if sizes[k] + rest <= self.upper[k]]

@@ -29,7 +29,6 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.distributed.fsdp import FullyShardedDataParallel
 from torch.nn.parallel import DistributedDataParallel
 
-from lightning_hetero.allocation import apportion
 from lightning_hetero.hetero_batch.controller import BatchSizeController, Decision
 
 log = logging.getLogger("lightning_hetero.hetero_batch")
@@ -85,6 +84,32 @@ class MemoryCaps:
         """Every rank's cap as exchanged (NaN or ``None``: none)."""
         self.all = tuple(None if c is None or not math.isfinite(c) else int(c) for c in caps)
 
+    def restore(self, caps: Sequence[int | None]) -> None:
+        """Every rank's cap from a checkpoint (where one is known already, the lower is kept); caps saved for another
+        number of ranks are ignored.
+
+        Example::
+
+            >>> caps = MemoryCaps(world_size=2, rank=0)
+            >>> caps.lower(failed_size=40), caps.restore([24, 16]), caps.all
+            (30, None, (24, 16))
+        """
+        if len(caps) != len(self.all):
+            return
+        self.all = tuple(c if k is None else k if c is None else min(c, k) for c, k in zip(self.all, caps, strict=True))
+
+
+def saved_caps(guard: MemoryGuard | None) -> dict[str, Any]:
+    """The callback's checkpoint entry for ``memory_caps="auto"``: every rank's cap as this rank knows it (its own
+    as it is, the others' as of the last adjustment's exchange; Lightning saves rank 0's)."""
+    return {} if guard is None else {"memory_caps": list(guard.caps.all)}
+
+
+def restore_caps(guard: MemoryGuard | None, state: Mapping[str, Any]) -> None:
+    """Restore :func:`saved_caps`'s entry (nothing to do for a checkpoint without one or a run without "auto")."""
+    if guard is not None and state.get("memory_caps") is not None:
+        guard.caps.restore(state["memory_caps"])
+
 
 def cap_from_memory(step_bytes: int, batch_size: int, available_bytes: int) -> int:
     """The largest batch whose step fits: a measured step took ``step_bytes`` beyond what stays allocated between
@@ -127,7 +152,7 @@ def respect_caps(
     sizes = tuple(current) if decision is None or not decision.apply else decision.sizes
     if all(b <= hi for b, hi in zip(sizes, upper, strict=True)):
         return decision
-    within = tuple(apportion([float(b) for b in sizes], controller.global_batch_size, lower, upper))
+    within = controller.propose([float(b) for b in sizes])  # in proportion, in multiples of batch_size_multiple
     return Decision(within, 0.0, apply=True, reason="memory")
 
 

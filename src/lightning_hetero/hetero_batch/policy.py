@@ -277,32 +277,35 @@ class AdjustmentPolicy:
         return refine
 
     def _count_floor(self, current: tuple[int, ...]) -> None:
-        lower = self.controller.lower
-        self._at_floor = [n + 1 if b <= lo else 0 for n, b, lo in zip(self._at_floor, current, lower, strict=True)]
+        floors = self.controller.floors
+        self._at_floor = [n + 1 if b <= lo else 0 for n, b, lo in zip(self._at_floor, current, floors, strict=True)]
 
     def _explore(self, proposed: tuple[int, ...], known_sizes: Sequence[int] | None) -> tuple[int, ...] | None:
-        """Offer a rank that sat at its lower bound, with its cost known at one size only, one notch more."""
+        """Offer a rank that sat at its lower bound, with its cost known at one size only, one notch more: half its
+        floor, in whole multiples of ``batch_size_multiple`` (at least one) taken from the largest rank, so every
+        size keeps its remainder modulo the multiple (the global batch's remainder stays on the rank holding it)."""
         controller = self.controller
-        lower, upper = controller.lower, controller.upper
+        floors, upper, m = controller.floors, controller.upper, controller.unit
         explorable = [
             k
             for k in range(controller.world_size)
             if self.explore_after is not None
             and self._at_floor[k] >= self.explore_after
-            and proposed[k] <= lower[k]
+            and proposed[k] <= floors[k]
             and (known_sizes is None or known_sizes[k] <= 1)
         ]
         if not explorable:
             return None
         k = explorable[0]
-        donors = [j for j in range(controller.world_size) if j != k and proposed[j] > lower[j]]
-        if not donors or proposed[k] >= upper[k]:
+        donors = [j for j in range(controller.world_size) if j != k and proposed[j] - m >= floors[j]]
+        if not donors or proposed[k] + m > upper[k]:
             return None
         donor = max(donors, key=lambda j: (proposed[j], -j))
-        step = min(max(1, lower[k] // 2), proposed[donor] - lower[donor])
+        notch = max(m, max(1, floors[k] // 2) // m * m)
+        step = min(notch, (proposed[donor] - floors[donor]) // m * m, (upper[k] - proposed[k]) // m * m)
         explored = list(proposed)
-        explored[k] += min(step, upper[k] - proposed[k])
-        explored[donor] -= explored[k] - proposed[k]
+        explored[k] += step
+        explored[donor] -= step
         self._at_floor[k] = 0
         return tuple(explored)
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from lightning_hetero.batch_weighting import gradient_weight
+from lightning_hetero.ps.grad_scaling import agree_scalers
 from lightning_hetero.ps.layout import flatten_grads_into
 from lightning_hetero.ps.protocol import SERVER_RANK, all_reduce_weighted
 from lightning_hetero.ps.reporting import report_hyperparameters
@@ -50,7 +51,12 @@ class SynchronousEngine:
         self._ctx, self._fault = ctx, fault
 
     def enter(self, switch: bool) -> None:
-        """Nothing to do: the ranks agree when BSP is entered (from ASP, the server's state was handed to all)."""
+        """The ranks' parameters agree when BSP is entered (from ASP, the server's state was handed to all); their
+        fp16 gradient scalers are made one (:mod:`~lightning_hetero.ps.grad_scaling`: each rank unscales the same
+        all-reduced gradient, so each then skips and backs off alike)."""
+        ctx, fault = self._ctx, self._fault
+        assert ctx is not None and fault is not None
+        agree_scalers(ctx.precision_plugin, fault.collective, device=ctx.flat.flat.device)
 
     def leave(self) -> None:
         """Nothing to do: every rank holds the same model and optimizer state."""
