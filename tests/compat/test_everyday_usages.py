@@ -17,7 +17,20 @@ FEATURES = ("ddp_hetero", "asp", "hybrid", "local", "bsp")
 CELLS = (
     "plain", "max_steps", "max_time", "onecycle", "batchnorm", "sync_batchnorm", "limit_train_batches",
     "val_check_interval", "val_check_batches", "accumulate", "manual", "boring", "transformer",
+    "resume", "early_stopping", "steplr", "plateau", "clip", "bf16", "torchmetrics", "evaluate", "csv_logger",
+    "fast_dev_run", "workers", "dict_batch", "frozen_unused", "swa",
 )  # fmt: skip
+#: (feature, cell) pairs that fail today and are left out of (or asserted as failing in) the matrix; each is a bug
+#: to fix, not a refusal: DataLoader worker processes crash under the ASP server; switching to ASP fails with a
+#: frozen parameter in the optimizer (the server leaves it out); the strategy's pull of the server's parameters at
+#: the end of training overwrites the average StochasticWeightAveraging put in the model
+KNOWN_FAILURES = {
+    ("asp", "workers"): "left out: DataLoader worker exited unexpectedly, the job dies",
+    ("hybrid", "workers"): "left out: DataLoader worker exited unexpectedly, the job dies",
+    ("hybrid", "frozen_unused"): "left out: the switch to ASP loads an optimizer state with the frozen parameter",
+    ("asp", "swa"): "the averaged model is not the final model",
+    ("hybrid", "swa"): "the averaged model is not the final model",
+}
 ASYNC_PS = ("asp", "hybrid", "local", "bsp")
 #: (feature, cell) -> words the refusal must contain (the setting it names)
 REFUSED = {
@@ -31,10 +44,11 @@ MAX_STEPS = 22  # compat_cells.py: an epoch is 24 updates in ASP, so 22 falls in
 
 @pytest.mark.parametrize("feature", FEATURES)
 def test_every_cell_passes_or_is_refused_before_the_first_batch(run_script, tmp_path, feature):
-    run_script("compat_cells.py", str(tmp_path), feature, timeout_s=240)
+    cells = [cell for cell in CELLS if not KNOWN_FAILURES.get((feature, cell), "").startswith("left out")]
+    run_script("compat_cells.py", str(tmp_path), feature, *cells, timeout_s=240)
     ranks = [read_json(tmp_path / f"rank{rank}.json") for rank in (0, 1)]
-    assert list(ranks[0]) == list(CELLS)
-    for cell in CELLS:
+    assert list(ranks[0]) == cells
+    for cell in cells:
         first, second = (rank[cell] for rank in ranks)
         if (feature, cell) in REFUSED:
             for outcome in (first, second):
@@ -64,3 +78,45 @@ def test_every_cell_passes_or_is_refused_before_the_first_batch(run_script, tmp_
         assert min(outcomes["batchnorm"]["split"]) >= 2
     if feature in ("asp", "local", "hybrid"):  # claims follow speed: the fast rank trains more batches
         assert outcomes["plain"]["batches"] > ranks[1]["plain"]["batches"]
+    for rank in ranks:
+        check_more_cells(feature, rank)
+
+
+def check_more_cells(feature: str, outcomes: dict) -> None:
+    """What each of the rest of the usages must show on a rank (both ranks also agree on step and parameters)."""
+    checks = {cell: outcome.get("checks", {}) for cell, outcome in outcomes.items()}
+    # resume: the second fit starts where the first, saved as "last", ended, and trains its second epoch
+    resume = outcomes["resume"]
+    assert resume["fit_starts"] == [0, resume["first_fit_steps"]] and resume["first_fit_steps"] > 0
+    assert resume["global_step"] > resume["first_fit_steps"] and resume["epochs"] == 2
+    # EarlyStopping (val_loss falls by less than min_delta after the first epoch): stops at the second of 4 epochs
+    assert checks["early_stopping"]["stopped_epoch"] == 1 and outcomes["early_stopping"]["epochs"] == 2
+    assert checks["steplr"]["lr"] == pytest.approx(0.1 * 0.5**2)  # halved at each of the 2 epochs' ends
+    assert checks["plateau"]["lr"] == pytest.approx(0.05)  # val_loss did not improve by 1: cut once
+    # clipping reached the step: the model's clipping hook ran at every step, and left the norm at the limit
+    assert checks["clip"]["clip_calls"] >= outcomes["clip"]["batches"] > 0
+    assert checks["clip"]["clipped_norm"] == pytest.approx(0.05, rel=1e-3)
+    assert checks["bf16"]["dtype"] == "torch.bfloat16"
+    for cell in ("plain", "torchmetrics", "dict_batch", "workers", "frozen_unused", "resume", "bf16", "swa"):
+        if cell in outcomes:
+            assert outcomes[cell]["val_acc"] > 0.9, cell
+    assert checks["torchmetrics"]["metric_acc"] == pytest.approx(outcomes["torchmetrics"]["val_acc"], abs=1e-6)
+    evaluate = checks["evaluate"]  # validate, test and predict after fit; every validation sample predicted
+    assert evaluate["val_acc"] > 0.9 and evaluate["test_acc"] > 0.9
+    assert evaluate["predicted"] == evaluate["val_samples"] // 2
+    if "csv" in checks["csv_logger"]:  # rank 0 writes the log: a row per validation with val_acc
+        header, *rows = checks["csv_logger"]["csv"]
+        assert "val_acc" in header.split(",") and len(rows) >= 2
+    fast = outcomes["fast_dev_run"]
+    assert fast["batches"] == 1 and fast["validations"] == 1
+    if "workers" in checks:
+        assert checks["workers"]["workers"] == 1
+    if "frozen_unused" in checks:  # the frozen layer and the unused parameter did not move
+        frozen = checks["frozen_unused"]
+        assert frozen["frozen"] == frozen["frozen_before"] and frozen["unused"] == frozen["unused_before"]
+    swa = checks["swa"]
+    assert swa["n_averaged"] >= 2
+    if (feature, "swa") in KNOWN_FAILURES:
+        assert swa["averaged"] != pytest.approx(outcomes["swa"]["checksum"], rel=1e-6)
+    else:
+        assert swa["averaged"] == pytest.approx(outcomes["swa"]["checksum"], rel=1e-6)

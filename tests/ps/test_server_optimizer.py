@@ -10,6 +10,17 @@ def test_a_parameter_outside_the_model_is_refused():
         clone_optimizer(torch.optim.SGD([stray], lr=0.1), [], {})
 
 
+def test_a_frozen_parameter_of_the_model_is_left_out_of_the_servers_optimizer():
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
+    model[0].requires_grad_(False)  # the user passes model.parameters() anyway, as DDP allows
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    copies = [p.detach().clone() for p in trainable]
+    clone = clone_optimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), copies, {id(p): i for i, p in enumerate(trainable)}
+    )
+    assert clone.param_groups[0]["params"] == copies
+
+
 @pytest.mark.parametrize(
     "make",
     [

@@ -4,7 +4,7 @@ its outcome (``"pass"``, ``"refused"`` with the message, or ``"error"``), the tr
 ``global_step``, a checksum of its parameters and the validation accuracy.
 
 Usage: python compat_cells.py OUT_DIR FEATURE [CELL ...] [--samples N --noise X --seed S --throttle cfs]
-(FEATURE: one of FEATURES; no cells: all of CELLS). ``benchmarks/bench_compat.py`` runs it on harder data to compare
+(FEATURE: one of FEATURES; no cells: all of CELLS and MORE_CELLS). ``benchmarks/bench_compat.py`` runs it on harder data to compare
 the features' accuracy on each usage.
 """
 
@@ -19,11 +19,13 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, EarlyStopping, ModelCheckpoint, StochasticWeightAveraging
 from lightning.pytorch.demos import Transformer
 from lightning.pytorch.demos.boring_classes import BoringModel, ManualOptimBoringModel
+from lightning.pytorch.loggers import CSVLogger
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
+from torchmetrics.classification import MulticlassAccuracy
 
 from lightning_hetero.emulation.slowdown import SlowdownEmulator
 from lightning_hetero.hetero_batch import HeteroBatchCallback
@@ -35,6 +37,11 @@ FEATURES = ("ddp", "ddp_hetero", "asp", "hybrid", "local", "bsp")
 CELLS = (
     "plain", "max_steps", "max_time", "onecycle", "batchnorm", "sync_batchnorm", "limit_train_batches",
     "val_check_interval", "val_check_batches", "accumulate", "manual", "boring", "transformer",
+)  # fmt: skip
+#: the rest of the everyday usages; each cell's outcome has ``checks``, what the test asserts for that usage
+MORE_CELLS = (
+    "resume", "early_stopping", "steplr", "plateau", "clip", "bf16", "torchmetrics", "evaluate", "csv_logger",
+    "fast_dev_run", "workers", "dict_batch", "frozen_unused", "swa",
 )  # fmt: skip
 BATCH = 16  # over both ranks; with 384 samples an epoch is 24 batches, and max_steps=22 falls in its last updates
 
@@ -54,6 +61,75 @@ class OneCycleClassifier(MLPClassifier):
         total = self.trainer.estimated_stepping_batches
         scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.2, total_steps=int(total))
         return [optimizer], [{"scheduler": scheduler, "interval": "step"}]
+
+
+def unpack(batch: tuple | dict) -> tuple[torch.Tensor, torch.Tensor]:
+    return (batch["x"], batch["y"]) if isinstance(batch, dict) else batch
+
+
+class ProbeClassifier(MLPClassifier):
+    """The classifier recording what reached it (the forward's dtype, the gradient norm after clipping), with tuple
+    or dict batches, a torchmetrics accuracy logged with ``sync_dist``, test and predict steps, an optional
+    learning-rate scheduler (``"steplr"``, ``"plateau"``) and optionally a frozen layer and an unused parameter."""
+
+    def __init__(self, scheduler: str | None = None, frozen_unused: bool = False) -> None:
+        super().__init__(lr=0.1, num_classes=OPTIONS.classes)
+        self.scheduler = scheduler
+        self.metric = MulticlassAccuracy(num_classes=OPTIONS.classes)
+        self.probe: dict = {"dtype": None, "clip_calls": 0, "clipped_norm": 0.0}
+        if frozen_unused:
+            self.net[0].requires_grad_(False)
+            self.unused = nn.Linear(2, 2)
+            self.probe.update(frozen_before=checksum(self.net[0]), unused_before=checksum(self.unused))
+
+    def training_step(self, batch, batch_idx):
+        x, y = unpack(batch)
+        logits = self(x)
+        self.probe["dtype"] = str(logits.dtype)
+        loss = nn.functional.cross_entropy(logits.float(), y)
+        self.log("train_loss", loss)
+        return loss
+
+    def validation_step(self, batch, batch_idx) -> None:
+        x, y = unpack(batch)
+        logits = self(x).float()
+        self.metric(logits, y)
+        self.log("val_loss", nn.functional.cross_entropy(logits, y), sync_dist=True)
+        self.log("val_acc", (logits.argmax(-1) == y).float().mean(), sync_dist=True)
+        self.log("val_metric_acc", self.metric, sync_dist=True)
+
+    def test_step(self, batch, batch_idx) -> None:
+        x, y = unpack(batch)
+        self.log("test_acc", (self(x).argmax(-1) == y).float().mean(), sync_dist=True)
+
+    def predict_step(self, batch, batch_idx):
+        return self(unpack(batch)[0]).argmax(-1)
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        if gradient_clip_val:
+            norm = torch.nn.utils.get_total_norm([p.grad for p in self.parameters() if p.grad is not None])
+            self.probe["clip_calls"] += 1
+            self.probe["clipped_norm"] = max(self.probe["clipped_norm"], float(norm))
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+        if self.scheduler == "steplr":
+            return [optimizer], [torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)]
+        if self.scheduler == "plateau":  # an epoch "improves" only when val_loss falls by 1: cut after epoch 2
+            plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(
+                optimizer, factor=0.5, patience=0, threshold=1.0, threshold_mode="abs"
+            )
+            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": plateau, "monitor": "val_loss"}}
+        return optimizer
+
+
+class DictBatches(TensorDataset):
+    """A ``TensorDataset`` of (features, label) served as ``{"x": ..., "y": ...}``."""
+
+    def __getitem__(self, index):
+        x, y = super().__getitem__(index)
+        return {"x": x, "y": y}
 
 
 class TinyTransformer(L.LightningModule):
@@ -80,6 +156,10 @@ class Seen(Callback):
     def __init__(self) -> None:
         self.batches = self.validations = 0
         self.validated: list[tuple[int, float]] = []  # each validation's step and parameters (a checksum)
+        self.fit_starts: list[int] = []  # the global step each fit started at
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.fit_starts.append(trainer.global_step)
 
     def on_train_batch_start(self, *args, **kwargs) -> None:
         self.batches += 1
@@ -97,11 +177,12 @@ def checksum(module: torch.nn.Module) -> float:
     return float(params.sum()) if torch.isfinite(params).all() else math.nan
 
 
-def strategy_and_callbacks(feature: str) -> tuple[object, list[Callback]]:
+def strategy_and_callbacks(feature: str, unused: bool = False) -> tuple[object, list[Callback]]:
+    ddp = "ddp_find_unused_parameters_true" if unused else "ddp"  # what DDP needs for a model with an unused parameter
     if feature == "ddp":
-        return "ddp", []
+        return ddp, []
     if feature == "ddp_hetero":
-        return "ddp", [HeteroBatchCallback(adjust_every_n_steps=4, warmup_steps=1, verbose=False)]
+        return ddp, [HeteroBatchCallback(adjust_every_n_steps=4, warmup_steps=1, verbose=False)]
     if feature == "hybrid":
         return AsyncPSStrategy(mode="bsp", fault_timeout_s=30), [SyncSwitchCallback("bsp:0-0,asp:1-", verbose=False)]
     return AsyncPSStrategy(mode=feature, fault_timeout_s=30), []
@@ -136,31 +217,106 @@ def cell_setup(cell: str) -> tuple[L.LightningModule, L.LightningDataModule | No
     return model, data, kwargs
 
 
+def more_setup(feature: str, cell: str, data: L.LightningDataModule, kwargs: dict) -> tuple:
+    """One of :data:`MORE_CELLS`: its model, data module, Trainer arguments and callbacks."""
+    model = ProbeClassifier(
+        scheduler=cell if cell in ("steplr", "plateau") else None, frozen_unused=cell == "frozen_unused"
+    )
+    callbacks: list[Callback] = []
+    logs = OPTIONS.out / f"{cell}-{feature}"
+    if cell == "resume":
+        callbacks.append(ModelCheckpoint(dirpath=logs, save_last=True))
+        kwargs.update(enable_checkpointing=True)
+    elif cell == "early_stopping":  # val_loss falls by less than 0.3 in an epoch after the first: stops at epoch 2
+        callbacks.append(EarlyStopping("val_loss", min_delta=0.3, patience=0))
+        kwargs.update(max_epochs=4)
+    elif cell == "clip":
+        kwargs.update(gradient_clip_val=0.05)
+    elif cell == "bf16":
+        kwargs.update(precision="bf16-mixed")
+    elif cell == "csv_logger":
+        kwargs.update(logger=CSVLogger(logs), log_every_n_steps=4)
+    elif cell == "fast_dev_run":
+        kwargs.update(fast_dev_run=True)
+    elif cell == "workers":
+        data.num_workers = 1
+    elif cell == "dict_batch":
+        data.train_set, data.val_set = (DictBatches(*part.tensors) for part in (data.train_set, data.val_set))
+    elif cell == "swa":
+        callbacks.append(StochasticWeightAveraging(swa_lrs=0.05, swa_epoch_start=1))
+        kwargs.update(max_epochs=3)
+    return model, callbacks
+
+
+def more_checks(cell: str, trainer: L.Trainer, model: ProbeClassifier, data, callbacks: list[Callback]) -> dict:
+    """What :data:`MORE_CELLS`' test asserts, read after the fit (``evaluate`` also validates, tests and predicts)."""
+    checks: dict = {**model.probe, "lr": trainer.optimizers[0].param_groups[0]["lr"]}
+    metric = trainer.callback_metrics.get("val_metric_acc")
+    checks["metric_acc"] = None if metric is None else float(metric)
+    if cell == "early_stopping":
+        checks["stopped_epoch"] = callbacks[0].stopped_epoch
+    elif cell == "csv_logger" and trainer.global_rank == 0:
+        checks["csv"] = (Path(trainer.logger.log_dir) / "metrics.csv").read_text().splitlines()
+    elif cell == "workers":
+        checks["workers"] = trainer.train_dataloader.num_workers
+    elif cell == "frozen_unused":
+        checks["frozen"] = checksum(model.net[0])
+        checks["unused"] = checksum(model.unused)
+    elif cell == "swa":
+        swa = callbacks[0]
+        checks["averaged"] = checksum(swa._average_model)
+        checks["n_averaged"] = int(swa.n_averaged)
+    elif cell == "evaluate":
+        checks["val_acc"] = trainer.validate(model, datamodule=data, verbose=False)[0]["val_acc"]
+        checks["test_acc"] = trainer.test(model, dataloaders=data.val_dataloader(), verbose=False)[0]["test_acc"]
+        predictions = trainer.predict(model, dataloaders=DataLoader(data.val_set, batch_size=32))
+        checks["predicted"], checks["val_samples"] = sum(len(p) for p in predictions), len(data.val_set)
+    return checks
+
+
 def run_cell(feature: str, cell: str) -> dict:
     torch.manual_seed(OPTIONS.seed)
     model, data, kwargs = cell_setup(cell)
-    strategy, callbacks = strategy_and_callbacks(feature)
+    more: list[Callback] = []
+    if cell in MORE_CELLS:
+        model, more = more_setup(feature, cell, data, kwargs)
     seen = Seen()
-    trainer = L.Trainer(
-        accelerator="cpu", devices=2, strategy=strategy, callbacks=[*callbacks, SlowdownEmulator({1: 3.0}, throttle=OPTIONS.throttle), seen],
-        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        num_sanity_val_steps=0, **kwargs,
-    )  # fmt: skip
+
+    def trainer_for(**settings) -> L.Trainer:
+        strategy, callbacks = strategy_and_callbacks(feature, unused=cell == "frozen_unused")
+        slow = SlowdownEmulator({1: 3.0}, throttle=OPTIONS.throttle)
+        defaults = dict(
+            logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+            num_sanity_val_steps=0,
+        )  # fmt: skip
+        return L.Trainer(
+            accelerator="cpu", devices=2, strategy=strategy, callbacks=[*callbacks, slow, seen, *more],
+            **{**defaults, **kwargs, **settings},
+        )  # fmt: skip
+
     outcome: dict = {"status": "pass"}
+    trainer = trainer_for(max_epochs=1) if cell == "resume" else trainer_for()
     try:
-        trainer.fit(model, datamodule=data)
+        if cell == "resume":  # one epoch saved as "last", then a new model and Trainer resume it for the second
+            trainer.fit(model, datamodule=data)
+            outcome["first_fit_steps"] = trainer.global_step
+            model, trainer = ProbeClassifier(), trainer_for()
+        trainer.fit(model, datamodule=data, ckpt_path="last" if cell == "resume" else None)
+        if cell in MORE_CELLS:
+            outcome["checks"] = more_checks(cell, trainer, model, data, more)
     except Exception as err:  # a refusal names the setting; anything after the first batch is an error
         outcome = {"status": "refused" if seen.batches == 0 else "error", "message": f"{type(err).__name__}: {err}"}
     unvalidated = outcome["status"] == "pass" and "val_acc" not in trainer.callback_metrics
     if OPTIONS.final_validate and unvalidated and data is not None:
         trainer.validate(model, datamodule=data, verbose=False)
     acc = trainer.callback_metrics.get("val_acc")
-    hetero = next((c for c in callbacks if isinstance(c, HeteroBatchCallback)), None)
+    hetero = next((c for c in trainer.callbacks if isinstance(c, HeteroBatchCallback)), None)
     outcome.update(
         split=None if hetero is None or hetero.tuner is None else list(hetero.tuner.plan.current),
         batches=seen.batches,
         validations=seen.validations,
         validated=seen.validated,
+        fit_starts=seen.fit_starts,
         global_step=trainer.global_step,
         checksum=checksum(model),
         val_acc=None if acc is None else float(acc),
@@ -173,7 +329,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path)
     parser.add_argument("feature", choices=FEATURES)
-    parser.add_argument("cells", nargs="*", help=f"some of {CELLS} (default: all)")
+    parser.add_argument("cells", nargs="*", help=f"some of {CELLS + MORE_CELLS} (default: all)")
     parser.add_argument("--samples", type=int, default=384)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--noise", type=float, default=0.5)
@@ -189,7 +345,7 @@ OPTIONS = parse(sys.argv[1:])
 
 
 def main() -> None:
-    out, feature, cells = OPTIONS.out, OPTIONS.feature, OPTIONS.cells or list(CELLS)
+    out, feature, cells = OPTIONS.out, OPTIONS.feature, OPTIONS.cells or [*CELLS, *MORE_CELLS]
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore")
     results = {}
@@ -197,6 +353,7 @@ def main() -> None:
         started = time.perf_counter()
         results[cell] = run_cell(feature, cell)
         results[cell]["seconds"] = round(time.perf_counter() - started, 2)
+        print(f"{feature} {cell}: {results[cell]['status']}", file=sys.stderr, flush=True)  # where a crash happened
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
     out.mkdir(parents=True, exist_ok=True)
     (out / f"rank{rank}.json").write_text(json.dumps(results, indent=1))

@@ -47,7 +47,8 @@ def clone_optimizer(
     """
     groups = []
     for group in template.param_groups:
-        mine = [p for p in group["params"] if id(p) not in foreign]
+        # a frozen parameter never gets a gradient, so the optimizer never moves it: the server leaves it out
+        mine = [p for p in group["params"] if id(p) not in foreign and (p.requires_grad or id(p) in index_of)]
         missing = [p for p in mine if id(p) not in index_of]
         if missing:
             raise ValueError(
