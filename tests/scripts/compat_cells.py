@@ -258,7 +258,10 @@ def more_checks(cell: str, trainer: L.Trainer, model: ProbeClassifier, data, cal
     elif cell == "csv_logger" and trainer.global_rank == 0:
         checks["csv"] = (Path(trainer.logger.log_dir) / "metrics.csv").read_text().splitlines()
     elif cell == "workers":
-        checks["workers"] = trainer.train_dataloader.num_workers
+        loader = trainer.train_dataloader
+        checks["workers"] = loader.num_workers
+        context = loader.multiprocessing_context
+        checks["start_method"] = None if context is None else context.get_start_method()
     elif cell == "frozen_unused":
         checks["frozen"] = checksum(model.net[0])
         checks["unused"] = checksum(model.unused)

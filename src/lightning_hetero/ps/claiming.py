@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn
+from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
 from lightning_hetero._lightning_internals import uses_distributed_sampler, with_sampler
@@ -101,6 +102,25 @@ def claiming_loader(
     return with_sampler(dataloader, sampler), sampler
 
 
+def thread_safe_workers(loader: DataLoader) -> bool:
+    """Make the loader start its worker processes from a fork server rather than by forking this process, whose
+    parameter-server threads (ASP) make a forked worker crash at random ("DataLoader worker exited unexpectedly",
+    a segmentation fault); ``True`` when changed (worker processes and no start method of the user's own).
+
+    Example::
+
+        >>> loader = DataLoader(list(range(4)), batch_size=2, num_workers=1)
+        >>> thread_safe_workers(loader), loader.multiprocessing_context.get_start_method()
+        (True, 'forkserver')
+        >>> thread_safe_workers(DataLoader(list(range(4)), batch_size=2))  # no worker processes
+        False
+    """
+    if loader.num_workers == 0 or loader.multiprocessing_context is not None:
+        return False
+    loader.multiprocessing_context = "forkserver"
+    return True
+
+
 class DataClaiming:
     """The training loader's claim sampler (the strategy's ``process_dataloader`` hook hands each loader it gets
     from Lightning to :meth:`process`).
@@ -149,6 +169,11 @@ class DataClaiming:
             trainer.limit_train_batches = ctx.train_limit
             return dataloader
         loader, ctx.claim_sampler = claiming
+        if (self._engine().through_server or mode_switcher(trainer) is not None) and thread_safe_workers(loader):
+            rank_zero_info(
+                "lightning-hetero: the training loader's worker processes start from a fork server "
+                "(multiprocessing_context='forkserver'): forked beside the parameter server's threads they can crash"
+            )
         points = ctx.val_points
         if points is not None:  # the pool is cut at the validation points (every rank alike)
             pool = -(-ctx.claim_sampler.epoch_samples // loader.batch_size)

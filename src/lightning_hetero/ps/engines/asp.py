@@ -64,6 +64,7 @@ class AsynchronousEngine:
         self._pushed = False  # whether this step reached the server (fp16's GradScaler may skip it)
         self._compensation_announced = False
         self._sizing_advised = False
+        self._met_version: int | None = None  # the server version every rank took when they last met
 
     def setup(self, ctx: PSContext, fault: FaultTolerance, gate: CollectiveGate) -> None:
         self._ctx, self._fault, self._gate = ctx, fault, gate
@@ -80,6 +81,7 @@ class AsynchronousEngine:
         ctx, fault, _ = self._parts()
         if switch:
             self._joined = False
+            self._met_version = None
         # rank 0's schedulers, which the server's hyper-parameters follow, count server updates, not own batches
         ctx.schedules.take_over(ctx.trainer.lr_scheduler_configs)
         if switch:
@@ -181,8 +183,9 @@ class AsynchronousEngine:
 
     def epoch_end(self) -> None:
         """Every rank's pushes applied (at a validation point inside an epoch one may still be in flight), the ranks
-        meet, take the server's latest parameters (the same version on every rank) and average their buffers; after
-        the first epoch rank 0 says what the server-sizing rule recommends from the server's measured cost and load."""
+        meet, take the server's latest parameters (the same version on every rank; none when the server has no update
+        since they last met) and average their buffers; after the first epoch rank 0 says what the server-sizing rule
+        recommends from the server's measured cost and load."""
         ctx, fault, gate = self._parts()
         server = ctx.servers.server
         if not self._sizing_advised and server is not None and server.tracker.updates:
@@ -192,7 +195,13 @@ class AsynchronousEngine:
         assert ctx.servers.client is not None
         ctx.servers.client.settle()
         fault.meet()
+        kept = ctx.flat.flat.clone() if self._met_version is not None else None
         self._pull()
+        if kept is not None and ctx.counter.version == self._met_version:
+            # no update since the ranks last met: the model keeps what a callback put in since (SWA's average at
+            # the fit's end); the same decision on every rank, from the version they all pulled
+            ctx.flat.flat.copy_(kept)
+        self._met_version = ctx.counter.version
         gate.average_buffers()
 
     # ------------------------------------------------------------------ checkpoints
