@@ -366,7 +366,8 @@ class ElasticLocalSGDStrategy(SingleDeviceStrategy):
         super().save_checkpoint(checkpoint, filepath, storage_options)
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
-        checkpoint = super().load_checkpoint(checkpoint_path, weights_only)
+        # Lightning before 2.4 takes no weights_only (its Trainer passes none)
+        checkpoint = super().load_checkpoint(checkpoint_path, *(() if weights_only is None else (weights_only,)))
         self._restored = checkpoint.get(CHECKPOINT_KEY)
         return checkpoint
 

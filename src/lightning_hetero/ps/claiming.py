@@ -142,6 +142,12 @@ class DataClaiming:
         once. Loaders with a custom sampler or batch sampler are left alone."""
         ctx = self.ctx
         trainer = ctx.trainer
+        server = ctx.active and (self._engine().through_server or mode_switcher(trainer) is not None)
+        if server and isinstance(dataloader, DataLoader) and thread_safe_workers(dataloader):
+            rank_zero_info(
+                "lightning-hetero: a loader's worker processes start from a fork server "
+                "(multiprocessing_context='forkserver'): forked beside the parameter server's threads they can crash"
+            )
         if (
             not ctx.active
             or trainer.state.fn != TrainerFn.FITTING
@@ -168,12 +174,7 @@ class DataClaiming:
             refuse_without_claims(ctx.val_points, "the training loader has a sampler of its own (not claimed)")
             trainer.limit_train_batches = ctx.train_limit
             return dataloader
-        loader, ctx.claim_sampler = claiming
-        if (self._engine().through_server or mode_switcher(trainer) is not None) and thread_safe_workers(loader):
-            rank_zero_info(
-                "lightning-hetero: the training loader's worker processes start from a fork server "
-                "(multiprocessing_context='forkserver'): forked beside the parameter server's threads they can crash"
-            )
+        loader, ctx.claim_sampler = claiming  # a copy of the loader: its start method is the one set above
         points = ctx.val_points
         if points is not None:  # the pool is cut at the validation points (every rank alike)
             pool = -(-ctx.claim_sampler.epoch_samples // loader.batch_size)
