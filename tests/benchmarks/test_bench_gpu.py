@@ -43,7 +43,11 @@ def test_a_failed_seed_leaves_only_the_pairs_of_the_seeds_that_ran():
 def test_a_job_that_fails_or_hangs_ends_both_ranks_and_says_why():
     hang = [sys.executable, "-c", "import os, time; time.sleep(0 if os.environ['NODE_RANK'] == '0' else 60)"]
     assert bench._two_ranks(hang, "cpu", timeout_s=1.0) == "ran past 1 s"
-    fail = [sys.executable, "-c", "import os, sys, time; os.environ['NODE_RANK'] == '1' and sys.exit(3); time.sleep(60)"]
+    fail = [
+        sys.executable,
+        "-c",
+        "import os, sys, time; os.environ['NODE_RANK'] == '1' and sys.exit(3); time.sleep(60)",
+    ]
     assert bench._two_ranks(fail, "cpu", timeout_s=30.0) == "a rank failed (exit codes [None, 3])"
     assert bench._two_ranks([sys.executable, "-c", "pass"], "cpu", timeout_s=30.0) is None
 
