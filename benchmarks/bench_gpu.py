@@ -194,17 +194,19 @@ def _two_ranks(command: list[str], device: str, timeout_s: float) -> str | None:
         procs.append(subprocess.Popen(command, env=env, start_new_session=True))
     deadline = time.monotonic() + timeout_s
     why = None
-    while why is None and any(proc.poll() is None for proc in procs):
-        codes = [proc.poll() for proc in procs]
-        if any(code for code in codes if code is not None):
-            why = f"a rank failed (exit codes {codes})"
-        elif time.monotonic() > deadline:
-            why = f"ran past {timeout_s:g} s"
-        time.sleep(0.2)
-    for proc in procs:  # a rank left waiting in a collective of the failed one, and anything the ranks started
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    try:
+        while why is None and any(proc.poll() is None for proc in procs):
+            codes = [proc.poll() for proc in procs]
+            if any(code for code in codes if code is not None):
+                why = f"a rank failed (exit codes {codes})"
+            elif time.monotonic() > deadline:
+                why = f"ran past {timeout_s:g} s"
+            time.sleep(0.2)
+    finally:  # also when the driver is stopped (SIGTERM: see main)
+        for proc in procs:  # a rank left waiting in a collective of the failed one, and anything the ranks started
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
     codes = [proc.returncode for proc in procs]
     if why is None and any(codes):
         why = f"a rank failed (exit codes {codes})"
@@ -223,6 +225,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--case-timeout-s", type=float, default=600, help="a run's limit (both ranks killed past it)")
     args = parser.parse_args()
+    # stopped from outside (gpu_check.sh's time limit): end the ranks too, which run in their own sessions
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit("bench_gpu: stopped (SIGTERM); ranks ended"))
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("bench_gpu: no CUDA device here; run with --device cpu for the smoke run")
     default = "gpu" if args.device == "cuda" else "gpu_cpu_smoke"

@@ -106,7 +106,8 @@ for case in ET.parse(out / "tests.xml").getroot().iter("testcase"):
     tests.append({"test": f"{case.get('classname')}::{case.get('name')}", "outcome": outcome,
                   "seconds": float(case.get("time", 0)), "detail": detail[:500]})
 (out / "tests.json").write_text(json.dumps(tests, indent=1))
-print(f"gpu_check: {sum(t['outcome'] == 'passed' for t in tests)} of {len(tests)} cuda tests passed (tests.json)")
+counts = {o: sum(t["outcome"] == o for t in tests) for o in ("passed", "failed", "error", "skipped")}
+print(f"gpu_check: cuda tests: {', '.join(f'{n} {o}' for o, n in counts.items())} (tests.json)")
 PY
 
 # 4. The benchmark (every run has its own limit; summary.json is rewritten after each, so a cut keeps what ran)
