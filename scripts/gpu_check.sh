@@ -8,6 +8,7 @@
 #   scripts/gpu_check.sh --dry-run    # without a GPU: every step on the CPU (the `cuda` tests skip, the benchmark's
 #                                     # smallest case), into benchmarks/results/gpu_dry_run/; installs nothing
 #   scripts/gpu_check.sh --out DIR    # write the results to DIR instead of benchmarks/results/gpu
+#   PYTHON=/path/to/python scripts/gpu_check.sh   # the interpreter whose CUDA torch to use (default: python, python3)
 #
 # Every step has a time limit (seconds: GPU_CHECK_INSTALL_S=900, GPU_CHECK_TESTS_S=900, GPU_CHECK_BENCH_S=5400,
 # GPU_CHECK_CASE_S=600 for one benchmark run). A step that fails or runs out of time is reported and the next one
