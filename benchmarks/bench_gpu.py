@@ -10,7 +10,9 @@ Each case runs as its own 2-rank Lightning job: the driver starts this script tw
 "nodes" (two GPUs: one each, NCCL; one GPU: both on it, gloo, since NCCL refuses two ranks on one GPU).
 The best fixed split is the fastest of ``FIXED_SPLITS``; every case runs ``--seeds`` times (default 3) and the
 goals are medians over seeds of the seed-paired ratios and accuracy differences. Writes ``<out>/<case>_s<seed>.json``
-per run and ``<out>/summary.json`` (conditions, runs, goals), and prints a table. Default ``--out``:
+per run and ``<out>/summary.json`` (conditions, runs, goals, failures; rewritten after every run, so a check cut
+short keeps what ran), and prints a table (also in ``<out>/table.txt``). A run that fails or passes ``--case-timeout-s`` (both ranks killed) is
+recorded under ``failures`` and the others still run; the exit status is then 1. Default ``--out``:
 ``benchmarks/results/gpu`` on CUDA, ``benchmarks/results/gpu_cpu_smoke`` on CPU. Rank 1 is slowed by
 ``SlowdownEmulator`` (sleeps in the step: on CUDA the host launches its kernels late).
 """
@@ -18,8 +20,10 @@ per run and ``<out>/summary.json`` (conditions, runs, goals), and prints a table
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -139,20 +143,16 @@ def summarize(runs: dict[str, list[dict]]) -> dict:
         >>> goals["best_fixed"], goals["hetero_of_best_fixed"]
         ('fixed192', 0.95)
     """
-    fixed = [case for case in runs if case.startswith("fixed")]
+    fixed = [case for case in runs if case.startswith("fixed") and runs[case]]
     best = min(fixed, key=lambda case: statistics.median(r["fit_s"] for r in runs[case])) if fixed else None
 
     def ratio(case: str) -> float | None:
-        if case not in runs or best is None:
-            return None
-        return statistics.median(b["fit_s"] / r["fit_s"] for r, b in zip(runs[case], runs[best], strict=True))
+        pairs = _paired(runs.get(case, []), runs[best] if best is not None else [])
+        return statistics.median(b["fit_s"] / r["fit_s"] for r, b in pairs) if pairs else None
 
     def points(mode: str) -> float | None:
-        if mode not in runs or "bsp" not in runs:
-            return None
-        return statistics.median(
-            100 * (r["val_acc"] - b["val_acc"]) for r, b in zip(runs[mode], runs["bsp"], strict=True)
-        )
+        pairs = _paired(runs.get(mode, []), runs.get("bsp", []))
+        return statistics.median(100 * (r["val_acc"] - b["val_acc"]) for r, b in pairs) if pairs else None
 
     graphs = [max(g) for r in runs.get("compile", []) for g in [r["compiled_graphs_per_rank"]]]
     return {
@@ -165,8 +165,22 @@ def summarize(runs: dict[str, list[dict]]) -> dict:
     }
 
 
-def _two_ranks(command: list[str], device: str) -> None:
-    """Run ``command`` as ranks 0 and 1 of a two-node job on this host; fail if either fails."""
+def _paired(runs: list[dict], others: list[dict]) -> list[tuple[dict, dict]]:
+    """The runs of ``runs`` and ``others`` with the same seed (their position where a run has no ``seed``); a seed
+    that failed in either has no pair.
+
+    Example::
+
+        >>> _paired([{"seed": 0, "v": 1}, {"seed": 2, "v": 3}], [{"seed": 2, "v": 4}])
+        [({'seed': 2, 'v': 3}, {'seed': 2, 'v': 4})]
+    """
+    by_seed = {other.get("seed", i): other for i, other in enumerate(others)}
+    return [(run, by_seed[seed]) for i, run in enumerate(runs) if (seed := run.get("seed", i)) in by_seed]
+
+
+def _two_ranks(command: list[str], device: str, timeout_s: float) -> str | None:
+    """Run ``command`` as ranks 0 and 1 of a two-node job on this host: ``None`` if both succeed, else why (a rank
+    that fails, or the job past ``timeout_s``, ends both ranks with everything they started)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -177,10 +191,26 @@ def _two_ranks(command: list[str], device: str) -> None:
                    WORLD_SIZE="2", BENCH_GPUS=str(min(gpus, 2)))  # fmt: skip
         if gpus >= 2:
             env["CUDA_VISIBLE_DEVICES"] = str(rank)
-        procs.append(subprocess.Popen(command, env=env))
-    codes = [proc.wait(timeout=1800) for proc in procs]
-    if any(codes):
-        sys.exit(f"bench_gpu: a rank failed ({codes}) running {' '.join(command)}")
+        procs.append(subprocess.Popen(command, env=env, start_new_session=True))
+    deadline = time.monotonic() + timeout_s
+    why = None
+    try:
+        while why is None and any(proc.poll() is None for proc in procs):
+            codes = [proc.poll() for proc in procs]
+            if any(code for code in codes if code is not None):
+                why = f"a rank failed (exit codes {codes})"
+            elif time.monotonic() > deadline:
+                why = f"ran past {timeout_s:g} s"
+            time.sleep(0.2)
+    finally:  # also when the driver is stopped (SIGTERM: see main)
+        for proc in procs:  # a rank left waiting in a collective of the failed one, and anything the ranks started
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    codes = [proc.returncode for proc in procs]
+    if why is None and any(codes):
+        why = f"a rank failed (exit codes {codes})"
+    return why
 
 
 def main() -> None:
@@ -193,7 +223,10 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--samples", type=int, default=20480)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--case-timeout-s", type=float, default=600, help="a run's limit (both ranks killed past it)")
     args = parser.parse_args()
+    # stopped from outside (gpu_check.sh's time limit): end the ranks too, which run in their own sessions
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit("bench_gpu: stopped (SIGTERM); ranks ended"))
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("bench_gpu: no CUDA device here; run with --device cpu for the smoke run")
     default = "gpu" if args.device == "cuda" else "gpu_cpu_smoke"
@@ -208,24 +241,41 @@ def main() -> None:
             sys.exit(f"--cases: unknown case {case!r}; choose from {', '.join(CASES)}")
         cases += [f"fixed{share}" for share in FIXED_SPLITS] if case == "fixed" else [case]
     runs: dict[str, list[dict]] = {case: [] for case in cases}
+    failures: list[dict] = []
+    summary: dict = {}
+    conditions = {"seeds": args.seeds, "epochs": args.epochs, "samples": args.samples, "slowdown_rank1": SLOWDOWN,
+                  "global_batch": GLOBAL_BATCH, "case_timeout_s": args.case_timeout_s}  # fmt: skip
     for seed in range(args.seeds):
         for case in cases:
             command = [sys.executable, __file__, "--case", case, "--seed", str(seed), "--device", args.device,
                        "--epochs", str(args.epochs), "--samples", str(args.samples), "--out", str(out)]  # fmt: skip
-            _two_ranks(command, args.device)
-            runs[case].append(json.loads((out / f"{case}_s{seed}.json").read_text()))
-    summary = {"conditions": {"seeds": args.seeds, "epochs": args.epochs, "samples": args.samples,
-                              "slowdown_rank1": SLOWDOWN, "global_batch": GLOBAL_BATCH}, "runs": runs,
-               "goals": summarize(runs)}  # fmt: skip
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    print(f"{'case':<10} {'fit s':>8} {'val acc':>8}  split (last seed)  graphs/rank (last seed)   medians over seeds")
+            report = out / f"{case}_s{seed}.json"
+            report.unlink(missing_ok=True)
+            why = _two_ranks(command, args.device, args.case_timeout_s)
+            if why is None and report.exists():
+                runs[case].append(json.loads(report.read_text()))
+            else:
+                failures.append({"case": case, "seed": seed, "why": why or "no report written"})
+                print(f"bench_gpu: {case} seed {seed}: {failures[-1]['why']}", file=sys.stderr, flush=True)
+            summary = {"conditions": conditions, "runs": runs, "goals": summarize(runs), "failures": failures}
+            (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    table = [
+        f"{'case':<10} {'fit s':>8} {'val acc':>8}  split (last seed)  graphs/rank (last seed)   medians over seeds"
+    ]
     for case, reports in runs.items():
+        if not reports:
+            table.append(f"{case:<10} {'failed':>8}")
+            continue
         fit = statistics.median(r["fit_s"] for r in reports)
         acc = statistics.median(r["val_acc"] for r in reports)
         last = reports[-1]
-        print(f"{case:<10} {fit:>8.1f} {acc:>8.3f}  {last['final_split'] or '-'!s:<17} "
-              f"{last['compiled_graphs_per_rank']}")  # fmt: skip
-    print(json.dumps(summary["goals"], indent=1))
+        table.append(f"{case:<10} {fit:>8.1f} {acc:>8.3f}  {last['final_split'] or '-'!s:<17} "
+                     f"{last['compiled_graphs_per_rank']}")  # fmt: skip
+    table.append(json.dumps(summary["goals"], indent=1))
+    (out / "table.txt").write_text("\n".join(table) + "\n")
+    print("\n".join(table))
+    if failures:
+        sys.exit(f"bench_gpu: {len(failures)} of {len(cases) * args.seeds} runs failed (summary.json: failures)")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 
 OLDEST=${LIGHTNING_OLDEST:-2.2.5}
 FAST_MARKERS='not multiprocess and not docker and not timing'
-KEY_MULTIPROCESS=${KEY_MULTIPROCESS-test_two_rank_ddp_loss_falls or test_loss_weighting_gives_the_big_batch_gradient_across_a_split_change or test_resumed_run_continues_with_the_learned_split or test_checkpoint_resume_continues_from_the_servers_state or test_switching_mode_between_epochs or test_elastic_asp_under_lightnings_launcher_outlives_its_process_observer}
+KEY_MULTIPROCESS=${KEY_MULTIPROCESS-test_two_rank_ddp_loss_falls or test_loss_weighting_gives_the_big_batch_gradient_across_a_split_change or test_mid_epoch_resume_continues_with_the_learned_split or test_checkpoint_resume_continues_from_the_servers_state or test_switching_mode_between_epochs or test_elastic_asp_under_lightnings_launcher_outlives_its_process_observer}
 status=0
 
 run_end() {

@@ -99,6 +99,8 @@ class CudaEventClock:
     def sleep(self, seconds: float) -> None:
         """Queue ``seconds`` of idle spinning on the stream (``torch.cuda._sleep``; its clock rate measured once)."""
         if self._cycles_per_s is None:
+            torch.cuda._sleep(1)  # the kernel's first launch may load it (lazy loading): not in the measured window
+            torch.cuda.current_stream(self.device).synchronize()
             start = self.stamp()
             torch.cuda._sleep(10_000_000)
             self._cycles_per_s = 10_000_000 / max(self.seconds(start, self.stamp()), 1e-6)

@@ -34,6 +34,24 @@ def test_summary_medians_of_paired_ratios_and_accuracy_points():
     assert goals["most_graphs_per_rank"] == 3.0
 
 
+def test_a_failed_seed_leaves_only_the_pairs_of_the_seeds_that_ran():
+    runs = {"fixed192": [{"seed": 0, "fit_s": 9.0}, {"seed": 1, "fit_s": 8.0}], "hetero": [{"seed": 1, "fit_s": 10.0}]}
+    assert bench.summarize(runs)["hetero_of_best_fixed"] == pytest.approx(0.8)  # seed 0 of hetero failed
+    assert bench.summarize({"hetero": [{"seed": 0, "fit_s": 1.0}], "fixed192": []})["hetero_of_best_fixed"] is None
+
+
+def test_a_job_that_fails_or_hangs_ends_both_ranks_and_says_why():
+    hang = [sys.executable, "-c", "import os, time; time.sleep(0 if os.environ['NODE_RANK'] == '0' else 60)"]
+    assert bench._two_ranks(hang, "cpu", timeout_s=1.0) == "ran past 1 s"
+    fail = [
+        sys.executable,
+        "-c",
+        "import os, sys, time; os.environ['NODE_RANK'] == '1' and sys.exit(3); time.sleep(60)",
+    ]
+    assert bench._two_ranks(fail, "cpu", timeout_s=30.0) == "a rank failed (exit codes [None, 3])"
+    assert bench._two_ranks([sys.executable, "-c", "pass"], "cpu", timeout_s=30.0) is None
+
+
 @pytest.mark.multiprocess
 def test_the_cpu_smoke_run_writes_a_case_and_the_summary(tmp_path):
     command = [sys.executable, str(SCRIPT), "--device", "cpu", "--cases", "hetero", "--seeds", "1", "--epochs", "1",

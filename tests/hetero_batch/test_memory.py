@@ -7,7 +7,14 @@ from torch.utils.data import DataLoader
 
 from lightning_hetero import HeteroBatchCallback
 from lightning_hetero.hetero_batch.controller import BatchSizeController
-from lightning_hetero.hetero_batch.memory import MemoryCaps, cap_from_memory, respect_caps, split_batch
+from lightning_hetero.hetero_batch.memory import (
+    MemoryCaps,
+    MemoryGuard,
+    cap_from_memory,
+    respect_caps,
+    restore_caps,
+    saved_caps,
+)
 from lightning_hetero.synthetic import MLPClassifier, make_classification
 from tests.helpers import read_json, single_device_trainer
 
@@ -58,10 +65,10 @@ def _indexed(samples: int):
     return [(torch.cat([x[:-1], torch.tensor([float(i)])]), y) for i, (x, y) in enumerate(data)]
 
 
-def _fit(limit, memory_caps, model_class=RunsOutOfMemory, accumulate=1):
+def _fit(limit, memory_caps, model_class=RunsOutOfMemory, accumulate=1, samples=96, multiple="auto"):
     torch.manual_seed(0)
     model = model_class(limit)
-    callback = HeteroBatchCallback(memory_caps=memory_caps, verbose=False)
+    callback = HeteroBatchCallback(memory_caps=memory_caps, verbose=False, batch_size_multiple=multiple)
     trainer = L.Trainer(
         accelerator="cpu",
         devices=1,
@@ -73,7 +80,7 @@ def _fit(limit, memory_caps, model_class=RunsOutOfMemory, accumulate=1):
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    trainer.fit(model, train_dataloaders=DataLoader(_indexed(96), batch_size=32, shuffle=True))
+    trainer.fit(model, train_dataloaders=DataLoader(_indexed(samples), batch_size=32, shuffle=True))
     return model, callback
 
 
@@ -166,10 +173,59 @@ def test_a_split_moved_within_memory_caps_keeps_the_multiples():
     assert decision.reason == "memory" and decision.sizes == (48, 16)  # 16: the largest multiple within rank 1's 20
 
 
-def test_cap_from_memory_and_batch_splitting():
+def test_cap_from_memory():
     assert cap_from_memory(step_bytes=3200, batch_size=32, available_bytes=9600) == 86  # 100 B a sample, 90% of 9600
-    pieces = split_batch({"x": torch.zeros(5, 2), "n": 3}, size=5, chunk=3)
-    assert [p["x"].shape[0] for p in pieces] == [3, 2] and pieces[1]["n"] == 3
+
+
+class SizesSeen(RunsOutOfMemory):
+    """Records the size of every piece its training_step runs."""
+
+    def training_step(self, batch, batch_idx):
+        self.sizes = [*getattr(self, "sizes", []), len(batch[0])]
+        return super().training_step(batch, batch_idx)
+
+
+def test_chunks_after_an_out_of_memory_step_are_multiples_of_batch_size_multiple():
+    """32 fails (over 20): 3/4 of it, 24, fails too; 3/4 of 24 is 18, rounded down to 16. The epoch's last batch
+    of 26 (90 samples) leaves its remainder of 10 in its last chunk: no multiple of 8 makes 26."""
+    model, callback = _fit(limit=20, memory_caps="auto", model_class=SizesSeen, samples=90, multiple=8)
+    assert callback._memory.caps.own == 16 and callback._memory.redone == 1
+    epoch = [16, 16, 16, 16, 16, 10]  # batches of 32, 32 and 26 in chunks
+    assert model.sizes == [32, 24, *epoch, *epoch]  # the two failed attempts first
+    assert sorted(model.seen) == sorted(2 * list(range(90)))  # every sample once an epoch
+
+
+class _TwoRanks:
+    """Rank 0's strategy in a 2-rank run whose rank 1 learnt a cap of 16 since the last exchange; ``apart``: inside
+    an asynchronous batch of AsyncPSStrategy, where its all_gather stays local."""
+
+    root_device = torch.device("cpu")
+
+    def __init__(self, apart=False):
+        self.apart = apart
+        self.training_step = self.optimizer_step = self.backward = lambda *args, **kwargs: None
+
+    def all_gather(self, tensor):
+        return tensor.unsqueeze(0) if self.apart else torch.stack([tensor, torch.tensor([16.0], dtype=tensor.dtype)])
+
+
+def test_every_ranks_learnt_cap_is_checkpointed_and_each_rank_restores_its_own():
+    guard = MemoryGuard(MemoryCaps(world_size=2, rank=0), local_size=lambda: 32, device=torch.device("cpu"))
+    guard.caps.lower(40)
+    guard.install(_TwoRanks(), torch.nn.Linear(1, 1))
+    saved = saved_caps(guard)
+    assert saved == {"memory_caps": [30, 16]}  # rank 0's own and rank 1's, gathered: rank 0's view had (30, None)
+    rank1 = MemoryGuard(MemoryCaps(world_size=2, rank=1), local_size=lambda: 32, device=torch.device("cpu"))
+    restore_caps(rank1, saved)
+    assert rank1.caps.own == 16
+    # a checkpoint from before the caps were gathered (rank 0's view) still loads; so does one without caps
+    old = MemoryGuard(MemoryCaps(world_size=2, rank=1), local_size=lambda: 32, device=torch.device("cpu"))
+    restore_caps(old, {"memory_caps": [30, None]})
+    restore_caps(old, {"split": [32, 32]})
+    assert old.caps.all == (30, None)
+    # where the ranks do not meet, this rank's view is saved
+    guard.install(_TwoRanks(apart=True), torch.nn.Linear(1, 1))
+    assert saved_caps(guard) == {"memory_caps": [30, None]}
 
 
 @pytest.mark.multiprocess
@@ -186,6 +242,8 @@ def test_two_ranks_on_gloo_survive_an_out_of_memory_rank(run_script, tmp_path, s
     if strategy == "asp":
         assert all(rank["strategy_steps"] == rank["steps"] for rank in ranks)  # the strategy's own step ran once a step
         return
+    saved = torch.load(tmp_path / "caps.ckpt", weights_only=False)["callbacks"]["HeteroBatchCallback"]["memory_caps"]
+    assert saved == [None, ranks[1]["caps"][1]]  # each rank's own, gathered at the save
     # the same global batches in one process (the same seeded order): the chunked steps gave the big-batch gradient
     data = _indexed(320)
     torch.manual_seed(0)

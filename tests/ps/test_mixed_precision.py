@@ -31,17 +31,19 @@ def test_asp_with_fp16_skips_the_infinite_step_on_the_server(run_script, tmp_pat
 
 
 @pytest.mark.multiprocess
-def test_fp16_scalers_agree_on_entering_bsp_so_ranks_skip_alike_end_identical_and_resume_the_scale(
+def test_fp16_scalers_agree_at_local_round_ends_so_bsp_ranks_skip_alike_end_identical_and_resume_the_scale(
     run_script, tmp_path
 ):
     run_script("ps_amp.py", str(tmp_path), "local:0-0,bsp:1-", "--broken-epochs", "0,1", "--resume", timeout_s=180)
     fast, broken = (read_json(tmp_path / f"local_rank{rank}.json") for rank in range(2))
-    # local SGD (epoch 0): the infinite gradient skipped rank 1's own local step only, so the scalers parted; the
-    # pseudo-gradients come from fp32 parameters: the round ends on the same finite parameters on both ranks
-    assert fast["epoch_scales"][0] == 2 * broken["epoch_scales"][0]
+    # local SGD (epoch 0): the infinite gradient skipped rank 1's own local step only, so rank 1's scaler backed off;
+    # the round end (before BSP is entered: the scales are read at the epoch's end, before the switch) made both
+    # scalers the smaller one. The pseudo-gradients come from fp32 parameters: the round ends on the same finite
+    # parameters on both ranks
+    assert fast["epoch_scales"][0] == broken["epoch_scales"][0] == 2.0**10 / 2
     assert fast["epoch_checksums"][0] == broken["epoch_checksums"][0]
-    # entering BSP made the scalers one (the smaller scale); the infinite gradient of epoch 1 reached both ranks
-    # through the all-reduce: both skipped that step and backed off alike, and the ranks end identical
+    # in BSP the infinite gradient of epoch 1 reached both ranks through the all-reduce: both skipped that step and
+    # backed off alike, and the ranks end identical
     assert fast["scale"] == broken["scale"] == broken["epoch_scales"][0] / 2
     assert fast["checksum"] == broken["checksum"] and fast["finite"] and broken["finite"]
     # the scaler is checkpointed (Lightning saves rank 0's), and every rank resumes from it with a fresh scaler

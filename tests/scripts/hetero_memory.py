@@ -1,6 +1,6 @@
 """Two ranks on gloo with HeteroBatchCallback(memory_caps="auto"); rank 1 raises torch.OutOfMemoryError for batches
 above 24 samples. Each rank writes the samples it trained on, its guard's counts and the caps and split it ended with;
-rank 0 saves the parameters.
+rank 0 saves the parameters. Under DDP the run ends with a checkpoint, ``caps.ckpt`` (every rank's cap gathered).
 
 Usage: python hetero_memory.py OUT_DIR [ddp|asp] [step|backward]   (asp: AsyncPSStrategy(mode="asp"), whose own
 training_step claims the batch's chunk of data: a step redone in chunks must claim once; backward: rank 1 runs out of
@@ -104,6 +104,8 @@ def main(out: Path, strategy: str, where: str) -> None:
     (out / f"rank{trainer.global_rank}.json").write_text(json.dumps(report))
     if trainer.global_rank == 0:
         torch.save(model.state_dict(), out / "params.pt")
+    if strategy == "ddp" and where == "step":
+        trainer.save_checkpoint(out / "caps.ckpt")  # every rank: the caps are gathered
 
 
 if __name__ == "__main__":

@@ -158,11 +158,9 @@ class HeteroBatchCallback(Callback):
         self.batch_size_multiple = batch_size_multiple
         self.global_batch_size = global_batch_size
         self.initial_batch_sizes = None if initial_batch_sizes is None else tuple(initial_batch_sizes)
-        self.min_batch_size = min_batch_size
-        self.max_batch_size = max_batch_size
+        self.min_batch_size, self.max_batch_size = min_batch_size, max_batch_size
         self.memory_caps = memory_caps
-        self.deadband = deadband
-        self.adjust_every_n_steps = adjust_every_n_steps
+        self.deadband, self.adjust_every_n_steps = deadband, adjust_every_n_steps
         self.batch_lr_scaling = batch_lr_scaling
         self.seed, self.verbose = seed, verbose
         self.rollback_tolerance, self.change_tolerance = rollback_tolerance, change_tolerance
@@ -277,6 +275,8 @@ class HeteroBatchCallback(Callback):
 
     def _new_tuner(self, global_batch: int) -> SplitTuner:
         tuner = new_tuner(self, global_batch, self._rank, self._world_size, self._device.type, self._floor)
+        if self._memory is not None:  # chunks within a memory cap in multiples of batch_size_multiple too
+            self._memory.caps.multiple = tuner.controller.multiple
         if self._restored is not None:
             tuner.load_state_dict(self._restored)
             self._restored = None

@@ -15,7 +15,6 @@ mixed into): there the error says which rank failed at which size and how to set
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import gc
 import logging
@@ -29,6 +28,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.distributed.fsdp import FullyShardedDataParallel
 from torch.nn.parallel import DistributedDataParallel
 
+from lightning_hetero.hetero_batch.chunking import chunk_size, run_in_chunks
 from lightning_hetero.hetero_batch.controller import BatchSizeController, Decision
 
 log = logging.getLogger("lightning_hetero.hetero_batch")
@@ -45,7 +45,8 @@ class MemoryCaps:
     Args:
         world_size: number of ranks.
         rank: this rank.
-        multiple: caps are rounded down to a multiple of this (``batch_size_multiple``), never below 1.
+        multiple: caps are rounded down to a multiple of this (``batch_size_multiple``; below it a cap is kept as
+            it is), never below 1; the callback sets it once ``batch_size_multiple`` is resolved.
 
     Example::
 
@@ -67,7 +68,7 @@ class MemoryCaps:
         return self.all[self.rank]
 
     def _set_own(self, cap: int) -> int:
-        cap = max(1, cap // self.multiple * self.multiple if cap >= self.multiple else cap)
+        cap = chunk_size(cap, self.multiple)
         own = cap if self.own is None else min(self.own, cap)
         self.all = tuple(own if k == self.rank else c for k, c in enumerate(self.all))
         return own
@@ -100,13 +101,15 @@ class MemoryCaps:
 
 
 def saved_caps(guard: MemoryGuard | None) -> dict[str, Any]:
-    """The callback's checkpoint entry for ``memory_caps="auto"``: every rank's cap as this rank knows it (its own
-    as it is, the others' as of the last adjustment's exchange; Lightning saves rank 0's)."""
-    return {} if guard is None else {"memory_caps": list(guard.caps.all)}
+    """The callback's checkpoint entry for ``memory_caps="auto"``: every rank's own cap, gathered from the ranks
+    (:meth:`MemoryGuard.gathered_caps`; Lightning saves rank 0's entry)."""
+    return {} if guard is None else {"memory_caps": guard.gathered_caps()}
 
 
 def restore_caps(guard: MemoryGuard | None, state: Mapping[str, Any]) -> None:
-    """Restore :func:`saved_caps`'s entry (nothing to do for a checkpoint without one or a run without "auto")."""
+    """Restore :func:`saved_caps`'s entry: each rank takes its own cap, and the others' as they were saved (nothing
+    to do for a checkpoint without one or a run without "auto"; a checkpoint from before the caps were gathered holds
+    rank 0's view of them and loads the same way)."""
     if guard is not None and state.get("memory_caps") is not None:
         guard.caps.restore(state["memory_caps"])
 
@@ -156,30 +159,6 @@ def respect_caps(
     return Decision(within, 0.0, apply=True, reason="memory")
 
 
-def split_batch(batch: Any, size: int, chunk: int) -> list[Any]:
-    """``batch`` cut along its first dimension into pieces of at most ``chunk`` samples (tensors whose first
-    dimension is ``size``, inside tuples, lists and dicts; anything else is repeated in each piece).
-
-    Example::
-
-        >>> x, y = torch.arange(10).reshape(5, 2), torch.arange(5)
-        >>> [tuple(t.shape) for t in split_batch((x, y), size=5, chunk=2)[2]]
-        [(1, 2), (1,)]
-    """
-    starts = range(0, size, chunk)
-
-    def cut(item: Any, start: int) -> Any:
-        if isinstance(item, torch.Tensor) and item.dim() > 0 and item.shape[0] == size:
-            return item[start : start + chunk]
-        if isinstance(item, Mapping):
-            return type(item)({k: cut(v, start) for k, v in item.items()})  # type: ignore[call-arg]
-        if isinstance(item, tuple | list):
-            return type(item)(cut(v, start) for v in item)
-        return item
-
-    return [cut(batch, start) for start in starts]
-
-
 def free_memory(device: torch.device) -> None:
     """Drop what an out-of-memory step left allocated (Python's garbage, the CUDA caching allocator's free blocks)."""
     gc.collect()
@@ -214,6 +193,7 @@ class MemoryGuard:
         self._last: tuple[int, int] | None = None  # (allocated bytes at the last step's start, its batch size)
         self._retry = False  # the optimizer's closure is being redone: the strategy's own step already ran
         self._ran: int | None = None  # the largest piece the last training_step ran (its backward's size)
+        self._strategy: Any = None  # where the ranks' caps are gathered for a checkpoint (set by `install`)
 
     def _measure_cuda(self, size: int) -> None:
         """The previous step's peak against its start (allocator statistics: no device synchronisation)."""
@@ -238,29 +218,48 @@ class MemoryGuard:
             self._retry, self._ran = False, None
             while True:
                 cap = self.caps.own
-                chunked = cap is not None and size > cap
+                chunked, piece = cap is not None and size > cap, self._piece(size)
                 # the strategy's own step (AsyncPSStrategy claims a chunk of data in it) runs once per step; any
                 # further forward goes through Lightning's plain one
                 first = plain if called else original
                 called = True
                 try:
                     if chunked:
-                        out = self._in_chunks(first, plain, strategy, module, batch, size, args, kwargs)
+                        out = run_in_chunks(first, plain, strategy, module, batch, size, piece, args, kwargs)
                     else:
                         out = first(batch, *args, **kwargs)
                     break
                 except torch.OutOfMemoryError:
                     pass  # leave the handler first, so that the failed attempt's frames (and tensors) can be freed
-                self._lower(size if cap is None else min(size, cap))
+                self._lower(piece)
                 failed = True
             self.redone += failed
             self.chunked += chunked and not failed
-            cap = self.caps.own
-            self._ran = size if cap is None else min(size, cap)
+            self._ran = self._piece(size)
             return out
 
         strategy.training_step = training_step
         self._install_closure_guard(strategy, module)
+        self._strategy = strategy
+
+    def _piece(self, size: int) -> int:
+        """The largest piece of a batch of ``size`` run at once: the batch, or chunks within the cap
+        (:func:`~lightning_hetero.hetero_batch.chunking.chunk_size`: multiples of ``batch_size_multiple``)."""
+        cap = self.caps.own
+        return size if cap is None or size <= cap else chunk_size(cap, self.caps.multiple)
+
+    def gathered_caps(self) -> list[int | None]:
+        """Every rank's own cap, gathered from the ranks (one all-gather: a checkpoint holds each rank's cap as that
+        rank learnt it); this rank's view (the others' as of the last adjustment) where the ranks do not meet
+        (before :meth:`install`, inside an asynchronous batch of ``AsyncPSStrategy``)."""
+        if self._strategy is None:
+            return list(self.caps.all)
+        own = math.nan if self.caps.own is None else float(self.caps.own)
+        mine = torch.tensor([own], dtype=torch.float64, device=self._strategy.root_device)
+        gathered = self._strategy.all_gather(mine).reshape(-1).tolist()
+        if len(gathered) != len(self.caps.all):
+            return list(self.caps.all)
+        return [None if not math.isfinite(c) else int(c) for c in gathered]
 
     def _lower(self, failing: int) -> None:
         if failing <= 1:
@@ -326,32 +325,6 @@ class MemoryGuard:
         vars(strategy).pop("optimizer_step", None)
         vars(strategy).pop("backward", None)
 
-    def _in_chunks(
-        self, first: Any, rest: Any, strategy: Any, module: Any, batch: Any, size: int, args: Any, kw: Any
-    ) -> Any:
-        """The batch in chunks within the cap: every chunk but the last back-propagated at once (without DDP's
-        all-reduce), its gradients kept aside; the last returned with a term whose gradient is what was kept, so
-        the one backward Lightning runs (and DDP's all-reduce) carries the whole batch's mean gradient."""
-        assert self.caps.own is not None
-        chunks = split_batch(batch, size, self.caps.own)
-        params = [p for p in module.parameters() if p.requires_grad]
-        kept: list[torch.Tensor | None] = [None] * len(params)
-        early_loss = 0.0
-        no_sync = getattr(strategy.model, "no_sync", contextlib.nullcontext)
-        for index, chunk in enumerate(chunks[:-1]):
-            with no_sync():
-                step = first if index == 0 else rest
-                loss = _loss_of(step(chunk, *args, **kw)) * (_size_of(chunk, size) / size)
-                grads = torch.autograd.grad(loss, params, allow_unused=True)
-            early_loss += float(loss.detach())
-            kept = [g if k is None else (k if g is None else k + g) for k, g in zip(kept, grads, strict=True)]
-            del loss, grads
-        out = rest(chunks[-1], *args, **kw)
-        last = _loss_of(out) * (_size_of(chunks[-1], size) / size)
-        carried = sum((p * k).sum() for p, k in zip(params, kept, strict=True) if k is not None)
-        total = last + early_loss + (carried - carried.detach() if isinstance(carried, torch.Tensor) else 0.0)
-        return {**out, "loss": total} if isinstance(out, Mapping) else total
-
 
 def auto_memory_guard(rank: int, world_size: int, device: torch.device, local_size: Callable[[], int]) -> MemoryGuard:
     """The guard for ``memory_caps="auto"``, saying once what "auto" can do on ``device``.
@@ -377,22 +350,3 @@ def auto_memory_guard(rank: int, world_size: int, device: torch.device, local_si
         log.warning(f"HeteroBatch: rank {rank} ran out of memory at a batch of {failed}; its cap is now {cap}")
 
     return MemoryGuard(MemoryCaps(world_size, rank), local_size, device, on_lowered=lowered)
-
-
-def _loss_of(output: Any) -> torch.Tensor:
-    return output["loss"] if isinstance(output, Mapping) else output
-
-
-def _size_of(chunk: Any, size: int) -> int:
-    tensors = [t for t in _tensors(chunk) if t.dim() > 0]
-    return int(tensors[0].shape[0]) if tensors else size
-
-
-def _tensors(item: Any) -> list[torch.Tensor]:
-    if isinstance(item, torch.Tensor):
-        return [item]
-    if isinstance(item, Mapping):
-        return [t for v in item.values() for t in _tensors(v)]
-    if isinstance(item, tuple | list):
-        return [t for v in item for t in _tensors(v)]
-    return []

@@ -1,6 +1,6 @@
 """Local SGD (``mode="local"``): every rank trains its own copy on claimed chunks for a round, then the ranks
-all-reduce their pseudo-gradients once (one SUM all-reduce on the remaining ranks' group) and an outer optimizer
-applies them (DiLoCo). The algorithm itself is the pure :mod:`lightning_hetero.ps.local_sgd`; see
+all-reduce their pseudo-gradients once (one SUM all-reduce on the remaining ranks' group, which also makes fp16's
+GradScalers one) and an outer optimizer applies them (DiLoCo). The algorithm itself is the pure :mod:`lightning_hetero.ps.local_sgd`; see
 ``docs/local_sgd.md``.
 
 Example::
@@ -22,6 +22,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning_hetero._lightning_internals import is_last_batch, optimizers_to_device
 from lightning_hetero.measurement import BusyTimer
 from lightning_hetero.ps.checkpointing import SavedState
+from lightning_hetero.ps.grad_scaling import fold_scaler, unfold_scaler
 from lightning_hetero.ps.local_sgd import LocalRounds, RoundBudget, RoundOutcome
 from lightning_hetero.ps.protocol import SERVER_RANK
 from lightning_hetero.ps.reporting import report_hyperparameters
@@ -197,9 +198,12 @@ class LocalSGDEngine:
         flat_buffers = torch.cat([b.detach().reshape(-1) for b in buffers]) if buffers else None
         sampler = ctx.claim_sampler
         message = rounds.message(flat, flat_buffers, done, sampler.samples_left if sampler is not None else None)
+        # fp16: the ranks' GradScalers made one in the same all-reduce (ps/grad_scaling.py)
+        message, folded = fold_scaler(ctx.precision_plugin, message, ctx.rank, ctx.world_size)
+        rounds.bytes_sent += folded * message.element_size()
         group = fault.collective_group()
         fault.collective(lambda: dist.all_reduce(message, op=dist.ReduceOp.SUM, group=group))
-        outcome = rounds.apply(message, flat, flat_buffers)
+        outcome = rounds.apply(unfold_scaler(ctx.precision_plugin, message, folded), flat, flat_buffers)
         if flat_buffers is not None:
             offset = 0
             for buffer in buffers:
