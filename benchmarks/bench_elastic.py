@@ -33,6 +33,7 @@ import argparse
 import json
 import platform
 import random
+import signal
 import statistics
 import sys
 import tempfile
@@ -179,6 +180,7 @@ def main() -> None:
     parser.add_argument("--soak", type=int, default=0, help="run N kill-and-restart cycles instead")
     parser.add_argument("--runs", default="undisturbed,churn,join", help="which runs, comma-separated")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a timeout's TERM still stops the workers (finally)
     RESULTS.mkdir(exist_ok=True)
     conditions = {
         "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, shared CPU host",
@@ -186,7 +188,7 @@ def main() -> None:
         **{k: v for k, v in vars(args).items()},
         "speeds": SPEEDS,
         "defaults": "ElasticLocalSGDStrategy defaults (steps_per_round=16, mean weighting, plain-averaging outer "
-        "optimizer, round_timeout_s=300, join_timeout_s=2, heartbeat_timeout_s=2)",
+        "optimizer, round_timeout_s=300, join_timeout_s=5, heartbeat_timeout_s=2)",
     }
     if args.soak:
         with tempfile.TemporaryDirectory() as tmp:

@@ -90,7 +90,7 @@ class ElasticLocalSGDStrategy(SingleDeviceStrategy):
         min_workers: int = 1,
         startup_timeout_s: float = 30.0,
         round_timeout_s: float = 300.0,
-        join_timeout_s: float = 2.0,
+        join_timeout_s: float = 5.0,
         heartbeat_timeout_s: float = 2.0,
         device: torch.device | str = "cpu",
         **kwargs: Any,
