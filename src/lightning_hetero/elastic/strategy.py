@@ -63,7 +63,9 @@ class ElasticLocalSGDStrategy(SingleDeviceStrategy):
         round_timeout_s: how long a round end may wait for the others (longer than a round plus validation).
         join_timeout_s: after a worker was lost, how long the hosted lighthouse waits for the live workers that
             have not reached the round end before it forms the round without them (they rejoin at the next one).
-            Far below ``round_timeout_s``: a live worker can be stuck in the collective the lost one broke.
+            Far below ``round_timeout_s`` (a live worker can be stuck in the collective the lost one broke) and
+            longer than a round (a worker waiting longer than this for the round end splits the round, see
+            ``docs/elastic.md``).
         heartbeat_timeout_s: a worker silent this long is dropped (hosted lighthouse), and the lighthouse
             unreachable this long during a round end ends the worker with an error naming it.
         device: this worker's device.
