@@ -1,25 +1,30 @@
 """Benchmark: elastic local SGD (``ElasticLocalSGDStrategy`` on torchft) with workers that leave and join, against
 the same job undisturbed, on CPU.
 
-Four workers, each its own process (``elastic_worker.py``, one per "machine"), with sleep-emulated speeds 1, 1, 2 and
-4 (a training step sleeps ``--base-step-s`` over the speed); the first hosts the lighthouse. Runs, one after the
-other per seed:
+Four workers, each its own process (``elastic_worker.py``, one per "machine"), with speeds 1, 1, 2 and 4; the first
+hosts the lighthouse. ``--throttle sleep`` (default): a training step sleeps ``--base-step-s`` over the speed;
+``--throttle quota``: a step is ``--base-step-s x --base-quota`` CPU seconds of real work (a busy loop) under a CPU
+quota of ``--base-quota x speed`` CPUs (``SlowdownEmulator(throttle="cfs")``, charged from ``fit``'s start, so the
+imports run unthrottled). Runs, one after the other per seed:
 
 - ``undisturbed``: the four train ``--epochs`` epochs;
 - ``churn``: the same, and one speed-1 worker (not the lighthouse's host) is SIGKILLed in the middle of every epoch
-  and started again at once (a fresh process that joins the running job);
+  (``--kill-delay-s`` after the epoch's first commit plus a seeded random ``0..--kill-jitter-s``, about a round, so
+  the kills land at every phase of a round, round ends included) and started again at once (a fresh process that
+  joins the running job);
 - ``join``: the same four, and a fifth worker (speed 1) starts half-way through the run.
 
 Reported per run: samples per second (the epochs' samples over the time from the first to the last committed
 round), the final validation accuracy (the host's model, the whole validation set), each restarted or added
-worker's time from its process start to its first committed round, and per epoch the batches lost (never trained in
+worker's time from its process start to the end of its imports, to its first round end (joined) and to its first
+committed round that trained a chunk (its first contribution), and per epoch the batches lost (never trained in
 a committed round) and duplicated (trained in more than one), from the workers' own commit logs. With ``--soak N``
 the script instead runs one job through N kill-and-restart cycles and reports hangs (processes still running at
 the end), exit codes and the same coverage.
 
 Prints a table and writes ``benchmarks/results/elastic.json`` (``elastic_soak.json`` for ``--soak``).
 
-Usage: python benchmarks/bench_elastic.py [--seeds 1] [--epochs 4] [--soak 20]
+Usage: python benchmarks/bench_elastic.py [--seeds 1] [--epochs 4] [--throttle quota] [--out NAME.json] [--soak 20]
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import random
+import signal
 import statistics
 import sys
 import tempfile
@@ -63,7 +70,8 @@ def run(kind: str, args: argparse.Namespace, seed: int, out: Path) -> dict[str, 
         "--steps-per-round", "16",  # the strategy's default (the worker script's is 4, for short tests)
     ]  # fmt: skip
     job = ElasticJob(out, common)
-    speed_args = {name: ["--step-sleep-s", f"{args.base_step_s / speed:g}"] for name, speed in SPEEDS.items()}
+    speed_args = {name: _speed_args(args, speed) for name, speed in SPEEDS.items()}
+    kill_at = random.Random(seed)
     restarts: list[int] = []
     try:
         job.start("a", *speed_args["a"], host=True)
@@ -74,7 +82,7 @@ def run(kind: str, args: argparse.Namespace, seed: int, out: Path) -> dict[str, 
                 # the middle of the epoch: its first commits seen, then half an epoch's time (estimated) on
                 if not _wait_for(lambda e=epoch: _epoch_of_latest_commit(job) >= e, 300):
                     break
-                time.sleep(args.kill_delay_s)
+                time.sleep(args.kill_delay_s + kill_at.uniform(0, args.kill_jitter_s))
                 if _epoch_of_latest_commit(job) != epoch:
                     continue
                 job.kill(KILLED)
@@ -101,6 +109,7 @@ def run(kind: str, args: argparse.Namespace, seed: int, out: Path) -> dict[str, 
         "val_acc": results["a"]["val_acc"] if "a" in results else float("nan"),
         "logs": str(out),
         "first_contribution_s": [job.first_contribution_s(pid) for pid in restarts],
+        "start_up": [job.start_up(pid) for pid in restarts],
         "lost_per_epoch": [c["lost"] for c in coverage.values()],
         "duplicated_per_epoch": [c["duplicated"] for c in coverage.values()],
         "failed_rounds": {name: r["report"]["failed_rounds"] for name, r in results.items()},
@@ -110,6 +119,12 @@ def run(kind: str, args: argparse.Namespace, seed: int, out: Path) -> dict[str, 
         "errors": job.errors(),
         "history_error": history_error,
     }
+
+
+def _speed_args(args: argparse.Namespace, speed: float) -> list[str]:
+    if args.throttle == "sleep":
+        return ["--step-sleep-s", f"{args.base_step_s / speed:g}"]
+    return ["--spin-s", f"{args.base_step_s * args.base_quota:g}", "--cpu-quota", f"{args.base_quota * speed:g}"]
 
 
 def soak(args: argparse.Namespace, out: Path) -> dict[str, Any]:
@@ -159,9 +174,13 @@ def main() -> None:
     parser.add_argument("--noise", type=float, default=2.0)
     parser.add_argument("--base-step-s", type=float, default=0.3, help="a speed-1 worker's step sleep")
     parser.add_argument("--kill-delay-s", type=float, default=5.0, help="into an epoch before the kill")
+    parser.add_argument("--kill-jitter-s", type=float, default=3.0, help="plus a seeded random delay up to this")
+    parser.add_argument("--throttle", choices=["sleep", "quota"], default="sleep", help="how speeds are emulated")
+    parser.add_argument("--base-quota", type=float, default=0.125, help="a speed-1 worker's CPU quota (quota)")
     parser.add_argument("--soak", type=int, default=0, help="run N kill-and-restart cycles instead")
     parser.add_argument("--runs", default="undisturbed,churn,join", help="which runs, comma-separated")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a timeout's TERM still stops the workers (finally)
     RESULTS.mkdir(exist_ok=True)
     conditions = {
         "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, shared CPU host",
@@ -192,21 +211,23 @@ def main() -> None:
         summary[kind] = {
             "samples_per_s": statistics.median(r["samples_per_s"] for r in rows),
             "val_acc": statistics.median(r["val_acc"] for r in rows),
+            "first_contribution_s": sorted(c for r in rows for c in r["first_contribution_s"] if c is not None),
             "first_contribution_s_max": max((c for r in rows for c in r["first_contribution_s"] if c), default=None),
+            "restarts_without_contribution": sum(c is None for r in rows for c in r["first_contribution_s"]),
             "lost": sum(sum(r["lost_per_epoch"]) for r in rows),
             "duplicated": sum(sum(r["duplicated_per_epoch"]) for r in rows),
         }
     base = summary.get("undisturbed", next(iter(summary.values())))
     print(
-        f"{'run':12} {'samples/s':>10} {'ratio':>6} {'val_acc':>8} {'d acc pt':>8} {'1st contrib s':>14} {'lost':>5} {'dup':>4}"
+        f"{'run':12} {'samples/s':>10} {'ratio':>6} {'val_acc':>8} {'d acc pt':>8} {'1st med/max s':>14} {'lost':>5} {'dup':>4}"
     )
     for kind, row in summary.items():
         row["throughput_ratio"] = row["samples_per_s"] / base["samples_per_s"]
         row["accuracy_delta_points"] = 100 * (row["val_acc"] - base["val_acc"])
-        first = row["first_contribution_s_max"]
+        firsts = row["first_contribution_s"]
+        first = f"{statistics.median(firsts):.1f}/{max(firsts):.1f}" if firsts else "-"
         print(f"{kind:12} {row['samples_per_s']:10.1f} {row['throughput_ratio']:6.2f} {row['val_acc']:8.4f} "
-              f"{row['accuracy_delta_points']:8.2f} {'-' if first is None else f'{first:.1f}':>14} {row['lost']:5d} "
-              f"{row['duplicated']:4d}")  # fmt: skip
+              f"{row['accuracy_delta_points']:8.2f} {first:>14} {row['lost']:5d} {row['duplicated']:4d}")  # fmt: skip
     (RESULTS / args.out).write_text(json.dumps({"conditions": conditions, "summary": summary, "runs": runs}, indent=1))
 
 

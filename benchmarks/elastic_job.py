@@ -124,6 +124,17 @@ class ElasticJob:
         rows = [row for row in self.commits() if row["pid"] == pid and row["chunks"]]
         return rows[0]["since_start_s"] if rows else None
 
+    def start_up(self, pid: int) -> dict[str, float | None]:
+        """Seconds from starting process ``pid`` to the end of its imports, of its first round end (it joined) and of
+        its first committed round that trained a chunk (``None``: not yet)."""
+        rows = [row for row in self.commits() if row["pid"] == pid]
+        joined = next((row["joined_s"] for row in rows if "joined_s" in row), None)
+        return {
+            "imported_s": rows[0]["imported_s"] if rows else None,
+            "joined_s": joined,
+            "first_contribution_s": self.first_contribution_s(pid),
+        }
+
     def results(self) -> list[dict[str, Any]]:
         return [json.loads(path.read_text()) for path in sorted(self.out.glob("worker-*.json"))]
 

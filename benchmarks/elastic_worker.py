@@ -3,8 +3,11 @@
 Usage: python benchmarks/elastic_worker.py OUT_DIR --lighthouse http://localhost:PORT [--start-lighthouse] [options]
 
 The worker appends one JSON line per committed round to ``OUT_DIR/commits-<name>-<pid>.jsonl`` (its
-``CommitRecord``: the epoch, the chunks it and all trained, the step, the parameters' digests; and the time) and at the end writes ``OUT_DIR/worker-<name>-<pid>.json`` (its report, validation
-accuracy, epochs, parameter checksum). A failure is written to ``OUT_DIR/error-<name>-<pid>.txt``.
+``CommitRecord``: the epoch, the chunks it and all trained, the step, the parameters' digests; the time, and the
+seconds from the process's start to the end of its imports and of its first round end) and at the end writes
+``OUT_DIR/worker-<name>-<pid>.json`` (its report, validation accuracy, epochs, parameter checksum). A failure is
+written to ``OUT_DIR/error-<name>-<pid>.txt``. Speeds are emulated by a sleep per step (``--step-sleep-s``) or by
+real CPU work per step (``--spin-s``) under a CPU quota (``--cpu-quota``, ``SlowdownEmulator(throttle="cfs")``).
 """
 
 import argparse
@@ -20,6 +23,7 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch.utils.data import TensorDataset
 
+from lightning_hetero import SlowdownEmulator
 from lightning_hetero.elastic import CommitRecord, ElasticLocalSGDStrategy
 from lightning_hetero.synthetic import MLPClassifier, SyntheticClassificationDataModule, make_classification
 
@@ -33,6 +37,21 @@ class SleepyMLP(MLPClassifier):
 
     def training_step(self, batch, batch_idx):
         time.sleep(self.step_sleep_s)
+        return super().training_step(batch, batch_idx)
+
+
+class SpinMLP(MLPClassifier):
+    """The synthetic MLP, each training step ``spin_s`` seconds of real CPU work longer (a busy loop), for a CPU quota
+    (``SlowdownEmulator(throttle="cfs")``) to throttle."""
+
+    def __init__(self, spin_s: float, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.spin_s = spin_s
+
+    def training_step(self, batch, batch_idx):
+        until = time.process_time() + self.spin_s
+        while time.process_time() < until:
+            pass
         return super().training_step(batch, batch_idx)
 
 
@@ -59,6 +78,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--steps-per-round", type=int, default=4)
     parser.add_argument("--step-sleep-s", type=float, default=0.0)
+    parser.add_argument("--spin-s", type=float, default=0.0, help="CPU seconds of busy work per training step")
+    parser.add_argument("--cpu-quota", type=float, default=None, help="CPUs (SlowdownEmulator's CFS quota, < 1)")
     parser.add_argument("--hidden", type=int, default=32)
     parser.add_argument("--classes", type=int, default=4)
     parser.add_argument("--noise", type=float, default=0.5, help="the generated clusters' spread (harder: larger)")
@@ -72,12 +93,14 @@ def main() -> None:
     parser.add_argument("--stop-file", default=None, help="holds an epoch count E: training stops after epoch E")
     args = parser.parse_args()
     started_at = args.started_at or time.time()
+    imported_s = time.time() - started_at  # the imports above: most of a worker's start-up
     torch.set_num_threads(1)
     logging.getLogger("lightning.fabric.utilities.seed").setLevel(logging.WARNING)
     L.seed_everything(args.seed)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tag = f"{args.name}-{os.getpid()}"
+    constructed_s = time.time() - started_at
     strategy = ElasticLocalSGDStrategy(
         lighthouse=args.lighthouse,
         start_lighthouse=args.start_lighthouse,
@@ -93,7 +116,10 @@ def main() -> None:
 
     def on_commit(record: CommitRecord) -> None:
         now = time.time()
-        log.write(json.dumps({**dataclasses.asdict(record), "t": now, "since_start_s": now - started_at}) + "\n")
+        times = {"t": now, "since_start_s": now - started_at, "imported_s": imported_s}
+        if "joined_s" in strategy.report:  # from the process's start to the end of its first round end
+            times["joined_s"] = constructed_s + strategy.report["joined_s"]
+        log.write(json.dumps({**dataclasses.asdict(record), **times}) + "\n")
 
     strategy.on_commit = on_commit
     data = SyntheticClassificationDataModule(
@@ -104,8 +130,13 @@ def main() -> None:
         x, y = drawn.tensors
         data.train_set = TensorDataset(x[: args.samples], y[: args.samples])
         data.val_set = TensorDataset(x[args.samples :], y[args.samples :])
-    model = SleepyMLP(args.step_sleep_s, hidden=args.hidden, lr=args.lr, num_classes=args.classes)
+    if args.spin_s:
+        model = SpinMLP(args.spin_s, hidden=args.hidden, lr=args.lr, num_classes=args.classes)
+    else:
+        model = SleepyMLP(args.step_sleep_s, hidden=args.hidden, lr=args.lr, num_classes=args.classes)
     callbacks: list[Callback] = [ModelCheckpoint(dirpath=args.ckpt_dir, save_last=True)] if args.ckpt_dir else []
+    if args.cpu_quota is not None:  # each worker is rank 0 of its own trainer
+        callbacks.append(SlowdownEmulator(factors={0: 1.0 / args.cpu_quota}, throttle="cfs"))
     if args.stop_file:
         callbacks.append(StopFile(args.stop_file))
     trainer = L.Trainer(

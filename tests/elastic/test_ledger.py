@@ -38,10 +38,10 @@ def test_a_different_epoch_length_is_refused_naming_both():
         EpochLedger(0)
 
 
-def test_quotas_follow_speed_and_a_newcomer_gets_the_mean():
+def test_quotas_follow_speed_and_a_newcomer_counts_as_the_slowest_in_a_round_half_as_long():
     assert round_quotas([1.0, 1.0, 2.0, 4.0], 8) == [4, 4, 8, 16]
-    assert round_quotas([1.0, 3.0, 0.0], 5) == [3, 9, 3]
-    assert round_quotas([0.0, 0.0], 3) == [3, 3]  # nobody measured yet: equal
+    assert round_quotas([1.0, 3.0, 0.0], 10) == [3, 9, 3]  # 15 steps, not 30
+    assert round_quotas([0.0, 0.0], 3) == [2, 2]  # nobody measured yet (the job's start): equal, ceil(3 / 2) each
 
 
 def test_assign_tops_each_participant_up_to_quota_plus_one_from_disjoint_free_chunks():

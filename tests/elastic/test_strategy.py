@@ -11,8 +11,11 @@ import lightning as L
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
+from torch.nn.utils import parameters_to_vector
 
 from lightning_hetero.elastic import ElasticError, ElasticLocalSGDStrategy
+from lightning_hetero.elastic.rounds import ElasticRounds
+from lightning_hetero.ps.outer_optimizer import OuterOptimizer
 from lightning_hetero.synthetic import MLPClassifier, SyntheticClassificationDataModule
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -93,6 +96,42 @@ def test_settings_are_checked_by_name(monkeypatch):
         ElasticLocalSGDStrategy(lighthouse="http://h:1", join_timeout_s=10, round_timeout_s=10)
     monkeypatch.setenv("TORCHFT_LIGHTHOUSE", "http://node0:29510")
     assert ElasticLocalSGDStrategy().lighthouse == "http://node0:29510"
+
+
+class _FailingOnce:
+    """A membership whose first round end fails (a participant lost in the all-reduce), then commits alone."""
+
+    def __init__(self) -> None:
+        self.messages: list[torch.Tensor] = []
+        self.step = 0
+
+    def round(self, message):
+        self.messages.append(message(0, 1).clone())
+        return (None if len(self.messages) == 1 else self.messages[-1]), 0, 1
+
+
+def test_a_failed_round_end_ends_again_at_once_with_nothing_trained_and_keeps_its_chunks():
+    """The survivors of a broken round end re-form the job at once (a restarted worker joins there), not after
+    training the round's chunks again; those chunks stay this worker's."""
+    strategy = ElasticLocalSGDStrategy(lighthouse="http://localhost:1")
+    strategy._lightning_module = model = MLPClassifier(hidden=8)
+    strategy.rounds = rounds = ElasticRounds(CHUNKS, 2, OuterOptimizer(torch.optim.SGD, {"lr": 1.0}))
+    strategy._sampler = object()  # the loader is not used here
+    strategy.membership = membership = _FailingOnce()
+    start = parameters_to_vector(model.parameters()).detach().clone()
+    rounds.begin(start)
+    rounds.queue.extend([3, 5])
+    with torch.no_grad():
+        next(model.parameters()).add_(1.0)
+    rounds.record_step(rounds.take(), samples=BATCH, step_s=0.1)
+    strategy._round_end()
+    counts = start.numel() + sum(b.numel() for b in model.buffers() if b.is_floating_point())
+    first, second = (m[counts : counts + 3 + CHUNKS].tolist() for m in membership.messages)
+    assert first[:3] == [BATCH, 1.0, 1.0] and first[3 + 3] == 1.0  # samples, weight, steps; chunk 3 trained
+    assert second == [0.0] * (3 + CHUNKS)  # at once, nothing trained
+    assert strategy.report["failed_rounds"] == 1 and strategy.report["round_ends"] == 2
+    assert torch.equal(parameters_to_vector(model.parameters()), start)  # the failed round's step is undone
+    assert rounds.ledger.counts.sum() == 0 and {3, 5} <= set(rounds.held)  # not trained, still held here
 
 
 def _wait_for_commit(job: ElasticJob, proc, timeout_s: float = 90.0) -> float:

@@ -95,21 +95,23 @@ class EpochLedger:
 
 def round_quotas(rates: list[float], steps_per_round: int) -> list[int]:
     """Local steps of each participant in the next round: ``steps_per_round`` per participant in all, split in
-    proportion to the measured rates (a rate ``<= 0``, a newcomer's, counts as the slowest known one: nobody waits
-    for a newcomer slower than expected while its speed is measured).
+    proportion to the measured rates. A rate ``<= 0`` (a newcomer's, or everybody's at the job's start) counts as
+    the slowest known one, and such a round is half as long (``ceil(steps_per_round / 2)`` per participant): it
+    measures the speed, nobody waits long for a newcomer slower than expected, and the newcomer's first
+    contribution commits half a round sooner.
 
     Example::
 
         >>> round_quotas([100.0, 100.0, 200.0, 400.0], steps_per_round=4)
         [2, 2, 4, 8]
-        >>> round_quotas([100.0, 300.0, 0.0], steps_per_round=5)  # a newcomer: as the slowest, 100
+        >>> round_quotas([100.0, 300.0, 0.0], steps_per_round=10)  # a newcomer: as the slowest, 100; half a round
         [3, 9, 3]
     """
     known = [rate for rate in rates if rate > 0]
     slowest = min(known) if known else 1.0
     weights = [rate if rate > 0 else slowest for rate in rates]
     n = len(rates)
-    total = steps_per_round * n
+    total = (steps_per_round if len(known) == n else -(-steps_per_round // 2)) * n
     return apportion(weights, total, lower=[1] * n, upper=[total] * n)
 
 

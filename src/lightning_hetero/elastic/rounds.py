@@ -6,7 +6,8 @@ A round-end message is ``[w * (anchor - flat), w * buffers, samples, w, steps, t
 held count at this participant's slot]`` (``w``: the samples this worker trained in the round with
 ``weighting="samples"``, else 1 if it trained); the all-reduce sums it over the round's participants, whose number
 and ranks the membership (torchft's quorum) gives per round. A newcomer takes part from the round it joins: it
-contributes nothing to that one, receives its share of the next and, its speed unknown, the slowest worker's quota.
+contributes nothing to that one, receives its share of the next and, its speed unknown, the slowest worker's quota;
+a round with a participant whose speed is unknown is half as long (:func:`~lightning_hetero.elastic.ledger.round_quotas`).
 
 Example: two workers, one all-reduce simulated by a sum::
 
@@ -20,8 +21,8 @@ Example: two workers, one all-reduce simulated by a sum::
     [0, 0]
     >>> list(workers[0].queue), list(workers[1].queue)  # the join round hands the 4 chunks out, one at a time
     ([0, 2], [1, 3])
-    >>> params[0] += 1.0; workers[0].record_step(chunk=workers[0].take(), samples=8, step_s=0.1)
-    False
+    >>> params[0] += 1.0; workers[0].record_step(chunk=workers[0].take(), samples=8, step_s=0.1)  # quota: 1
+    True
     >>> sums = sum(w.message(flat, None, rank, 2) for rank, (w, flat) in enumerate(zip(workers, params)))
     >>> outcome = [w.commit(sums.clone(), flat, None, rank, 2) for rank, (w, flat) in enumerate(zip(workers, params))]
     >>> outcome[0].samples, params[1], workers[1].ledger.counts.tolist()

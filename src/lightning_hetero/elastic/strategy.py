@@ -31,34 +31,12 @@ from lightning_hetero.elastic.membership import LIGHTHOUSE_ENV, ElasticError, Me
 from lightning_hetero.elastic.membership import wait_reachable as _wait_reachable
 from lightning_hetero.elastic.rounds import ElasticRounds
 from lightning_hetero.elastic.sampler import IDLE, ElasticBatchSampler, elastic_loader
+from lightning_hetero.elastic.signature import model_signature, signature_mismatch
 from lightning_hetero.ps.local_sgd import check_weighting
 from lightning_hetero.ps.outer_optimizer import OuterOptimizer
 
 #: the checkpoint's key for the elastic state (a plain Lightning checkpoint otherwise)
 CHECKPOINT_KEY = "elastic_local_sgd"
-
-
-def _model_signature(module: torch.nn.Module) -> dict[str, list[int]]:
-    return {name: list(p.shape) for name, p in module.named_parameters() if p.requires_grad}
-
-
-def signature_mismatch(own: dict[str, list[int]], job: dict[str, list[int]]) -> str | None:
-    """The first difference between this worker's model and the running job's, in words (``None``: they match).
-
-    Example::
-
-        >>> signature_mismatch({"w": [4, 8]}, {"w": [4, 16]})
-        'parameter w has shape [4, 8] here and [4, 16] in the running job'
-        >>> signature_mismatch({"w": [4]}, {"w": [4], "b": [2]})
-        'parameter b of the running job is missing here'
-    """
-    for name, shape in job.items():
-        if name not in own:
-            return f"parameter {name} of the running job is missing here"
-        if own[name] != shape:
-            return f"parameter {name} has shape {own[name]} here and {shape} in the running job"
-    extra = sorted(set(own) - set(job))
-    return f"parameter {extra[0]} is not in the running job's model" if extra else None
 
 
 class ElasticLocalSGDStrategy(SingleDeviceStrategy):
@@ -85,7 +63,9 @@ class ElasticLocalSGDStrategy(SingleDeviceStrategy):
         round_timeout_s: how long a round end may wait for the others (longer than a round plus validation).
         join_timeout_s: after a worker was lost, how long the hosted lighthouse waits for the live workers that
             have not reached the round end before it forms the round without them (they rejoin at the next one).
-            Far below ``round_timeout_s``: a live worker can be stuck in the collective the lost one broke.
+            Far below ``round_timeout_s`` (a live worker can be stuck in the collective the lost one broke) and
+            longer than a round (a worker waiting longer than this for the round end splits the round, see
+            ``docs/elastic.md``).
         heartbeat_timeout_s: a worker silent this long is dropped (hosted lighthouse), and the lighthouse
             unreachable this long during a round end ends the worker with an error naming it.
         device: this worker's device.
@@ -293,7 +273,9 @@ class ElasticLocalSGDStrategy(SingleDeviceStrategy):
         set_global_step(self.lightning_module.trainer, rounds.steps_total, in_step=True)
         return output
 
-    def _round_end(self) -> None:
+    def _round_end(self, retry: bool = True) -> None:
+        """A round that fails (a participant was lost on the way) ends again at once with nothing trained (its chunks
+        back in this worker's queue): the job re-forms without the lost worker now, a restarted one joins there."""
         rounds, _ = self._parts()
         assert self.membership is not None
         flat = self._flat()
@@ -316,15 +298,18 @@ class ElasticLocalSGDStrategy(SingleDeviceStrategy):
         if summed is None:
             self.report["failed_rounds"] += 1
             rounds.rollback(flat)
-        else:
-            parent = digest(rounds.outer.anchor) if self.on_commit is not None else ""
-            result = rounds.commit(summed, flat, flat_buffers, rank, participants)
-            self.report["duplicates"] += result.duplicates
-            if self.on_commit is not None:
-                epoch = rounds.ledger.epoch - int(result.epoch_done)
-                own = () if self._recovered_flat is not None else trained
-                step = self.membership.step
-                self.on_commit(CommitRecord(epoch, step, own, result.chunks, parent, digest(rounds.outer.anchor)))
+            self._set_flat(flat, flat_buffers)
+            if retry:
+                self._round_end(retry=False)
+            return
+        parent = digest(rounds.outer.anchor) if self.on_commit is not None else ""
+        result = rounds.commit(summed, flat, flat_buffers, rank, participants)
+        self.report["duplicates"] += result.duplicates
+        if self.on_commit is not None:
+            epoch = rounds.ledger.epoch - int(result.epoch_done)
+            own = () if self._recovered_flat is not None else trained
+            step = self.membership.step
+            self.on_commit(CommitRecord(epoch, step, own, result.chunks, parent, digest(rounds.outer.anchor)))
         self._set_flat(flat, flat_buffers)
 
     # ------------------------------------------------------------------ the state a joining worker fetches
@@ -336,7 +321,7 @@ class ElasticLocalSGDStrategy(SingleDeviceStrategy):
         anchor = rounds.outer.anchor
         assert anchor is not None
         return {
-            "signature": _model_signature(self.lightning_module),
+            "signature": model_signature(self.lightning_module),
             "anchor": anchor.clone(),
             "buffers": [b.detach().clone() for b in self._float_buffers()],
             "optimizer": copy.deepcopy(self.optimizers[0].state_dict()) if self.optimizers else None,
@@ -344,7 +329,7 @@ class ElasticLocalSGDStrategy(SingleDeviceStrategy):
         }
 
     def _load_peer_state(self, state: dict[str, Any]) -> None:
-        mismatch = signature_mismatch(_model_signature(self.lightning_module), state["signature"])
+        mismatch = signature_mismatch(model_signature(self.lightning_module), state["signature"])
         if mismatch is not None:
             raise ElasticError(f"this worker cannot join the elastic job: its model differs: {mismatch}")
         rounds, _ = self._parts()
