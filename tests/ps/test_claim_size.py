@@ -15,9 +15,9 @@ def test_fast_steps_share_a_claim_and_slow_steps_claim_one_batch():
 
 def test_the_size_follows_a_changed_step_and_ignores_the_time_across_an_epochs_edge():
     size = ClaimSize()
-    fast = starts(size, 0.002, 10)
+    fast = starts(size, 0.004, 10)
     size.restart()  # a 5 s validation at the epoch's end is not a step
-    after_edge = starts(size, 0.002, 3, first=0.018 + 5.0)
+    after_edge = starts(size, 0.004, 3, first=0.036 + 5.0)
     assert fast[-1] == after_edge[-1] == 10
     slowed = starts(size, 0.05, 30, first=10.0)
     assert slowed[-1] == 1  # the worker slowed down: its claims shrink to one batch

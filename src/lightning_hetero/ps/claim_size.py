@@ -16,11 +16,11 @@ Example::
     >>> size = ClaimSize()
     >>> size.batch_started(0.0)  # the first step's time is not known yet: one batch
     1
-    >>> [size.batch_started(0.004 * k) for k in range(1, 4)]  # 4 ms steps: 5 batches make 20 ms
-    [5, 5, 5]
+    >>> [size.batch_started(0.004 * k) for k in range(1, 4)]  # 4 ms steps: 10 batches make 40 ms
+    [10, 10, 10]
     >>> size.restart()  # an epoch's edge: the time across it is not a step
     >>> size.batch_started(1.0), size.batch_started(1.1)  # 100 ms steps: one batch a claim
-    (5, 1)
+    (10, 1)
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from __future__ import annotations
 from lightning_hetero._validation import check_range
 
 #: seconds of a worker's own steps one claim covers
-CLAIM_SPAN_S = 0.02
+CLAIM_SPAN_S = 0.04
 #: the most batches one claim takes
 MAX_CLAIM_CHUNKS = 16
 
@@ -84,7 +84,7 @@ def claim_size_message(span_s: float = CLAIM_SPAN_S, max_chunks: int = MAX_CLAIM
     Example::
 
         >>> print(claim_size_message())
-         Each worker claims the batches of about 20 ms of its own steps at once (1 to 16; fewer near an epoch's end).
+         Each worker claims the batches of about 40 ms of its own steps at once (1 to 16; fewer near an epoch's end).
     """
     return (
         f" Each worker claims the batches of about {span_s * 1000:g} ms of its own steps at once "
