@@ -14,12 +14,13 @@ generated 4-class data, 4 epochs), trained by ``AsyncPSStrategy`` in four ways, 
 
 Compute is emulated by sleeping ``--cost-s`` per sample in the training step, so that 8 workers fit on a 2-core host;
 heterogeneity level HL (fastest / slowest) slows rank k by ``HL ** (k / (N - 1))`` with ``SlowdownEmulator`` (rank 0,
-which hosts the server, is the fastest). Cells: workers x HL x seed; within a cell the configurations run one after
+which hosts the server, is the fastest); ``--throttle cfs`` slows them by a CPU quota instead (``SlowdownEmulator``'s
+CFS mode, the sleeps charged as CPU time). Cells: workers x HL x seed; within a cell the configurations run one after
 another, so their comparison is side by side on the same host load.
 
 Usage:
     python benchmarks/bench_asp_accuracy.py [--quick] [--workers 2,4,8] [--hl 1,4] [--seeds 0,1,2]
-        [--configs bsp,asp_none,asp,hybrid] [--budget-s 2400]
+        [--configs bsp,asp_none,asp,hybrid] [--budget-s 2400] [--throttle sleep|cfs]
 
 Writes ``benchmarks/results/asp_accuracy.json`` (``--out``): every run (final and per-epoch accuracy, training time,
 staleness, the hyper-parameters in force per epoch) and mean +- sd per cell; prints a table; draws
@@ -90,10 +91,12 @@ class SleepMLP(MLPClassifier):
     def __init__(self, cost_s: float, lr: float, momentum: float) -> None:
         super().__init__(lr=lr, momentum=momentum)
         self.cost_s = cost_s
+        self.emulated_cpu_s = 0.0  # the sleeps, charged to a CPU quota (``--throttle cfs``) as compute
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch
         time.sleep(self.cost_s * x.shape[0])
+        self.emulated_cpu_s += self.cost_s * x.shape[0]
         return nn.functional.cross_entropy(self(x), y)
 
 
@@ -124,8 +127,15 @@ def run_one(args: argparse.Namespace) -> None:
     recorder = EpochRecorder()
     callbacks: list[Callback] = [recorder]
     slowed = {rank: factor for rank, factor in enumerate(factors) if factor > 1.0}
+    model = SleepMLP(args.cost_s, args.lr, args.momentum)
     if slowed:
-        callbacks.append(SlowdownEmulator(factors=slowed))
+        callbacks.append(
+            SlowdownEmulator(
+                factors=slowed,
+                throttle=args.throttle,
+                cpu_clock=lambda: time.process_time() + model.emulated_cpu_s,
+            )
+        )
     compensation = None if args.config.endswith("_none") else ("dc" if args.config == "asp_dc" else "auto")
     hybrid = args.config.startswith("hybrid")
     mode = "bsp" if args.config == "bsp" or hybrid else "asp"
@@ -151,7 +161,7 @@ def run_one(args: argparse.Namespace) -> None:
         num_sanity_val_steps=0,
     )
     trainer.fit(
-        SleepMLP(args.cost_s, args.lr, args.momentum),
+        model,
         train_dataloaders=DataLoader(train, batch_size=args.batch_size, shuffle=True),
         val_dataloaders=DataLoader(val, batch_size=1024),
     )
@@ -174,7 +184,7 @@ def launch(args: argparse.Namespace, config: str, workers: int, level: float, se
         "--out", str(out), "--epochs", str(args.epochs), "--samples", str(args.samples),
         "--val-samples", str(args.val_samples), "--noise", str(args.noise), "--cost-s", str(args.cost_s),
         "--lr", str(args.lr), "--momentum", str(args.momentum), "--batch-size", str(args.batch_size),
-        "--bsp-fraction", str(args.bsp_fraction),
+        "--bsp-fraction", str(args.bsp_fraction), "--throttle", args.throttle,
     ]  # fmt: skip
     env = {key: value for key, value in os.environ.items() if key != "MASTER_PORT"}
     load_before, started = os.getloadavg()[0], time.perf_counter()
@@ -366,6 +376,13 @@ def main() -> None:
     parser.add_argument("--val-samples", type=int, default=2048)
     parser.add_argument("--noise", type=float, default=4.0)
     parser.add_argument("--cost-s", type=float, default=0.0008, help="emulated compute seconds per sample")
+    parser.add_argument(
+        "--throttle",
+        choices=["sleep", "cfs"],
+        default="sleep",
+        help="how SlowdownEmulator slows a rank: a sleep, or a CPU quota of 1/factor per 100 ms (the emulated "
+        "compute's sleeps count as CPU time)",
+    )
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--momentum", type=float, default=0.9)
     parser.add_argument("--batch-size", type=int, default=32)
@@ -428,7 +445,12 @@ def main() -> None:
         "conditions": {
             **{k: v for k, v in vars(args).items() if k not in ("run", "n", "level", "seed", "config", "out")},
             "model": "MLPClassifier 32-64-4 (tanh), SGD",
-            "emulation": "training step sleeps cost_s per sample; SlowdownEmulator slows rank k by HL**(k/(N-1))",
+            "emulation": "training step sleeps cost_s per sample; SlowdownEmulator slows rank k by HL**(k/(N-1))"
+            + (
+                " as a CPU quota (throttle='cfs', 100 ms periods; the sleeps count as CPU)"
+                if args.throttle == "cfs"
+                else ""
+            ),
             "host": f"{os.cpu_count()} CPUs shared with other jobs",
             "torch": torch.__version__,
             "lightning": L.__version__,

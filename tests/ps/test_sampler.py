@@ -74,6 +74,8 @@ def test_claiming_several_chunks_at_once_still_covers_the_epoch_exactly_once(
 
     def check(rank, batch):
         assert samplers[rank].next_chunk() == batch[0] // chunk  # the batch's chunk, as local SGD reads it
+        if rank % 2:  # ASP resizes its claims at every batch (ps/claim_size.py)
+            samplers[rank].claim_chunks = 1 + (batch[0] // chunk) % claim_chunks[rank]
 
     seen = drain_at_random_speeds(samplers, chunk, seed, on_batch=check)
     assert sorted(i for indices in seen for i in indices) == list(range(num_samples))
@@ -275,3 +277,16 @@ def test_a_limited_pool_covers_the_first_chunks_of_the_epochs_order_once(asynchr
     first = epoch_order(50, 2, True, 0)[:20]
     assert (sorted(seen) if asynchronous else sorted(set(seen))) == sorted(first)  # BSP pads by wrapping
     assert samplers[0].epoch_samples == 20
+
+
+def test_a_closed_pool_ends_the_ranks_claim_at_once_and_keeps_later_segments_reserved_batches():
+    counter = Counter()
+    sampler = ClaimSampler(40 * 2, 2, counter.claim, lambda: 0, lambda: True, rank=0, world_size=2)
+    sampler.segments = lambda epoch: [20]  # a validation point halfway
+    sampler.claim_chunks = 8
+    iterator = iter(sampler)
+    first = [next(iterator) for _ in range(2 * 3)]  # the reserved chunk and two of a claim of 4 (a quarter of 18)
+    sampler.close(0)  # a stop (max_steps reached): the claim's other 2 chunks are left untrained
+    rest = list(iterator)
+    assert first == [0, 1, 4, 5, 6, 7]
+    assert rest == [40, 41]  # only the second segment's reserved chunk, so validation points stay matched

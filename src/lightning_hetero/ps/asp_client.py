@@ -91,12 +91,13 @@ class AsynchronousClient:
         recorded_fault: the first fault rank 0 recorded, waiting at most the given seconds (``None`` if none).
         pin_memory: page-locked messages (faster GPU staging).
         overlap: ``False`` (textbook ASP): :meth:`push` returns once the server's reply for this gradient is in
-            ``flat``. ``True``: :meth:`push` sends the gradient and returns at once; the reply travels while the next
-            batch is fetched and computed, and lands in ``flat`` at the next :meth:`push` (before that gradient is
-            sent). Each gradient is therefore computed on parameters that hold every one of this worker's own
-            updates but the previous one: a bounded extra staleness of one own update (plus the other workers'
-            updates applied while it was in flight). A push flagged ``FLAG_LAST``, :meth:`pull`, :meth:`leave` and
-            :meth:`close` wait for the update in flight first, so an epoch ends on the server's parameters.
+            ``flat``. ``True``: :meth:`push` hands the gradient to a helper thread and returns at once; it is sent
+            and the reply travels while the next batch is fetched and computed, and lands in ``flat`` at the next
+            :meth:`push` (before that gradient is sent). Each gradient is therefore computed on parameters that
+            hold every one of this worker's own updates but the previous one: a bounded extra staleness of one own
+            update (plus the other workers' updates applied while it was in flight). A push flagged ``FLAG_LAST``,
+            :meth:`pull`, :meth:`leave` and :meth:`close` wait for the update in flight first, so an epoch ends on
+            the server's parameters.
         shards: the server's shards (:func:`~lightning_hetero.ps.sharding.plan_shards`; shard ``s`` lives in rank
             ``s``); ``None``: one server in rank 0. Every push and pull goes to every shard with the shard's slice;
             the reply's header has shard 0's version, the largest staleness and the worst status of the shards'.
@@ -219,8 +220,7 @@ class AsynchronousClient:
                 send_done(endpoint.push, endpoint.host, self.group, self.timeout)
 
     def close(self) -> None:
-        """Absorb the update in flight, if any, and end the local helper thread (``overlap=True`` in a server's
-        rank)."""
+        """Absorb the update in flight, if any, and end the round-trip threads (``overlap=True``)."""
         self._complete()
         for endpoint in self._endpoints:
             endpoint.close()
@@ -238,8 +238,8 @@ class AsynchronousClient:
             if endpoint.copied is not None:  # the next reply overwrites the pinned buffer the device still reads
                 endpoint.copied.synchronize()
                 endpoint.copied = None
-            if endpoint.local is not None:
-                endpoint.local.start(endpoint.push, endpoint.reply)
+            if endpoint.helper is not None:
+                endpoint.helper.start(self._round_trip(endpoint))
             elif endpoint.server is not None:
                 endpoint.header = endpoint.server.apply(
                     self.rank, read_push_header(endpoint.push), payload(endpoint.push), endpoint.reply
@@ -278,9 +278,23 @@ class AsynchronousClient:
             max(header.status for header in headers), headers[0].version, max(h.staleness for h in headers), -1
         )
 
+    def _round_trip(self, endpoint: _Endpoint) -> Callable[[], ReplyHeader]:
+        """``endpoint``'s whole exchange, run by its helper thread (``overlap=True``): the in-process server's update,
+        or the remote server's send, its update and the reply (gloo's send of a large message blocks its caller for
+        about as long as the transfer takes: milliseconds for a megabyte on a loaded host)."""
+        push, reply, server = endpoint.push, endpoint.reply, endpoint.server
+        if server is not None:
+            return lambda: server.apply(self.rank, read_push_header(push), payload(push), reply)
+        group, host, timeout = self.group, endpoint.host, self.timeout
+        assert group is not None
+        return lambda: wait_push_and_pull(start_push_and_pull(push, reply, host, group), reply, host, timeout)
+
     def _wait(self, endpoint: _Endpoint) -> ReplyHeader:
-        if endpoint.local is not None:
-            return endpoint.local.wait()
+        if endpoint.helper is not None:
+            try:
+                return endpoint.helper.wait()
+            except PeerLostError as err:
+                raise self._lost_cause(err) from err
         if endpoint.requests is not None:
             requests, endpoint.requests = endpoint.requests, None
             try:
@@ -300,7 +314,7 @@ class _Endpoint:
         flat: the model's flat parameters.
         server: the shard's server when it lives in this process, else ``None``.
         pin_memory: page-locked messages.
-        overlap: whether a helper thread applies this rank's own pushes to an in-process server.
+        overlap: whether a helper thread runs the round trips (while the worker computes its next batch).
         rank: this worker's global rank.
     """
 
@@ -319,7 +333,8 @@ class _Endpoint:
         self.server = server
         self.push = new_message(shard.numel, pin_memory=pin_memory)
         self.reply = new_message(shard.numel, pin_memory=pin_memory)
-        self.local = _LocalExchange(server, rank) if overlap and server is not None else None
+        #: ``overlap=True``: the thread that runs this shard's round trips while the worker computes
+        self.helper = _RoundTripThread(f"ps-round-trip-{rank}-{shard.index}") if overlap else None
         self.requests: tuple[dist.Work, dist.Work] | None = None  # gloo's, for a remote shard
         self.header: ReplyHeader | None = None  # the in-process server's answer, without overlap
         self.copied: Any = None  # CUDA: an event after the reply's copy into ``flat`` (see `_start`)
@@ -327,33 +342,30 @@ class _Endpoint:
         self.version = 0
 
     def close(self) -> None:
-        if self.local is not None:
-            self.local.close()
-            self.local = None
+        if self.helper is not None:
+            self.helper.close()
+            self.helper = None
 
 
-class _LocalExchange:
-    """Rank 0's own pushes with ``overlap=True``: a helper thread applies them to the in-process server, so that rank
-    0 computes its next batch meanwhile, like the remote workers.
+class _RoundTripThread:
+    """Runs a worker's round trips one at a time (``overlap=True``), so that the worker computes its next batch
+    meanwhile: the in-process server's update of rank 0's own push, or the exchange with a server in another rank.
 
     Args:
-        server: the in-process parameter server.
-        rank: this worker's global rank.
+        name: the thread's name.
     """
 
-    def __init__(self, server: ParameterServer, rank: int) -> None:
-        self._server = server
-        self._rank = rank
+    def __init__(self, name: str) -> None:
         self._cond = threading.Condition()
-        self._job: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._job: Callable[[], ReplyHeader] | None = None
         self._result: ReplyHeader | BaseException | None = None
         self._closed = False
-        self._thread = threading.Thread(target=self._run, name=f"ps-local-{rank}", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def start(self, push: torch.Tensor, reply: torch.Tensor) -> None:
+    def start(self, job: Callable[[], ReplyHeader]) -> None:
         with self._cond:
-            self._job, self._result = (push, reply), None
+            self._job, self._result = job, None
             self._cond.notify_all()
 
     def wait(self) -> ReplyHeader:
@@ -377,12 +389,9 @@ class _LocalExchange:
                 self._cond.wait_for(lambda: self._job is not None or self._closed)
                 if self._job is None:
                     return
-                push, reply = self._job
-                self._job = None
+                job, self._job = self._job, None
             try:
-                result: ReplyHeader | BaseException = self._server.apply(
-                    self._rank, read_push_header(push), payload(push), reply
-                )
+                result: ReplyHeader | BaseException = job()
             except BaseException as err:  # handed to the waiting worker, which raises it
                 result = err
             with self._cond:

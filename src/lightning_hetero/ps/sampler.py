@@ -154,6 +154,7 @@ class ClaimSampler(Sampler[int]):
         #: validation point inside the epoch (:mod:`~lightning_hetero.ps.validation_points`); none by default
         self.segments: Callable[[int], list[int]] = lambda epoch: []
         self._starts = [0]
+        self._closed_epoch = -1  # the epoch whose pool this rank closed (see :meth:`close`)
 
     @property
     def samples_left(self) -> int:
@@ -189,11 +190,15 @@ class ClaimSampler(Sampler[int]):
             pool = (first + self.world_size) * self.chunk_size  # the segment's claims' first position
             start, stop = (first + self.rank) * self.chunk_size, (first + self.rank + 1) * self.chunk_size
             self.pool_position = pool
+            reserved = True
             while start < self.segment_end:
                 for position in range(start, min(stop, self.segment_end), self.chunk_size):
+                    if not reserved and self._closed_epoch == epoch:  # a stop: the claim's other batches are left
+                        break
                     yield from self._chunk(order, position // self.chunk_size, own)
-                if not claims:
+                if not claims or self._closed_epoch == epoch:
                     break
+                reserved = False
                 count = max(1, min(self.claim_chunks, self.samples_left // (2 * self.world_size * self.chunk_size)))
                 start = pool + self._claim(epoch, segment, count * self.chunk_size)
                 stop = self.pool_position = start + count * self.chunk_size
@@ -208,7 +213,9 @@ class ClaimSampler(Sampler[int]):
 
     def close(self, epoch: int) -> None:
         """Claim what is left of ``epoch``'s pool (every segment's), so every rank runs dry within a batch or two of
-        each segment it still enters (each still trains its reserved first batch there)."""
+        each segment it still enters (each still trains its reserved first batch there); this rank also leaves the
+        batches it claimed and has not yielded yet."""
+        self._closed_epoch = epoch
         for segment in range(len(self._starts)):
             self._claim(epoch, segment, self.num_samples)
 

@@ -1,7 +1,9 @@
 """ASP (``mode="asp"``): each worker pushes its gradient to the parameter server, which applies the user's optimizer
 at once and replies with the new parameters (:class:`~lightning_hetero.ps.asp_client.AsynchronousClient`); faster
-workers make more updates. Entering ASP loads rank 0's model and optimizer state into the server (each shard's host
-its cut); leaving it gives every rank the server's parameters, optimizer state, version and rank 0's schedules.
+workers make more updates, and workers with fast steps claim several batches per trip to the claim counter
+(:mod:`~lightning_hetero.ps.claim_size`). Entering ASP loads rank 0's model and optimizer state into the server
+(each shard's host its cut); leaving it gives every rank the server's parameters, optimizer state, version and rank
+0's schedules.
 
 Example::
 
@@ -14,6 +16,7 @@ Example::
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +26,7 @@ from lightning_hetero._lightning_internals import is_last_batch, optimizers_to_d
 from lightning_hetero.param_groups import hyperparameters
 from lightning_hetero.ps.asp_client import RemoteStepOptimizer
 from lightning_hetero.ps.checkpointing import SavedState
+from lightning_hetero.ps.claim_size import ClaimSize, claim_size_message
 from lightning_hetero.ps.protocol import FLAG_JOIN, FLAG_LAST, FLAG_SKIPPED, SERVER_RANK, STATUS_OK
 from lightning_hetero.ps.reporting import (
     compensation_message,
@@ -65,6 +69,7 @@ class AsynchronousEngine:
         self._compensation_announced = False
         self._sizing_advised = False
         self._met_version: int | None = None  # the server version every rank took when they last met
+        self._claim_size = ClaimSize()  # batches per claim, from this rank's measured step
 
     def setup(self, ctx: PSContext, fault: FaultTolerance, gate: CollectiveGate) -> None:
         self._ctx, self._fault, self._gate = ctx, fault, gate
@@ -79,6 +84,7 @@ class AsynchronousEngine:
         """Step-interval LR schedulers count the server's updates from now on; at a switch, the server takes rank 0's
         model and optimizer state (each host its shard's) and the ranks meet."""
         ctx, fault, _ = self._parts()
+        self._claim_size.restart()
         if switch:
             self._joined = False
             self._met_version = None
@@ -101,12 +107,14 @@ class AsynchronousEngine:
         mode = compensator.mode if compensator is not None else None
         overlap = ctx.servers.client is not None and ctx.servers.client.overlap
         message = compensation_message(ctx.optimizer.param_groups[0], compensator, mode)
-        rank_zero_info(message + round_trip_message(overlap))
+        rank_zero_info(message + round_trip_message(overlap) + claim_size_message())
 
     def leave(self) -> None:
         """Every rank takes the server's parameters, optimizer state and version, and rank 0's hyper-parameters and
         scheduler states (the server's hyper-parameters date from its last update)."""
         ctx, _, gate = self._parts()
+        if ctx.claim_sampler is not None:
+            ctx.claim_sampler.claim_chunks = 1
         gate.average_buffers()
         ctx.schedules.release()
         optimizer = ctx.optimizer
@@ -136,7 +144,11 @@ class AsynchronousEngine:
             # the epoch's first batch: start on the latest parameters and count for the staleness bound from now on
             self._pull(FLAG_JOIN)
             self._joined = True
-        self._chunk = ctx.claim_sampler.next_chunk() if ctx.claim_sampler is not None else -1
+        sampler = ctx.claim_sampler
+        self._chunk = -1
+        if sampler is not None:
+            self._chunk = sampler.next_chunk()
+            sampler.claim_chunks = self._claim_size.batch_started(time.perf_counter())
         # the epoch's first collective after its asynchronous batches is preceded by a meeting of the ranks
         fault.needs_meeting = True
 
@@ -194,6 +206,7 @@ class AsynchronousEngine:
             rank_zero_info(sizing_advice(server.statistics(), shards).message)
         assert ctx.servers.client is not None
         ctx.servers.client.settle()
+        self._claim_size.restart()
         fault.meet()
         kept = ctx.flat.flat.clone() if self._met_version is not None else None
         self._pull()
