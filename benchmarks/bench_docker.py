@@ -12,8 +12,9 @@ throughput is the sum of its containers' standalone throughputs (per epoch, for 
 Workloads (``--model``): ``mlp`` (the default: a 1 M-parameter perceptron, cheap per sample, 4 MB of gradients per
 step) and ``resnet20`` (issue 17's: CIFAR ResNet-20 on generated images, global batch 128, compute-bound). With
 ``--sweep`` HeteroBatch's batch-weighted DDP also runs at fixed splits (``static``): splits proportional to the
-standalone throughputs raised to 0.75, 1, 1.5 and 3, and the slowest container at one sample, so the controller is
-compared with the best static split under the same real quotas. With ``--concurrent-ideal`` the standalone runs of
+standalone throughputs raised to 0.75, 1, 1.5 and 3, the slowest container at one sample, and the split the controller
+ended at (run right after it: whether a shortfall is the controller's choice or the host's load changing between
+runs), so the controller is compared with the best static split under the same real quotas. With ``--concurrent-ideal`` the standalone runs of
 a level are also measured all at once, one per container under the level's quotas: the ideal as the host delivers
 it while every container computes (on a 2-core host shared with other jobs a container alone runs faster than
 beside the others).
@@ -258,7 +259,8 @@ def run_workers(workers: int, args: argparse.Namespace, run_dir: Path) -> tuple[
                 if args.sweep and not dynamic:
                     speeds = [ideal_at[q] for q in cluster.levels[level]]
                     runs += [("static", split) for split in static_splits(speeds, global_batch)]
-                for method, split in runs:
+                while runs:
+                    method, split = runs.pop(0)
                     if not dynamic:
                         cluster.apply(level)
                     label = method if split is None else f"static-{'-'.join(map(str, split))}"
@@ -293,6 +295,8 @@ def run_workers(workers: int, args: argparse.Namespace, run_dir: Path) -> tuple[
                     }
                     rows.append(row)
                     print(format_row(row), flush=True)
+                    if args.sweep and method == "hetero" and split is None and not dynamic:
+                        runs.insert(0, ("static", list(row["final_split"])))  # the controller's split, right after
     finally:
         cluster.remove()
     return rows, {f"{quota:g}": throughput for quota, throughput in ideal_at.items()}

@@ -307,8 +307,8 @@ def test_the_epochs_last_round_end_starts_no_round_and_the_next_begin_restarts_t
     assert not ranks[0].record_step(4, 0.01)  # 10 ms into a round of 80 ms, not 5 s past its deadline
 
 
-@pytest.mark.parametrize(("rates", "chunks"), [([None, None], [8, 8]), ([700.0, 100.0], [14, 2])])
-def test_claims_take_half_of_the_planned_steps(rates, chunks):
+@pytest.mark.parametrize(("rates", "chunks"), [([None, None], [16, 16]), ([700.0, 100.0], [28, 4])])
+def test_claims_take_the_planned_steps_at_once(rates, chunks):
     ranks = make_ranks(2, budget=RoundBudget(samples=128))  # 32 steps of 4: [16, 16], then [28, 4]
     for r in ranks:
         r.rates = list(rates)

@@ -48,8 +48,9 @@ from lightning_hetero.ps.outer_optimizer import OuterOptimizer
 LOCAL_STEPS = ("proportional", "equal")
 #: How the ranks' pseudo-gradients are combined: a plain mean over the ranks that trained, or weighted by samples.
 WEIGHTINGS = ("mean", "samples")
-#: A rank claims its expected steps in a round from the epoch's pool in about this many store round trips.
-CLAIMS_PER_ROUND = 2
+#: A rank claims its expected steps in a round from the epoch's pool in about this many store round trips (the
+#: epoch's tail aside, where claims shrink: :attr:`~lightning_hetero.ps.sampler.ClaimSampler.claim_chunks`).
+CLAIMS_PER_ROUND = 1
 
 
 def check_local_steps(local_steps: str) -> None:
@@ -280,8 +281,8 @@ class LocalRounds:
             >>> rounds = LocalRounds(RoundBudget(samples=64), 0, 2)
             >>> rounds.rates = [300.0, 100.0]
             >>> rounds.begin(torch.zeros(1), batch_size=2)
-            >>> rounds.target_steps, rounds.claim_chunks  # 24 of the round's 32 steps, in claims of 12
-            (24, 12)
+            >>> rounds.target_steps, rounds.claim_chunks  # 24 of the round's 32 steps, claimed at once
+            (24, 24)
         """
         return max(1, self.target_steps // CLAIMS_PER_ROUND)
 
