@@ -20,12 +20,6 @@ CELLS = (
     "resume", "early_stopping", "steplr", "plateau", "clip", "bf16", "torchmetrics", "evaluate", "csv_logger",
     "fast_dev_run", "workers", "dict_batch", "frozen_unused", "swa",
 )  # fmt: skip
-#: (feature, cell) pairs that fail today and are left out of the matrix; each is a bug to fix, not a refusal (listed
-#: in docs/async_ps.md's limits): switching to ASP fails with a frozen parameter in the optimizer (the server leaves
-#: it out, the optimizer state handed over at the switch does not)
-KNOWN_FAILURES = {
-    ("hybrid", "frozen_unused"): "left out: the switch to ASP loads an optimizer state with the frozen parameter",
-}
 ASYNC_PS = ("asp", "hybrid", "local", "bsp")
 #: (feature, cell) -> words the refusal must contain (the setting it names)
 REFUSED = {
@@ -39,7 +33,7 @@ MAX_STEPS = 22  # compat_cells.py: an epoch is 24 updates in ASP, so 22 falls in
 
 @pytest.mark.parametrize("feature", FEATURES)
 def test_every_cell_passes_or_is_refused_before_the_first_batch(run_script, tmp_path, feature):
-    cells = [cell for cell in CELLS if not KNOWN_FAILURES.get((feature, cell), "").startswith("left out")]
+    cells = list(CELLS)
     run_script("compat_cells.py", str(tmp_path), feature, *cells, timeout_s=240)
     ranks = [read_json(tmp_path / f"rank{rank}.json") for rank in (0, 1)]
     assert list(ranks[0]) == cells
