@@ -172,7 +172,7 @@ def test_bsp_is_the_same_with_or_without_compensation_and_unhandled_optimizers_a
     assert output.count("AsyncPSStrategy(asynchrony_compensation='auto'): Adagrad has no 'momentum' or 'betas'") == 1
     assert "everything else is left unchanged" in output
     logged = _reports(tmp_path / "adagrad")[0]["logged_hyper"]["0"]
-    assert "ps/momentum_effective" not in logged and logged["ps/lr_effective"] < 0.1  # lr / N
+    assert "ps/momentum_effective" not in logged and logged["ps/lr_effective"] < 0.1  # lr / N_eff
 
 
 def test_batchnorm_statistics_are_averaged_where_workers_meet(run_script, tmp_path):
