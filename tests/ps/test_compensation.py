@@ -40,6 +40,25 @@ def test_each_gradients_total_step_is_one_nth_of_a_bsp_updates(momentum, n_eff):
     assert factor / (1.0 - explicit) == pytest.approx(1.0 / (n_eff * (1.0 - momentum)))
 
 
+@given(st.floats(0.0, 0.99), st.integers(1, 16))
+def test_with_two_gradients_in_flight_per_worker_a_gradient_still_steps_one_nth_of_a_bsp_update(momentum, workers):
+    # overlap_round_trip: N_eff = 2 N; the momentum absorbs the extra staleness, the step is sized by N (at most lr)
+    n_eff = 2.0 * workers
+    explicit = compensated_momentum(momentum, n_eff)
+    factor = compensated_lr_factor(momentum, n_eff, averaged=workers)
+    assert factor <= 1.0
+    per_gradient = factor / (1.0 - explicit)
+    assert per_gradient == pytest.approx(min(1.0 / (1.0 - explicit), 1.0 / (workers * (1.0 - momentum))))
+
+
+def test_plain_sgd_with_overlap_steps_as_far_per_sample_as_bsp():
+    # two workers, each with two gradients in flight (staleness 3): lr / 2, not lr / 4
+    compensator = AsynchronyCompensator("auto", workers=4, averaged=2)
+    group = {"lr": 0.1, "momentum": 0.0}
+    compensator.apply([group])
+    assert group["lr"] == pytest.approx(0.05)
+
+
 def test_staleness_one_is_damped_for_plain_sgd():
     # lr / max(1, tau) leaves tau = 1 undamped; two workers (mean staleness 1) halve plain SGD's step
     compensator = AsynchronyCompensator("auto", workers=2)

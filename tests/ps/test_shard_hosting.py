@@ -9,6 +9,10 @@ import math
 import pytest
 import torch
 
+from lightning_hetero.ps.bootstrap import shard_server
+from lightning_hetero.ps.layout import flatten_model
+from lightning_hetero.ps.shard_hosting import ShardHosting
+from lightning_hetero.ps.sharding import Shard
 from tests.helpers import read_json
 
 pytestmark = pytest.mark.multiprocess
@@ -133,3 +137,27 @@ def test_bad_shard_settings_are_named(run_script, tmp_path, args, message):
     proc = run_script("ps_train.py", str(tmp_path), *args, timeout_s=90, expect_ok=False)
     assert proc.returncode != 0
     assert message in proc.stderr
+
+
+def test_a_frozen_parameter_in_the_optimizer_is_left_out_of_the_server_and_kept_in_its_states():
+    """The optimizer holds a frozen layer: the server leaves it out, yet loads and hands out states laid out like the
+    optimizer's (a switch from BSP, a resume, a switch back)."""
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
+    model[0].requires_grad_(False)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.ones(1, 2)).sum().backward()
+    optimizer.step()  # momentum buffers for the trainable layer only
+    flat = flatten_model(model)  # the trainable parameters: the second layer's
+    index_of = {id(p): i for i, p in enumerate(flat.params)}
+    group_indices = [[index_of.get(id(p), -1) for p in group["params"]] for group in optimizer.param_groups]
+    assert group_indices == [[-1, -1, 0, 1]]
+    server = shard_server(flat, optimizer, Shard(0, 0, flat.flat.numel(), 0, 2), world_size=2)
+    hosting = ShardHosting(rank=0, shards=None, group_indices=group_indices, fault_timeout_s=1.0)
+    hosting.host(server, loop=None)
+    hosting.load(flat.flat, optimizer.state_dict(), version=3)
+    buffer = optimizer.state_dict()["state"][2]["momentum_buffer"]
+    assert torch.equal(server.optimizer.state_dict()["state"][0]["momentum_buffer"], buffer)
+    state = hosting.server_state()
+    assert state["version"] == 3 and state["optimizer"]["param_groups"][0]["params"] == [0, 1, 2, 3]
+    optimizer.load_state_dict(state["optimizer"])  # what every rank takes when ASP is left
+    assert torch.equal(optimizer.state_dict()["state"][2]["momentum_buffer"], buffer)

@@ -29,6 +29,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from lightning_hetero.emulation.slowdown import SlowdownEmulator
 from lightning_hetero.hetero_batch import HeteroBatchCallback
+from lightning_hetero.hetero_batch.compile_shapes import compiled_graphs
 from lightning_hetero.ps import AsyncPSStrategy
 from lightning_hetero.switching import SyncSwitchCallback
 from lightning_hetero.synthetic import MLPClassifier, SyntheticClassificationDataModule
@@ -41,7 +42,7 @@ CELLS = (
 #: the rest of the everyday usages; each cell's outcome has ``checks``, what the test asserts for that usage
 MORE_CELLS = (
     "resume", "early_stopping", "steplr", "plateau", "clip", "bf16", "torchmetrics", "evaluate", "csv_logger",
-    "fast_dev_run", "workers", "dict_batch", "frozen_unused", "swa",
+    "fast_dev_run", "workers", "dict_batch", "frozen_unused", "swa", "compile",
 )  # fmt: skip
 BATCH = 16  # over both ranks; with 384 samples an epoch is 24 batches, and max_steps=22 falls in its last updates
 
@@ -245,6 +246,9 @@ def more_setup(feature: str, cell: str, data: L.LightningDataModule, kwargs: dic
     elif cell == "swa":
         callbacks.append(StochasticWeightAveraging(swa_lrs=0.05, swa_epoch_start=1))
         kwargs.update(max_epochs=3)
+    elif cell == "compile":  # the network compiled inside the LightningModule, as docs/hetero_batch.md advises
+        model.net = torch.compile(model.net, backend=OPTIONS.compile_backend)
+        kwargs.update(max_epochs=1)  # compiling costs seconds a rank: one epoch shows it trains and validates
     return model, callbacks
 
 
@@ -269,6 +273,8 @@ def more_checks(cell: str, trainer: L.Trainer, model: ProbeClassifier, data, cal
         swa = callbacks[0]
         checks["averaged"] = checksum(swa._average_model)
         checks["n_averaged"] = int(swa.n_averaged)
+    elif cell == "compile":
+        checks["graphs"] = compiled_graphs()
     elif cell == "evaluate":
         checks["val_acc"] = trainer.validate(model, datamodule=data, verbose=False)[0]["val_acc"]
         checks["test_acc"] = trainer.test(model, dataloaders=data.val_dataloader(), verbose=False)[0]["test_acc"]
@@ -340,6 +346,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-time-s", type=float, default=2.0)
     parser.add_argument("--final-validate", action="store_true", help="validate after fit if the fit did not")
+    parser.add_argument("--compile-backend", default="inductor", help="torch.compile's backend in the compile cell")
     parser.add_argument("--throttle", choices=("sleep", "cfs"), default="sleep", help="how rank 1 is slowed")
     return parser.parse_args(argv)
 

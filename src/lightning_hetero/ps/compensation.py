@@ -12,13 +12,16 @@ together equal the user's::
 
     mu_explicit = max(0, 1 - N_eff * (1 - mu))
 
-and, when the momentum budget is spent (``N_eff * (1 - mu) > 1``), damps the learning rate by what is left::
+and sets the learning rate so that every gradient moves the model by ``1/N`` of what the user's optimizer would
+move it by for one BSP update of ``N`` workers' gradients, i.e. per *sample* ASP moves the model as far as BSP does
+(BSP applies ``lr`` to the mean of ``N`` gradients), never above the user's learning rate::
 
-    lr_explicit = lr * (1 - mu_explicit) / (N_eff * (1 - mu))
+    lr_explicit = min(lr, lr * (1 - mu_explicit) / (N * (1 - mu)))
 
-Both rules together keep ``lr_explicit / (1 - mu_explicit) = lr / (N_eff (1 - mu))``: every gradient moves the
-model by ``1/N`` of what the user's optimizer would move it by for one BSP update, i.e. per *sample* ASP moves the
-model as far as BSP does (BSP applies ``lr`` to the mean of ``N`` gradients). ``N_eff`` is measured, not assumed:
+``N`` is the number of training workers; ``N_eff`` is larger with ``overlap_round_trip`` (two gradients in flight
+per worker: ``N_eff = 2 N``), which calls for less explicit momentum but leaves a gradient's share of the step at
+``1/N``. Where ``N_eff = N`` the learning rate is damped only once the momentum budget is spent
+(``N_eff * (1 - mu) > 1``). ``N_eff`` is measured, not assumed:
 in steady state the mean staleness of the updates is exactly ``N - 1`` whatever the workers' speeds (each worker
 has one gradient in flight; a worker of rate ``r_k`` sees ``sum_{j != k} r_j / r_k`` other updates during one of
 its steps), so ``N_eff = 1 + EWMA(staleness)``; it starts at the number of workers and follows workers that stop or
@@ -84,13 +87,17 @@ def compensated_momentum(momentum: float, n_eff: float) -> float:
     return max(0.0, 1.0 - n_eff * (1.0 - momentum))
 
 
-def compensated_lr_factor(momentum: float, n_eff: float) -> float:
-    """The learning-rate multiplier that goes with :func:`compensated_momentum`: 1 while the momentum absorbs the
-    asynchrony, else the rest of the ``1 / (n_eff (1 - momentum))`` reduction.
+def compensated_lr_factor(momentum: float, n_eff: float, averaged: float | None = None) -> float:
+    """The learning-rate multiplier that goes with :func:`compensated_momentum`, so that every gradient moves the
+    model ``lr / (averaged (1 - momentum))`` in total, as far as its share of a BSP update of ``averaged`` gradients;
+    never above 1 (the explicit learning rate never exceeds the user's).
 
     Args:
         momentum: the user's momentum, in [0, 1).
         n_eff: the effective number of concurrent workers, >= 1.
+        averaged: the gradients one BSP update averages (the training workers); ``None``: ``n_eff``. With
+            ``overlap_round_trip`` each worker has two gradients in flight, so ``n_eff`` is twice the workers: the
+            staleness calls for that much less momentum, but a gradient's share of the step stays ``1 / workers``.
 
     Example::
 
@@ -98,9 +105,11 @@ def compensated_lr_factor(momentum: float, n_eff: float) -> float:
         [1.0, 1.0, 0.625]
         >>> [round(compensated_lr_factor(0.0, n), 6) for n in (1, 2, 4)]
         [1.0, 0.5, 0.25]
+        >>> compensated_lr_factor(0.0, 4, averaged=2), compensated_lr_factor(0.9, 4, averaged=2)
+        (0.5, 1.0)
     """
-    spent = n_eff * (1.0 - momentum)
-    return 1.0 if spent <= 1.0 else 1.0 / spent
+    target = n_eff if averaged is None else averaged
+    return min(1.0, (1.0 - compensated_momentum(momentum, n_eff)) / (target * (1.0 - momentum)))
 
 
 class AsynchronyCompensator:
@@ -110,10 +119,13 @@ class AsynchronyCompensator:
     Args:
         mode: ``"auto"`` (momentum and learning-rate compensation) or ``"dc"`` (the same plus delay-compensated
             gradients).
-        workers: the number of workers; ``N_eff`` starts at it (and returns to it at :meth:`reset`).
+        workers: the number of gradients in flight at once; ``N_eff`` starts at it (and returns to it at
+            :meth:`reset`).
         smoothing: EWMA weight of each update's staleness, in (0, 1].
         dc_lambda: ``lambda0`` of the delay compensation (``mode="dc"``), > 0.
         dc_smoothing: EWMA weight of ``g * g`` in the adaptive ``lambda_t``, in (0, 1].
+        averaged: the gradients one BSP update averages, the training workers (``None``: ``workers``); sets the
+            learning rate (:func:`compensated_lr_factor`).
 
     Example::
 
@@ -137,6 +149,7 @@ class AsynchronyCompensator:
         smoothing: float = 0.02,
         dc_lambda: float = 2.0,
         dc_smoothing: float = 0.05,
+        averaged: int | None = None,
     ) -> None:
         check_compensation_mode(mode)
         if mode is None:
@@ -145,7 +158,9 @@ class AsynchronyCompensator:
         check_range("smoothing", smoothing, low=0, high=1, low_open=True)
         check_range("dc_lambda", dc_lambda, low=0, low_open=True)
         check_range("dc_smoothing", dc_smoothing, low=0, high=1, low_open=True)
+        check_range("averaged", averaged, low=1, integer=True, optional=True)
         self.mode = mode
+        self.averaged = averaged
         self.workers = workers
         self.smoothing = smoothing
         self.dc_lambda = dc_lambda
@@ -189,7 +204,7 @@ class AsynchronyCompensator:
             user = momentum_of(group) or 0.0
             momentum = compensated_momentum(user, self.n_eff)
             set_momentum(group, momentum)
-            factor = compensated_lr_factor(user, self.n_eff)
+            factor = compensated_lr_factor(user, self.n_eff, self.averaged)
             if factor != 1.0:
                 group["lr"] = group["lr"] * factor
             if index == 0:
@@ -250,19 +265,22 @@ class Compensation:
 
     Args:
         mode: ``"auto"``, ``"dc"`` or ``None``.
-        workers: the gradients in flight at once in ASP (read when a compensator is built): the training workers,
-            twice as many with ``overlap_round_trip`` (:func:`~lightning_hetero.ps.placement.updates_in_flight`).
+        workers: the training workers and the gradients in flight at once in ASP, twice as many with
+            ``overlap_round_trip`` (read when a compensator is built; :func:`~lightning_hetero.ps.placement.concurrency`).
         param_groups: the user's optimizer's param groups (the compensator starts from their hyper-parameters).
 
     Example::
 
-        >>> compensation = Compensation("auto", lambda: 2, lambda: [{"lr": 0.1, "momentum": 0.9}])
-        >>> compensation.new().mode, Compensation(None, lambda: 2, lambda: []).new()
-        ('auto', None)
+        >>> compensation = Compensation("auto", lambda: (2, 4), lambda: [{"lr": 0.1, "momentum": 0.9}])
+        >>> compensation.new().mode, compensation.new().n_eff, Compensation(None, lambda: (2, 2), lambda: []).new()
+        ('auto', 4.0, None)
     """
 
     def __init__(
-        self, mode: str | None, workers: Callable[[], int], param_groups: Callable[[], list[dict[str, Any]]]
+        self,
+        mode: str | None,
+        workers: Callable[[], tuple[int, int]],
+        param_groups: Callable[[], list[dict[str, Any]]],
     ) -> None:
         check_compensation_mode(mode)
         self.mode = mode
@@ -273,7 +291,8 @@ class Compensation:
         """A compensator for the current mode (``None`` for none)."""
         if self.mode is None:
             return None
-        compensator = AsynchronyCompensator(self.mode, workers=self._workers())
+        training, in_flight = self._workers()
+        compensator = AsynchronyCompensator(self.mode, workers=in_flight, averaged=training)
         compensator.apply([hyperparameters(group) for group in self._param_groups()])
         return compensator
 

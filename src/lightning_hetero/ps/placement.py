@@ -73,19 +73,20 @@ def training_workers(world_size: int, placement: str) -> int:
     return world_size - 1 if placement == "dedicated" else world_size
 
 
-def updates_in_flight(world_size: int, settings: Any) -> int:
-    """Gradients on their way to the server at once in ASP: one per training worker, two with
-    ``settings.overlap_round_trip`` (the next batch computes while the last push travels). The asynchrony
-    compensation starts its effective number of workers from it, before any staleness is measured.
+def concurrency(world_size: int, settings: Any) -> tuple[int, int]:
+    """The training workers (the gradients one BSP update averages) and the gradients on their way to the server at
+    once in ASP: one per training worker, two with ``settings.overlap_round_trip`` (the next batch computes while the
+    last push travels). The asynchrony compensation starts its effective number of workers from the second, before
+    any staleness is measured, and sizes a gradient's step by the first.
 
     Example::
 
         >>> from types import SimpleNamespace
-        >>> updates_in_flight(4, SimpleNamespace(server_placement="worker", overlap_round_trip=True))
-        8
+        >>> concurrency(4, SimpleNamespace(server_placement="worker", overlap_round_trip=True))
+        (4, 8)
     """
     workers = training_workers(world_size, settings.server_placement)
-    return 2 * workers if settings.overlap_round_trip else workers
+    return workers, 2 * workers if settings.overlap_round_trip else workers
 
 
 def reserved_only(placement: str, through_server: bool, rank: int) -> bool:

@@ -59,6 +59,9 @@ class ShardHosting:
         self.shard_server: ParameterServer | None = None
         self.loop: ServerLoop | None = None
         self.client: AsynchronousClient | None = None
+        # the one server's parameters: every layout index (a frozen parameter the optimizer holds has none, -1)
+        last = max((index + 1 for indices in group_indices for index in indices), default=0)
+        self._whole = Shard(0, 0, 0, 0, last)
 
     def host(self, server: ParameterServer, loop: ServerLoop | None) -> None:
         """This rank hosts ``server`` (rank 0's, or shard ``rank``) served by ``loop``."""
@@ -77,8 +80,10 @@ class ShardHosting:
         """Rank 0: the whole server's state, ``{"params", "optimizer", "version"}``: each shard's a consistent
         snapshot under its lock; with shards, the others are asked for theirs one after the other."""
         assert self.server is not None
-        if self.shards is None:
-            return self.server.state_dict()
+        if self.shards is None:  # the optimizer state laid out like the user's, frozen parameters included
+            state = self.server.state_dict()
+            whole = gather_optimizer_state([state["optimizer"]], self.group_indices, [self._whole])
+            return {**state, "optimizer": whole}
         assert self.client is not None
         states = [self.client.report(shard.index)["state"] for shard in self.shards]
         return {
@@ -96,11 +101,11 @@ class ShardHosting:
         server = self.hosted
         if server is None:
             return
+        shard = self.shards[self.rank] if self.shards is not None else self._whole
         if self.shards is not None:
-            shard = self.shards[self.rank]
             flat = flat[shard.start : shard.stop]
-            if optimizer_state is not None:
-                optimizer_state = cut_optimizer_state(optimizer_state, self.group_indices, shard)
+        if optimizer_state is not None:  # the server's part: without frozen parameters (and other shards')
+            optimizer_state = cut_optimizer_state(optimizer_state, self.group_indices, shard)
         server.load(flat, optimizer_state, version)
 
     def summary(self) -> dict[str, Any]:

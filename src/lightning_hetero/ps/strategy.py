@@ -33,7 +33,7 @@ from lightning_hetero.ps.context import BatchWeighting, StepCounter
 from lightning_hetero.ps.engines import ENGINES, Engine, switch
 from lightning_hetero.ps.fault_tolerance import kill_launched
 from lightning_hetero.ps.local_sgd import LocalRounds
-from lightning_hetero.ps.placement import refuse_hetero_batches, updates_in_flight
+from lightning_hetero.ps.placement import concurrency, refuse_hetero_batches
 from lightning_hetero.ps.reporting import EpochLog
 from lightning_hetero.ps.settings import PUBLIC_SETTINGS, PSSettings
 from lightning_hetero.ps.trainer_limits import TrainerLimits
@@ -121,7 +121,7 @@ class AsyncPSStrategy(DDPStrategy):
         self._settings = settings
         for name in PUBLIC_SETTINGS:  # max_staleness, fault_timeout_s, server_shards, ...: readable attributes
             setattr(self, name, getattr(settings, name))
-        workers = lambda: updates_in_flight(self.world_size, settings)  # noqa: E731
+        workers = lambda: concurrency(self.world_size, settings)  # noqa: E731
         self._compensation = Compensation(asynchrony_compensation, workers, lambda: self.optimizers[0].param_groups)
         #: seconds the last effective :meth:`set_mode` took (``None`` before any switch)
         self.last_switch_s: float | None = None

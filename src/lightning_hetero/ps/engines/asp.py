@@ -27,6 +27,7 @@ from lightning_hetero.param_groups import hyperparameters
 from lightning_hetero.ps.asp_client import RemoteStepOptimizer
 from lightning_hetero.ps.checkpointing import SavedState
 from lightning_hetero.ps.claim_size import ClaimSize, claim_size_message
+from lightning_hetero.ps.clipping import ClippingStep
 from lightning_hetero.ps.protocol import FLAG_JOIN, FLAG_LAST, FLAG_SKIPPED, SERVER_RANK, STATUS_OK
 from lightning_hetero.ps.reporting import (
     compensation_message,
@@ -70,9 +71,11 @@ class AsynchronousEngine:
         self._sizing_advised = False
         self._met_version: int | None = None  # the server version every rank took when they last met
         self._claim_size = ClaimSize()  # batches per claim, from this rank's measured step
+        self._clipping: ClippingStep | None = None
 
     def setup(self, ctx: PSContext, fault: FaultTolerance, gate: CollectiveGate) -> None:
         self._ctx, self._fault, self._gate = ctx, fault, gate
+        self._clipping = ClippingStep(ctx, self._weighting.share)
 
     def _parts(self) -> tuple[PSContext, FaultTolerance, CollectiveGate]:
         assert self._ctx is not None and self._fault is not None and self._gate is not None
@@ -153,10 +156,14 @@ class AsynchronousEngine:
         fault.needs_meeting = True
 
     def optimizer_step(self, optimizer: Any, closure: Callable[[], Any], model: Any, **kwargs: Any) -> Any:
-        """Lightning's loop steps a stand-in for the user's optimizer whose step is a round trip to the server."""
+        """Lightning's loop steps a stand-in for the user's optimizer whose step is a round trip to the server;
+        ``gradient_clip_val`` limits the global batch's gradient norm (:mod:`~lightning_hetero.ps.clipping`)."""
         ctx, _, _ = self._parts()
         remote = RemoteStepOptimizer(optimizer, self._update)
         self._pushed = False
+        assert self._clipping is not None
+        if self._clipping.active:
+            closure = self._clipping.closure(closure)
         output = ctx.precision_plugin.optimizer_step(remote, model=model, closure=closure, **kwargs)
         if not self._pushed:  # fp16's GradScaler skipped the step (inf/NaN): the server skips it too
             self._update(None, skipped=True)
@@ -165,6 +172,8 @@ class AsynchronousEngine:
     def _update(self, closure: Callable[[], Any] | None, skipped: bool = False) -> Any:
         ctx, _, _ = self._parts()
         result = None if closure is None else closure()
+        assert self._clipping is not None
+        self._clipping.restore()
         self._weighting.mark_compute_end()
         client = ctx.servers.client
         assert client is not None

@@ -22,6 +22,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning_hetero._lightning_internals import is_last_batch, optimizers_to_device
 from lightning_hetero.measurement import BusyTimer
 from lightning_hetero.ps.checkpointing import SavedState
+from lightning_hetero.ps.clipping import ClippingStep
 from lightning_hetero.ps.grad_scaling import fold_scaler, unfold_scaler
 from lightning_hetero.ps.local_sgd import LocalRounds, RoundBudget, RoundOutcome
 from lightning_hetero.ps.protocol import SERVER_RANK
@@ -72,10 +73,12 @@ class LocalSGDEngine:
         self._ctx: PSContext | None = None
         self._fault: FaultTolerance | None = None
         self._gate: CollectiveGate | None = None
+        self._clipping: ClippingStep | None = None
 
     def setup(self, ctx: PSContext, fault: FaultTolerance, gate: CollectiveGate) -> None:
         self._ctx, self._fault, self._gate = ctx, fault, gate
         self._world_size = ctx.world_size
+        self._clipping = ClippingStep(ctx, self._weighting.share)
 
     def _parts(self) -> tuple[PSContext, FaultTolerance, CollectiveGate]:
         assert self._ctx is not None and self._fault is not None and self._gate is not None
@@ -160,7 +163,8 @@ class LocalSGDEngine:
             self._report_due = True
 
     def optimizer_step(self, optimizer: Any, closure: Callable[[], Any], model: Any, **kwargs: Any) -> Any:
-        """A local step with the rank's own optimizer; at the end of its share of the round, or of the epoch, the
+        """A local step with the rank's own optimizer (``gradient_clip_val`` limits the global batch's gradient norm,
+        :mod:`~lightning_hetero.ps.clipping`); at the end of its share of the round, or of the epoch, the
         round-end all-reduce."""
         ctx, _, _ = self._parts()
         if self.rounds is not None:
@@ -168,6 +172,10 @@ class LocalSGDEngine:
         resting = self.rounds is not None and self.rounds.target_steps == 0  # ps/local_stop.py
         if resting:  # Lightning's loop runs the batch's forward and backward; no step is taken
             output = closure()
+        elif self._clipping is not None and self._clipping.active:  # clipped at the global batch's norm
+            stand_in = self._clipping.optimizer(optimizer)
+            closure = self._clipping.closure(closure)
+            output = ctx.precision_plugin.optimizer_step(stand_in, model=model, closure=closure, **kwargs)
         else:
             output = ctx.precision_plugin.optimizer_step(optimizer, model=model, closure=closure, **kwargs)
         rounds = self.rounds
