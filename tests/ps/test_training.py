@@ -140,11 +140,13 @@ def test_asp_compensates_momentum_and_entering_bsp_restores_the_users_hyperparam
     logged = reports[0]["logged_hyper"]
     # ASP (epochs 0-1): two workers, mean staleness ~1, so the server's momentum is ~1 - 2 * (1 - 0.9) = 0.8, and the
     # learning rate gives each gradient half a BSP update's step, lr / (1 - momentum) = 0.1 / (2 * (1 - 0.9)), never
-    # above the user's 0.1
+    # above the user's 0.1. Both are logged as epoch means, and the mean of the capped rule is at most the rule at
+    # the mean momentum (the old rule, lr / N_eff, stayed at 0.1 while the momentum was above 0.8)
     for epoch in ("0", "1"):
         momentum, lr = logged[epoch]["ps/momentum_effective"], logged[epoch]["ps/lr_effective"]
         assert 0.7 < momentum < 0.85
-        assert lr == pytest.approx(min(0.1, 0.1 * (1 - momentum) / (2 * (1 - 0.9))), rel=1e-4)
+        rule = min(0.1, 0.1 * (1 - momentum) / (2 * (1 - 0.9)))
+        assert 0.9 * rule < lr <= rule * (1 + 1e-5)
     # BSP (epoch 2): every rank steps with exactly the user's values, and rank 0 logs them (as float32)
     assert logged["2"] == {"ps/momentum_effective": pytest.approx(0.9), "ps/lr_effective": pytest.approx(0.1)}
     for report in reports:
