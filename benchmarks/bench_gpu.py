@@ -57,10 +57,43 @@ def _data(samples: int, seed: int = 1):
 
 
 class Model(MLPClassifier):
-    """A wider perceptron; validation accuracy logged across ranks."""
+    """A wider perceptron; validation accuracy logged across ranks. With ``tokens`` > 1 or ``depth`` > 0 its network
+    is :class:`TokenStack`, which gives the device work that outweighs a step's fixed costs."""
 
-    def __init__(self) -> None:
+    def __init__(self, tokens: int = 1, depth: int = 0) -> None:
         super().__init__(num_features=64, num_classes=8, hidden=512, lr=0.05, momentum=0.9)
+        if tokens > 1 or depth > 0:
+            self.net = TokenStack(64, 8, hidden=1024, tokens=tokens, depth=depth)
+
+
+class TokenStack(torch.nn.Module):
+    """Device work per sample with few parameters to all-reduce: a sample's hidden vector plus ``tokens`` learned
+    offsets, ``depth`` residual passes of one shared layer over every token, mean-pooled.
+
+    On an H200 the default perceptron's step is microseconds of kernels inside milliseconds of fixed costs (the gloo
+    all-reduce through host memory, Lightning's loop), so a 3x stretch of its device time barely shows; this network
+    costs ``6 * tokens * depth * hidden**2`` FLOPs per sample with about ``hidden**2`` parameters.
+
+    Example::
+
+        >>> net = TokenStack(64, 8, hidden=32, tokens=4, depth=2)
+        >>> net(torch.zeros(3, 64)).shape
+        torch.Size([3, 8])
+    """
+
+    def __init__(self, num_features: int, num_classes: int, hidden: int, tokens: int, depth: int) -> None:
+        super().__init__()
+        self.embed = torch.nn.Linear(num_features, hidden)
+        self.offsets = torch.nn.Parameter(0.1 * torch.randn(tokens, hidden))
+        self.layer = torch.nn.Linear(hidden, hidden)
+        self.head = torch.nn.Linear(hidden, num_classes)
+        self.depth = depth
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.embed(x))[:, None, :] + self.offsets
+        for _ in range(self.depth):
+            h = h + torch.tanh(self.layer(h))
+        return self.head(h.mean(dim=1))
 
 
 def _strategy(case: str, device: str):
@@ -80,11 +113,13 @@ def _callbacks(case: str) -> list:
     return [slow, HeteroBatchCallback(verbose=False)]
 
 
-def run_case(case: str, device: str, epochs: int, samples: int, out: Path, seed: int = 0) -> None:
+def run_case(
+    case: str, device: str, epochs: int, samples: int, out: Path, seed: int = 0, tokens: int = 1, depth: int = 0
+) -> None:
     """One case as a 2-rank job; rank 0 writes ``<out>/<case>_s<seed>.json``."""
     torch.manual_seed(seed)
     train, val = _data(samples, seed=seed + 1)
-    model = Model()
+    model = Model(tokens, depth)
     graphs_before = compiled_graphs()
     if case == "compile":  # the network compiled (compiling the whole LightningModule under DDP fails in dynamo here)
         model.net = torch.compile(model.net, backend="inductor" if device == "cuda" else "eager")
@@ -224,6 +259,8 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=20480)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--case-timeout-s", type=float, default=600, help="a run's limit (both ranks killed past it)")
+    parser.add_argument("--tokens", type=int, default=1, help="a heavier network (TokenStack): tokens per sample")
+    parser.add_argument("--depth", type=int, default=0, help="a heavier network (TokenStack): shared-layer passes")
     args = parser.parse_args()
     # stopped from outside (gpu_check.sh's time limit): end the ranks too, which run in their own sessions
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit("bench_gpu: stopped (SIGTERM); ranks ended"))
@@ -233,7 +270,7 @@ def main() -> None:
     out = args.out or Path(__file__).resolve().parent / "results" / default
     out.mkdir(parents=True, exist_ok=True)
     if args.case:
-        run_case(args.case, args.device, args.epochs, args.samples, out, args.seed)
+        run_case(args.case, args.device, args.epochs, args.samples, out, args.seed, args.tokens, args.depth)
         return
     cases = []
     for case in args.cases.split(","):
@@ -244,11 +281,13 @@ def main() -> None:
     failures: list[dict] = []
     summary: dict = {}
     conditions = {"seeds": args.seeds, "epochs": args.epochs, "samples": args.samples, "slowdown_rank1": SLOWDOWN,
-                  "global_batch": GLOBAL_BATCH, "case_timeout_s": args.case_timeout_s}  # fmt: skip
+                  "global_batch": GLOBAL_BATCH, "case_timeout_s": args.case_timeout_s, "tokens": args.tokens,
+                  "depth": args.depth}  # fmt: skip
     for seed in range(args.seeds):
         for case in cases:
             command = [sys.executable, __file__, "--case", case, "--seed", str(seed), "--device", args.device,
-                       "--epochs", str(args.epochs), "--samples", str(args.samples), "--out", str(out)]  # fmt: skip
+                       "--epochs", str(args.epochs), "--samples", str(args.samples), "--out", str(out),
+                       "--tokens", str(args.tokens), "--depth", str(args.depth)]  # fmt: skip
             report = out / f"{case}_s{seed}.json"
             report.unlink(missing_ok=True)
             why = _two_ranks(command, args.device, args.case_timeout_s)
