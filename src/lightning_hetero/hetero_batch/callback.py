@@ -31,6 +31,7 @@ from lightning_hetero.hetero_batch.lr_scaling import lr_scale_factor, scale_lear
 from lightning_hetero.hetero_batch.memory import MemoryGuard, auto_memory_guard, respect_caps, restore_caps, saved_caps
 from lightning_hetero.hetero_batch.sampler import HeteroBatchSampler
 from lightning_hetero.hetero_batch.settings import check_settings, check_trainer, new_tuner
+from lightning_hetero.hetero_batch.shared_device import warn_shared_devices
 from lightning_hetero.hetero_batch.summary import adjustment_metrics
 from lightning_hetero.hetero_batch.tuner import SplitTuner
 from lightning_hetero.hetero_batch.window import ComputeEndMarks, PendingSteps, WaitExclusion, quota_source
@@ -214,10 +215,8 @@ class HeteroBatchCallback(Callback):
         self._rank, self._world_size = trainer.global_rank, trainer.world_size
         check_trainer(trainer, pl_module)
         if self.initial_batch_sizes is not None and len(self.initial_batch_sizes) != self._world_size:
-            raise ValueError(
-                f"initial_batch_sizes has {len(self.initial_batch_sizes)} entries but the world size is "
-                f"{self._world_size}"
-            )
+            n = len(self.initial_batch_sizes)
+            raise ValueError(f"initial_batch_sizes has {n} entries but the world size is {self._world_size}")
         self._floor = model_floor(pl_module, self.min_batch_size)
         self._device, self._recompiles = trainer.strategy.root_device, RecompileWatch(self._rank)
         if self.memory_caps == "auto":
@@ -234,6 +233,7 @@ class HeteroBatchCallback(Callback):
         self._marks = ComputeEndMarks(self.timer, self.busy)
         if isinstance(self.busy.step_clock, HostClock):  # CUDA: events on the compute stream (see `step_clock`)
             self.busy.step_clock = step_clock_for(pl_module.device)
+        warn_shared_devices(strategy, pl_module.device)
         if isinstance(strategy, HeteroBatchStrategy):
             strategy.attach_hetero_batches(self._marks, lambda: self._share if own else 1 / self._world_size)
         elif isinstance(strategy.model, DistributedDataParallel):
@@ -241,8 +241,7 @@ class HeteroBatchCallback(Callback):
         self.exclusion.exclude_strategy_collectives(strategy)
         if self._memory is not None:
             self._memory.install(strategy, pl_module)
-        # A CPU quota (CFS) lets a rank that waits look fast: cost its steps at the quota's rate (see
-        # `sustained_step_s`).
+        # a CPU quota (CFS) lets a waiting rank look fast: its steps are costed at the quota's rate (`sustained_step_s`)
         self._quota_source = quota_source(trainer.callbacks, self.busy)
 
     @override
