@@ -25,9 +25,10 @@ from lightning_hetero.measurement import BusyTimer
 from lightning_hetero.ps.checkpointing import SavedState
 from lightning_hetero.ps.clipping import ClippingStep
 from lightning_hetero.ps.grad_scaling import fold_scaler, unfold_scaler
-from lightning_hetero.ps.local_sgd import LocalRounds, RoundBudget, RoundOutcome
+from lightning_hetero.ps.local_sgd import LocalRounds, RoundOutcome
 from lightning_hetero.ps.protocol import SERVER_RANK
 from lightning_hetero.ps.reporting import report_hyperparameters
+from lightning_hetero.ps.round_plan import RoundBudget
 
 if TYPE_CHECKING:
     from lightning_hetero.ps.collectives import CollectiveGate
