@@ -21,9 +21,10 @@ its first epoch; ``--classes 256 --noise 1.5`` keeps rising for three epochs and
 learning).
 
 Workers: N processes on this host; heterogeneity level HL slows rank k by ``HL ** (k / (N - 1))`` with
-``SlowdownEmulator`` (sleeps). Models: ``light`` is a 32-512-512-4 MLP (0.28M parameters) with no extra compute (a
-step is a few ms, as long as moving its parameters); ``heavy`` is the same MLP whose training step also sleeps
-``--heavy-cost-s`` per sample (emulated compute). The summed standalone bound is measured before each seed's runs by
+``SlowdownEmulator`` (sleeps; ``--throttle cfs``: a CPU quota of 1/factor CPUs, ``SlowdownEmulator``'s CFS mode,
+which with the light model throttles real compute, the standalone runs' too). Models: ``light`` is a 32-512-512-4
+MLP (0.28M parameters) with no extra compute (a step is a few ms, as long as moving its parameters); ``heavy`` is the
+same MLP whose training step also sleeps ``--heavy-cost-s`` per sample (emulated compute, not charged to a quota). The summed standalone bound is measured before each seed's runs by
 N single-process runs started side by side (each with its rank's slowdown) for ``--standalone-s`` seconds.
 
 Measured per run: throughput (training samples per second, epochs after the first, from the first rank's start of
@@ -39,7 +40,7 @@ epoch, is timed at epoch ends.
 Usage:
     python benchmarks/bench_local_sgd.py [--quick] [--workers 2,4,8] [--hl 1,4,8] [--models light,heavy]
         [--seeds 0,1,2] [--configs ddp,hetero,asp,local_equal,local_prop,local_prop_samples] [--classes 4]
-        [--budget-s 1800] [--breakdown]
+        [--budget-s 1800] [--breakdown] [--throttle sleep|cfs]
 
 ``--breakdown`` (local SGD configurations) also records each rank's timeline and prints where the ranks' time went:
 compute, idle at round ends, the round-end all-reduce, claims, between batches, the epoch's edges
@@ -285,7 +286,8 @@ def run_one(args: argparse.Namespace) -> None:
         while len(list(Path(args.out).parent.glob(f"{Path(args.barrier).name}*.ready"))) < args.barrier_n:
             time.sleep(0.05)
         meter = StandaloneMeter()
-        callbacks = [meter] + ([SlowdownEmulator(factors={0: args.level})] if args.level > 1.0 else [])
+        slow = [SlowdownEmulator(factors={0: args.level}, throttle=args.throttle)] if args.level > 1.0 else []
+        callbacks = [meter, *slow]
         trainer = L.Trainer(
             accelerator="cpu", devices=1, max_time={"seconds": args.standalone_s}, max_epochs=-1, callbacks=callbacks,
             logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
@@ -301,7 +303,7 @@ def run_one(args: argparse.Namespace) -> None:
     curve = CurveRecorder(args.curve_steps)
     callbacks = [recorder, curve]
     if slowed:
-        callbacks.append(SlowdownEmulator(factors=slowed))
+        callbacks.append(SlowdownEmulator(factors=slowed, throttle=args.throttle))
     if args.config in ("ddp", "hetero"):
         strategy: Any = DDPStrategy(process_group_backend="gloo")
         if args.config == "hetero":
@@ -365,7 +367,8 @@ def child_command(args: argparse.Namespace, config: str, model: str, n: int, lev
         "--round-steps", str(args.round_steps), "--standalone-s", str(args.standalone_s),
         "--outer-lr", str(args.outer_lr), "--outer-momentum", str(args.outer_momentum),
         "--barrier", str(args.barrier), "--barrier-n", str(args.barrier_n), "--classes", str(args.classes),
-        "--curve-steps", str(args.curve_steps), *(["--breakdown"] if args.breakdown else []),
+        "--curve-steps", str(args.curve_steps), "--throttle", args.throttle,
+        *(["--breakdown"] if args.breakdown else []),
     ]  # fmt: skip
 
 
@@ -534,6 +537,9 @@ def main() -> None:
     parser.add_argument(
         "--outer-momentum", type=float, default=0.0, help="its Nesterov momentum (DiLoCo's: --outer-lr 0.7, 0.9)"
     )
+    parser.add_argument(
+        "--throttle", choices=("sleep", "cfs"), default="sleep", help="SlowdownEmulator's mode: sleeps or a CPU quota"
+    )
     parser.add_argument("--barrier", type=Path, default=RESULTS / ".none", help=argparse.SUPPRESS)
     parser.add_argument("--barrier-n", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--run", choices=(*CONFIGS, "standalone"), help=argparse.SUPPRESS)
@@ -604,7 +610,8 @@ def main() -> None:
             },
             "recipe": f"SGD lr {args.lr} momentum {args.momentum}, batch {BATCH} per rank; local SGD: outer "
             f"SGD(lr={args.outer_lr}, momentum={args.outer_momentum}, nesterov={args.outer_momentum > 0})",
-            "emulation": "N processes on one host; SlowdownEmulator (sleep) slows rank k by HL**(k/(N-1))",
+            "emulation": f"N processes on one host; SlowdownEmulator (throttle={args.throttle!r}) slows rank k by "
+            "HL**(k/(N-1))" + (" (a CFS-style quota of 1/factor CPUs per 100 ms)" if args.throttle == "cfs" else ""),
             "host": f"{os.cpu_count()} CPUs shared with other jobs, 1 torch thread per process",
             "torch": torch.__version__,
             "lightning": L.__version__,

@@ -171,3 +171,20 @@ def rate_times_s(
     """
     overheads_s = overheads_s or [0.0] * len(sizes)
     return tuple(a + b / x for b, x, a in zip(sizes, throughputs, overheads_s, strict=True))
+
+
+def rate_share(rates: Sequence[float | None], rank: int) -> float | None:
+    """Rank ``rank``'s share of the ranks' summed throughput; ``None`` while any rate is unknown (or not positive).
+
+    Args:
+        rates: samples per second per rank (``None``: not measured yet).
+        rank: the rank whose share is asked.
+
+    Example::
+
+        >>> rate_share([300.0, 100.0], 1), rate_share([300.0, None], 0)
+        (0.25, None)
+    """
+    if not all(rate is not None and rate > 0 for rate in rates):
+        return None
+    return float(rates[rank]) / sum(rates)  # type: ignore[arg-type]

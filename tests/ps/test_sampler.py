@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lightning_hetero.ps.sampler import ClaimSampler, epoch_order, round_robin_chunks
+from lightning_hetero.ps.sampler import ClaimSampler, epoch_order, round_robin_chunks, tail_claim
 
 
 class Counter:
@@ -97,6 +97,43 @@ def test_claims_of_several_chunks_save_round_trips_and_shrink_near_the_epochs_en
     assert claims == [8] * 9 + [6, 5, 3, 3, 2] + [1] * 8
     assert sum(claims[:-1]) == 98
     assert sampler.samples_left == 0
+
+
+def test_near_the_epochs_end_a_slow_rank_claims_by_its_share_of_the_speed():
+    def claims_of(share):
+        claims: list[int] = []
+        counter = Counter()
+
+        def claim(epoch: int, count: int) -> int:
+            claims.append(count // 4)
+            return counter.claim(epoch, count)
+
+        sampler = ClaimSampler(400, 4, claim, lambda: 0, lambda: True, rank=3, world_size=4)
+        sampler.claim_chunks, sampler.claim_share = 8, share
+        indices = list(sampler)
+        assert len(indices) == 4 + 4 * sum(claims[:-1])  # its reserved chunk and what it claimed, once each
+        return claims
+
+    # 96 chunks after the 4 reserved: equal shares (1 / 4) cap a claim at an eighth of what is left; a rank with a
+    # tenth of the ranks' speed claims at most a twentieth, so it holds no more than it trains while the rest drain
+    assert claims_of(None) == claims_of(0.25) == [8] * 5 + [7, 6, 5, 4, 4, 3, 3, 3, 2, 2, 2] + [1] * 16
+    assert claims_of(0.1) == [4] * 5 + [3] * 6 + [2] * 10 + [1] * 39
+    assert claims_of(1.0) == [8] * 11 + [4, 2, 1, 1, 1]  # a rank with all the speed keeps its round's claims longer
+
+
+@given(
+    claim_chunks=st.integers(1, 64),
+    left=st.integers(0, 10_000),
+    chunk=st.integers(1, 64),
+    world=st.integers(1, 8),
+    share=st.one_of(st.none(), st.floats(0.01, 1.0)),
+)
+def test_a_tail_claim_is_at_least_one_at_most_the_rounds_and_half_the_ranks_share_of_what_is_left(
+    claim_chunks, left, chunk, world, share
+):
+    count = tail_claim(claim_chunks, left, chunk, world, share)
+    assert 1 <= count <= claim_chunks
+    assert count == 1 or count * chunk <= left * (1 / world if share is None else share) / 2 + 1e-6
 
 
 @given(

@@ -39,24 +39,18 @@ import torch
 from torch import Tensor
 
 from lightning_hetero._validation import check_range
-from lightning_hetero.allocation import apportion
 from lightning_hetero.measurement import ThroughputMeter
 from lightning_hetero.ps.local_stop import budgeted_plan
 from lightning_hetero.ps.outer_optimizer import OuterOptimizer
+from lightning_hetero.ps.round_plan import RoundBudget, check_local_steps, plan_local_steps
 
-#: How the ranks' local steps in a round are set.
-LOCAL_STEPS = ("proportional", "equal")
 #: How the ranks' pseudo-gradients are combined: a plain mean over the ranks that trained, or weighted by samples.
 WEIGHTINGS = ("mean", "samples")
+#: Measured steps a rank leaves out of its speed at the start of training (allocator growth, cold caches).
+WARMUP_STEPS = 3
 #: A rank claims its expected steps in a round from the epoch's pool in about this many store round trips (the
 #: epoch's tail aside, where claims shrink: :attr:`~lightning_hetero.ps.sampler.ClaimSampler.claim_chunks`).
 CLAIMS_PER_ROUND = 1
-
-
-def check_local_steps(local_steps: str) -> None:
-    """Fail naming the setting unless ``local_steps`` is one of :data:`LOCAL_STEPS`."""
-    if local_steps not in LOCAL_STEPS:
-        raise ValueError(f"local_steps must be one of {LOCAL_STEPS}, got {local_steps!r}")
 
 
 def check_weighting(weighting: str) -> None:
@@ -72,76 +66,6 @@ def check_weighting(weighting: str) -> None:
     """
     if weighting not in WEIGHTINGS:
         raise ValueError(f"pseudo_gradient_weighting must be one of {WEIGHTINGS}, got {weighting!r}")
-
-
-@dataclass(frozen=True)
-class RoundBudget:
-    """How long a round lasts: ``samples`` over all ranks, or ``seconds`` of wall-clock time (exactly one of them).
-
-    Example::
-
-        >>> RoundBudget(samples=2048)
-        RoundBudget(samples=2048, seconds=None)
-        >>> RoundBudget(samples=0)
-        Traceback (most recent call last):
-        ...
-        ValueError: round_samples must be an integer >= 1, got 0
-    """
-
-    samples: int | None = None
-    seconds: float | None = None
-
-    def __post_init__(self) -> None:
-        if (self.samples is None) == (self.seconds is None):
-            raise ValueError(
-                f"give exactly one of round_samples and round_s, got round_samples={self.samples!r}, "
-                f"round_s={self.seconds!r}"
-            )
-        if self.samples is not None:
-            check_range("round_samples", self.samples, low=1, integer=True)
-        if self.seconds is not None:
-            check_range("round_s", self.seconds, low=0, low_open=True)
-
-
-def plan_local_steps(
-    budget: RoundBudget, batch_size: int, rates: list[float | None], local_steps: str = "proportional"
-) -> list[int]:
-    """Each rank's number of local steps in the next round (at least one each).
-
-    Args:
-        budget: the round's length.
-        batch_size: samples per local step (the loader's batch size, the same on every rank).
-        rates: each rank's measured samples per second (``None`` while unknown).
-        local_steps: ``"proportional"`` to the rates, or ``"equal"``.
-
-    While any rate is unknown every rank gets the same number of steps (for a time budget, one step: the first
-    rounds measure).
-
-    Example::
-
-        >>> budget = RoundBudget(samples=640)  # 20 batches of 32 over all ranks
-        >>> plan_local_steps(budget, 32, [300.0, 100.0]), plan_local_steps(budget, 32, [300.0, 100.0], "equal")
-        ([15, 5], [10, 10])
-        >>> plan_local_steps(RoundBudget(seconds=0.5), 32, [320.0, 64.0])  # steps that fill half a second
-        [5, 1]
-        >>> plan_local_steps(RoundBudget(seconds=0.5), 32, [320.0, 64.0], "equal")  # the same total, split evenly
-        [3, 3]
-    """
-    check_local_steps(local_steps)
-    check_range("batch_size", batch_size, low=0, low_open=True)
-    n = len(rates)
-    known = [float(r) for r in rates if r is not None and r > 0]
-    if len(known) < n:
-        if budget.samples is None:
-            return [1] * n
-        return [max(1, round(budget.samples / batch_size / n))] * n
-    if budget.samples is not None:
-        total = max(n, round(budget.samples / batch_size))
-    else:
-        total = max(n, sum(round(budget.seconds * rate / batch_size) for rate in known))
-    if local_steps == "equal":
-        return [max(1, round(total / n))] * n
-    return apportion(known, total, lower=[1] * n, upper=[total] * n)
 
 
 @dataclass(frozen=True)
@@ -165,7 +89,10 @@ class LocalRounds:
         world_size: ranks in the all-reduce.
         outer: the outer optimizer (default DiLoCo's Nesterov SGD).
         local_steps: ``"proportional"`` or ``"equal"`` (see :func:`plan_local_steps`).
-        meter: this rank's throughput meter (samples per second of its local steps).
+        meter: this rank's throughput meter, updated once per round with the samples over the busy seconds of the
+            round's measured steps (time-weighted: under a CPU quota a step's time jumps when a period is throttled,
+            and a mean of per-step rates would count the unthrottled steps' rate as if they lasted as long); a given
+            meter's warm-up counts rounds. Default: EWMA 0.3 after the first :data:`WARMUP_STEPS` measured steps.
         weighting: ``"mean"``: the combined pseudo-gradient is the plain mean over the ranks that trained in the
             round; ``"samples"``: weighted by the samples each trained.
         clock: seconds, for the deadline of a speed-proportional round (see :attr:`round_s`).
@@ -214,7 +141,9 @@ class LocalRounds:
         self.outer = outer if outer is not None else OuterOptimizer()
         self.local_steps = local_steps
         self.weighting = weighting
-        self.meter = meter if meter is not None else ThroughputMeter()
+        self.meter = meter if meter is not None else ThroughputMeter(warmup_steps=0)
+        self._busy = [0.0, 0.0]  # measured samples and busy seconds in the round
+        self._warmup = WARMUP_STEPS if meter is None else 0
         #: each rank's throughput as of the last round's end (``None`` while unknown)
         self.rates: list[float | None] = [None] * world_size
         #: outer steps taken (rounds that trained at least one sample)
@@ -313,8 +242,11 @@ class LocalRounds:
         """
         self.steps_in_round += 1
         self.samples_in_round += samples
-        if step_s is not None:
-            self.meter.update(samples, step_s)
+        if step_s is not None and step_s > 0:
+            if self._warmup > 0:
+                self._warmup -= 1
+            else:
+                self._busy = [self._busy[0] + samples, self._busy[1] + step_s]
         if self.round_s is None:
             return self.steps_in_round >= self.target_steps
         if self.to_epoch_end:
@@ -333,6 +265,9 @@ class LocalRounds:
         anchor = self.outer.anchor
         if anchor is None:
             raise RuntimeError("LocalRounds.message before begin")
+        if self._busy[1] > 0:
+            self.meter.update(round(self._busy[0]), self._busy[1])
+        self._busy = [0.0, 0.0]
         n = float(self.samples_in_round)
         weight = n if self.weighting == "samples" else float(n > 0)
         dtype, device = flat.dtype, flat.device

@@ -37,6 +37,30 @@ def sampler_order(sampler: Sampler | object) -> tuple[bool, int] | None:
     return None
 
 
+def tail_claim(claim_chunks: int, samples_left: int, chunk_size: int, world_size: int, share: float | None) -> int:
+    """Chunks one claim takes: ``claim_chunks``, but at most half of this rank's share of the ``samples_left`` it last
+    saw (``share``: its throughput over all ranks'; ``None``: ``1 / world_size``), at least one. Near the epoch's end a
+    claim is then trained in about half the time the ranks take to drain what is left, so a slow rank does not hold
+    batches while the fast ones run dry.
+
+    Args:
+        claim_chunks: the chunks the rank would claim at once (:attr:`ClaimSampler.claim_chunks`).
+        samples_left: samples of the pool nobody had claimed at the rank's last claim.
+        chunk_size: samples per chunk.
+        world_size: ranks claiming from the pool.
+        share: this rank's share of the ranks' summed throughput, in (0, 1]; ``None``: equal shares.
+
+    Example: 64 chunks of 32 samples left, 4 ranks::
+
+        >>> tail_claim(20, 64 * 32, 32, 4, None), tail_claim(20, 64 * 32, 32, 4, 0.5), tail_claim(20, 64 * 32, 32, 4, 0.1)
+        (8, 16, 3)
+        >>> tail_claim(20, 64 * 32, 32, 4, 1.0), tail_claim(5, 0, 32, 4, 0.5)  # at most claim_chunks, at least one
+        (20, 1)
+    """
+    share = 1.0 / world_size if share is None else share
+    return max(1, min(claim_chunks, int(samples_left * share / (2 * chunk_size) + 1e-9)))
+
+
 def round_robin_chunks(num_samples: int, chunk_size: int, rank: int, world_size: int) -> list[tuple[int, int]]:
     """``(start, stop)`` positions of the chunks rank ``rank`` gets in synchronous mode; equal counts on all ranks.
 
@@ -140,9 +164,13 @@ class ClaimSampler(Sampler[int]):
         #: been taken with :meth:`next_chunk` yet, oldest first
         self.pending_chunks: deque[int] = deque()
         #: asynchronous mode: chunks reserved per claim, to save round trips to the shared counter (local SGD sets it
-        #: from a rank's expected steps per round); a claim never takes more than ``1 / (2 x world_size)`` of the
-        #: chunks this rank last saw left, so near the epoch's end the ranks run dry within about a chunk of each other
+        #: from a rank's expected steps per round); a claim never takes more than half of this rank's share
+        #: (:attr:`claim_share`) of the chunks it last saw left, so near the epoch's end the ranks run dry within about a
+        #: chunk of each other (:func:`tail_claim`)
         self.claim_chunks = 1
+        #: asynchronous mode: this rank's share of the ranks' summed throughput, which sizes its claims near the epoch's
+        #: end (local SGD sets it from the speeds exchanged at round ends); ``None``: ``1 / world_size``
+        self.claim_share: float | None = None
         #: asynchronous mode: the shared counter's position as this rank last saw it (its claims' end)
         self.pool_position = 0
         #: asynchronous mode: the end (a position) of the segment this rank claims from (the epoch's end without
@@ -199,7 +227,9 @@ class ClaimSampler(Sampler[int]):
                 if not claims or self._closed_epoch == epoch:
                     break
                 reserved = False
-                count = max(1, min(self.claim_chunks, self.samples_left // (2 * self.world_size * self.chunk_size)))
+                count = tail_claim(
+                    self.claim_chunks, self.samples_left, self.chunk_size, self.world_size, self.claim_share
+                )
                 start = pool + self._claim(epoch, segment, count * self.chunk_size)
                 stop = self.pool_position = start + count * self.chunk_size
         if self.tail is not None:

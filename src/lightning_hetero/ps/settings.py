@@ -22,9 +22,10 @@ import torch
 from lightning_hetero._validation import check_range
 from lightning_hetero.contracts import Mode, check_mode
 from lightning_hetero.ps.compensation import check_compensation_mode
-from lightning_hetero.ps.local_sgd import RoundBudget, check_local_steps, check_weighting
+from lightning_hetero.ps.local_sgd import check_weighting
 from lightning_hetero.ps.outer_optimizer import OuterOptimizer
 from lightning_hetero.ps.placement import check_server_placement
+from lightning_hetero.ps.round_plan import RoundBudget, check_local_steps
 from lightning_hetero.ps.sharding import check_server_shards
 from lightning_hetero.ps.staleness import staleness_lr_factor
 

@@ -20,13 +20,15 @@ import torch.distributed as dist
 from lightning.pytorch.utilities import rank_zero_info
 
 from lightning_hetero._lightning_internals import is_last_batch, optimizers_to_device
+from lightning_hetero.allocation import rate_share
 from lightning_hetero.measurement import BusyTimer
 from lightning_hetero.ps.checkpointing import SavedState
 from lightning_hetero.ps.clipping import ClippingStep
 from lightning_hetero.ps.grad_scaling import fold_scaler, unfold_scaler
-from lightning_hetero.ps.local_sgd import LocalRounds, RoundBudget, RoundOutcome
+from lightning_hetero.ps.local_sgd import LocalRounds, RoundOutcome
 from lightning_hetero.ps.protocol import SERVER_RANK
 from lightning_hetero.ps.reporting import report_hyperparameters
+from lightning_hetero.ps.round_plan import RoundBudget
 
 if TYPE_CHECKING:
     from lightning_hetero.ps.collectives import CollectiveGate
@@ -135,7 +137,7 @@ class LocalSGDEngine:
         ctx, _, gate = self._parts()
         self._round_open = False
         self._announced = False
-        self._set_claim_chunks(1)
+        self._set_claim_chunks(1, share=None)
         optimizer = ctx.optimizer
         state = gate.broadcast(copy.deepcopy(optimizer.state_dict()) if ctx.rank == SERVER_RANK else None, SERVER_RANK)
         optimizer.load_state_dict(state)
@@ -159,7 +161,7 @@ class LocalSGDEngine:
             self.rounds.begin(ctx.flat.flat, self._loader_batch_size() or 1)
             self._round_open = True
             self._busy_timer.skip()
-            self._set_claim_chunks(self.rounds.claim_chunks)
+            self._set_claim_chunks(self.rounds.claim_chunks, rate_share(self.rounds.rates, ctx.rank))
             self._report_due = True
 
     def optimizer_step(self, optimizer: Any, closure: Callable[[], Any], model: Any, **kwargs: Any) -> Any:
@@ -189,7 +191,7 @@ class LocalSGDEngine:
                 outcome = self._end_round(done=last)
                 while last and not outcome.all_done:
                     outcome = self._end_round(done=True)
-            self._set_claim_chunks(rounds.claim_chunks)
+            self._set_claim_chunks(rounds.claim_chunks, rate_share(rounds.rates, ctx.rank))
             self._report_due = True
             if last:  # every rank is done with the epoch (segment): the next batch begins a round
                 self._busy_timer.skip()
@@ -219,11 +221,14 @@ class LocalSGDEngine:
                 offset += buffer.numel()
         return outcome
 
-    def _set_claim_chunks(self, chunks: int) -> None:
-        """Claim this many batches at once from the epoch's pool (local SGD: a share of the round; other modes: 1)."""
+    def _set_claim_chunks(self, chunks: int, share: float | None) -> None:
+        """Claim this many batches at once from the epoch's pool (local SGD: a share of the round; other modes: 1),
+        near the epoch's end at most half of ``share`` (this rank's share of the ranks' speed; ``None``: equal
+        shares) of what is left (:func:`~lightning_hetero.ps.sampler.tail_claim`)."""
         ctx, _, _ = self._parts()
         if ctx.claim_sampler is not None:
             ctx.claim_sampler.claim_chunks = chunks
+            ctx.claim_sampler.claim_share = share
 
     def _loader_batch_size(self) -> int | None:
         ctx, _, _ = self._parts()
