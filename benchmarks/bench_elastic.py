@@ -69,6 +69,8 @@ def run(kind: str, args: argparse.Namespace, seed: int, out: Path) -> dict[str, 
         "--noise", str(args.noise), "--classes", "8", "--seed", str(seed), "--hidden", "64",
         "--steps-per-round", "16",  # the strategy's default (the worker script's is 4, for short tests)
     ]  # fmt: skip
+    if args.join_timeout_s is not None:
+        common += ["--join-timeout-s", str(args.join_timeout_s)]
     job = ElasticJob(out, common)
     speed_args = {name: _speed_args(args, speed) for name, speed in SPEEDS.items()}
     kill_at = random.Random(seed)
@@ -113,12 +115,25 @@ def run(kind: str, args: argparse.Namespace, seed: int, out: Path) -> dict[str, 
         "lost_per_epoch": [c["lost"] for c in coverage.values()],
         "duplicated_per_epoch": [c["duplicated"] for c in coverage.values()],
         "failed_rounds": {name: r["report"]["failed_rounds"] for name, r in results.items()},
+        "diverged_rounds": {name: r["report"].get("diverged_rounds", 0) for name, r in results.items()},
+        "participants_per_round": _participants_per_round(commits),
         "round_end_ms": {
             name: 1000 * r["report"]["round_end_s"] / max(1, r["report"]["round_ends"]) for name, r in results.items()
         },
         "errors": job.errors(),
         "history_error": history_error,
     }
+
+
+def _participants_per_round(commits: list[dict[str, Any]]) -> dict[int, int]:
+    """Committed rounds by the number of workers that logged them (torchft steps; a worker left out logs none)."""
+    per_step: dict[int, set[int]] = {}
+    for row in commits:
+        per_step.setdefault(row["step"], set()).add(row["pid"])
+    counts: dict[int, int] = {}
+    for pids in per_step.values():
+        counts[len(pids)] = counts.get(len(pids), 0) + 1
+    return dict(sorted(counts.items()))
 
 
 def _speed_args(args: argparse.Namespace, speed: float) -> list[str]:
@@ -179,6 +194,7 @@ def main() -> None:
     parser.add_argument("--base-quota", type=float, default=0.125, help="a speed-1 worker's CPU quota (quota)")
     parser.add_argument("--soak", type=int, default=0, help="run N kill-and-restart cycles instead")
     parser.add_argument("--runs", default="undisturbed,churn,join", help="which runs, comma-separated")
+    parser.add_argument("--join-timeout-s", type=float, default=None, help="the workers' (default: the strategy's)")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a timeout's TERM still stops the workers (finally)
     RESULTS.mkdir(exist_ok=True)

@@ -7,9 +7,11 @@ the host's next commit (a round lasts about 2.5 s, so offsets near it land in th
 at once. Prints and writes, per kill, the restarted worker's start-up (imports, joined, first contribution) and the
 host's commit times around the kill (a gap of more than a round: the kill broke a round end).
 
-Usage: python benchmarks/elastic_round_end_kills.py [OFFSET,...] (default 2.3,2.4,2.45,2.5,2.55,2.6)
+Usage: python benchmarks/elastic_round_end_kills.py [OFFSET,...] [--out NAME.json]
+(offsets default 2.3,2.4,2.45,2.5,2.55,2.6; the JSON default elastic_28b_round_end_kills.json)
 """
 
+import argparse
 import json
 import signal
 import sys
@@ -37,7 +39,11 @@ def _wait(predicate, timeout_s: float = 60.0) -> bool:
 
 def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a timeout's TERM still stops the workers
-    offsets = [float(x) for x in (sys.argv[1] if len(sys.argv) > 1 else "2.3,2.4,2.45,2.5,2.55,2.6").split(",")]
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("offsets", nargs="?", default="2.3,2.4,2.45,2.5,2.55,2.6")
+    parser.add_argument("--out", default="elastic_28b_round_end_kills.json", help="the JSON's name in results/")
+    args = parser.parse_args()
+    offsets = [float(x) for x in args.offsets.split(",")]
     job = ElasticJob(Path(tempfile.mkdtemp(prefix="elastic-round-end-")), COMMON)
     speed = {name: ["--step-sleep-s", f"{0.3 / s:g}"] for name, s in SPEEDS.items()}
     kills = []
@@ -65,7 +71,7 @@ def main() -> None:
     finally:
         job.close()
     conditions = {"offsets": offsets, "speeds": SPEEDS, "worker_args": COMMON, "errors": job.errors()}
-    (RESULTS / "elastic_28b_round_end_kills.json").write_text(json.dumps({"conditions": conditions, "kills": kills}))
+    (RESULTS / args.out).write_text(json.dumps({"conditions": conditions, "kills": kills}))
 
 
 if __name__ == "__main__":
