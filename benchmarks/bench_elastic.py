@@ -22,7 +22,8 @@ a committed round) and duplicated (trained in more than one), from the workers' 
 the script instead runs one job through N kill-and-restart cycles and reports hangs (processes still running at
 the end), exit codes and the same coverage.
 
-Prints a table and writes ``benchmarks/results/elastic.json`` (``elastic_soak.json`` for ``--soak``).
+Prints a table and writes ``benchmarks/results/elastic.json`` (``elastic_soak.json`` for ``--soak``; ``--out`` names
+another).
 
 Usage: python benchmarks/bench_elastic.py [--seeds 1] [--epochs 4] [--throttle quota] [--out NAME.json] [--soak 20]
 """
@@ -182,7 +183,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=1)
     parser.add_argument("--first-seed", type=int, default=0)
-    parser.add_argument("--out", default="elastic.json", help="the JSON's name in benchmarks/results/")
+    parser.add_argument("--out", default=None, help="the JSON's name in results/ (elastic.json, elastic_soak.json)")
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--samples", type=int, default=6400)
     parser.add_argument("--batch-size", type=int, default=16)
@@ -213,7 +214,9 @@ def main() -> None:
               f"lost {report['lost']}, duplicated {report['duplicated']}, first contribution s "
               f"median {statistics.median(c for c in report['first_contribution_s'] if c is not None):.1f} "
               f"max {max(c for c in report['first_contribution_s'] if c is not None):.1f}")  # fmt: skip
-        (RESULTS / "elastic_soak.json").write_text(json.dumps({"conditions": conditions, **report}, indent=1))
+        (RESULTS / (args.out or "elastic_soak.json")).write_text(
+            json.dumps({"conditions": conditions, **report}, indent=1)
+        )
         return
     runs = []
     for seed in range(args.first_seed, args.first_seed + args.seeds):
@@ -244,7 +247,9 @@ def main() -> None:
         first = f"{statistics.median(firsts):.1f}/{max(firsts):.1f}" if firsts else "-"
         print(f"{kind:12} {row['samples_per_s']:10.1f} {row['throughput_ratio']:6.2f} {row['val_acc']:8.4f} "
               f"{row['accuracy_delta_points']:8.2f} {first:>14} {row['lost']:5d} {row['duplicated']:4d}")  # fmt: skip
-    (RESULTS / args.out).write_text(json.dumps({"conditions": conditions, "summary": summary, "runs": runs}, indent=1))
+    (RESULTS / (args.out or "elastic.json")).write_text(
+        json.dumps({"conditions": conditions, "summary": summary, "runs": runs}, indent=1)
+    )
 
 
 if __name__ == "__main__":
