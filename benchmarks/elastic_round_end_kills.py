@@ -5,7 +5,8 @@ Four workers as in ``bench_elastic.py`` (sleep-emulated speeds 1, 1, 2, 4, a spe
 samples in batches of 16, the strategy's defaults); for each OFFSET, worker ``b`` is SIGKILLed OFFSET seconds after
 the host's next commit (a round lasts about 2.5 s, so offsets near it land in the next round end) and started again
 at once. Prints and writes, per kill, the restarted worker's start-up (imports, joined, first contribution) and the
-host's commit times around the kill (a gap of more than a round: the kill broke a round end).
+host's commit times around the kill (a gap of more than a round: the kill broke a round end), and the batches lost
+and duplicated per epoch in the job's history up to the host's last commit (the last epoch is cut short by the stop).
 
 Usage: python benchmarks/elastic_round_end_kills.py [OFFSET,...] [--out NAME.json]
 (offsets default 2.3,2.4,2.45,2.5,2.55,2.6; the JSON default elastic_28b_round_end_kills.json)
@@ -70,8 +71,11 @@ def main() -> None:
             print(json.dumps(kills[-1]), flush=True)
     finally:
         job.close()
+    coverage = job.coverage(6400 // 16, pid=host)
+    print("lost / duplicated per epoch:", [(c["lost"], c["duplicated"]) for c in coverage.values()], flush=True)
     conditions = {"offsets": offsets, "speeds": SPEEDS, "worker_args": COMMON, "errors": job.errors()}
-    (RESULTS / args.out).write_text(json.dumps({"conditions": conditions, "kills": kills}))
+    out = {"conditions": conditions, "kills": kills, "coverage_per_epoch": coverage}
+    (RESULTS / args.out).write_text(json.dumps(out))
 
 
 if __name__ == "__main__":
