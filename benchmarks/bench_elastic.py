@@ -22,7 +22,8 @@ a committed round) and duplicated (trained in more than one), from the workers' 
 the script instead runs one job through N kill-and-restart cycles and reports hangs (processes still running at
 the end), exit codes and the same coverage.
 
-Prints a table and writes ``benchmarks/results/elastic.json`` (``elastic_soak.json`` for ``--soak``).
+Prints a table and writes ``benchmarks/results/elastic.json`` (``elastic_soak.json`` for ``--soak``; ``--out`` names
+another).
 
 Usage: python benchmarks/bench_elastic.py [--seeds 1] [--epochs 4] [--throttle quota] [--out NAME.json] [--soak 20]
 """
@@ -69,6 +70,8 @@ def run(kind: str, args: argparse.Namespace, seed: int, out: Path) -> dict[str, 
         "--noise", str(args.noise), "--classes", "8", "--seed", str(seed), "--hidden", "64",
         "--steps-per-round", "16",  # the strategy's default (the worker script's is 4, for short tests)
     ]  # fmt: skip
+    if args.join_timeout_s is not None:
+        common += ["--join-timeout-s", str(args.join_timeout_s)]
     job = ElasticJob(out, common)
     speed_args = {name: _speed_args(args, speed) for name, speed in SPEEDS.items()}
     kill_at = random.Random(seed)
@@ -113,12 +116,25 @@ def run(kind: str, args: argparse.Namespace, seed: int, out: Path) -> dict[str, 
         "lost_per_epoch": [c["lost"] for c in coverage.values()],
         "duplicated_per_epoch": [c["duplicated"] for c in coverage.values()],
         "failed_rounds": {name: r["report"]["failed_rounds"] for name, r in results.items()},
+        "diverged_rounds": {name: r["report"].get("diverged_rounds", 0) for name, r in results.items()},
+        "participants_per_round": _participants_per_round(commits),
         "round_end_ms": {
             name: 1000 * r["report"]["round_end_s"] / max(1, r["report"]["round_ends"]) for name, r in results.items()
         },
         "errors": job.errors(),
         "history_error": history_error,
     }
+
+
+def _participants_per_round(commits: list[dict[str, Any]]) -> dict[int, int]:
+    """Committed rounds by the number of workers that logged them (torchft steps; a worker left out logs none)."""
+    per_step: dict[int, set[int]] = {}
+    for row in commits:
+        per_step.setdefault(row["step"], set()).add(row["pid"])
+    counts: dict[int, int] = {}
+    for pids in per_step.values():
+        counts[len(pids)] = counts.get(len(pids), 0) + 1
+    return dict(sorted(counts.items()))
 
 
 def _speed_args(args: argparse.Namespace, speed: float) -> list[str]:
@@ -167,7 +183,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=1)
     parser.add_argument("--first-seed", type=int, default=0)
-    parser.add_argument("--out", default="elastic.json", help="the JSON's name in benchmarks/results/")
+    parser.add_argument("--out", default=None, help="the JSON's name in results/ (elastic.json, elastic_soak.json)")
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--samples", type=int, default=6400)
     parser.add_argument("--batch-size", type=int, default=16)
@@ -179,6 +195,7 @@ def main() -> None:
     parser.add_argument("--base-quota", type=float, default=0.125, help="a speed-1 worker's CPU quota (quota)")
     parser.add_argument("--soak", type=int, default=0, help="run N kill-and-restart cycles instead")
     parser.add_argument("--runs", default="undisturbed,churn,join", help="which runs, comma-separated")
+    parser.add_argument("--join-timeout-s", type=float, default=None, help="the workers' (default: the strategy's)")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a timeout's TERM still stops the workers (finally)
     RESULTS.mkdir(exist_ok=True)
@@ -197,7 +214,9 @@ def main() -> None:
               f"lost {report['lost']}, duplicated {report['duplicated']}, first contribution s "
               f"median {statistics.median(c for c in report['first_contribution_s'] if c is not None):.1f} "
               f"max {max(c for c in report['first_contribution_s'] if c is not None):.1f}")  # fmt: skip
-        (RESULTS / "elastic_soak.json").write_text(json.dumps({"conditions": conditions, **report}, indent=1))
+        (RESULTS / (args.out or "elastic_soak.json")).write_text(
+            json.dumps({"conditions": conditions, **report}, indent=1)
+        )
         return
     runs = []
     for seed in range(args.first_seed, args.first_seed + args.seeds):
@@ -228,7 +247,9 @@ def main() -> None:
         first = f"{statistics.median(firsts):.1f}/{max(firsts):.1f}" if firsts else "-"
         print(f"{kind:12} {row['samples_per_s']:10.1f} {row['throughput_ratio']:6.2f} {row['val_acc']:8.4f} "
               f"{row['accuracy_delta_points']:8.2f} {first:>14} {row['lost']:5d} {row['duplicated']:4d}")  # fmt: skip
-    (RESULTS / args.out).write_text(json.dumps({"conditions": conditions, "summary": summary, "runs": runs}, indent=1))
+    (RESULTS / (args.out or "elastic.json")).write_text(
+        json.dumps({"conditions": conditions, "summary": summary, "runs": runs}, indent=1)
+    )
 
 
 if __name__ == "__main__":

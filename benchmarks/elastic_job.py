@@ -99,25 +99,28 @@ class ElasticJob:
             rows += [{**json.loads(line), "pid": pid} for line in path.read_text().splitlines() if line.strip()]
         return sorted(rows, key=lambda row: row["t"])
 
-    def history(self) -> list[CommitRecord]:
+    def history(self, pid: int | None = None) -> list[CommitRecord]:
         """The job's history: the commits the parameters of the workers that finished descend from (they must agree
-        on the last one), from every worker's log."""
+        on the last one), from every worker's log; with ``pid``, those worker ``pid``'s last commit descends from (a
+        job stopped before any worker finished)."""
         fields = {field.name for field in dataclasses.fields(CommitRecord)}
         by_pid: dict[int, list[CommitRecord]] = collections.defaultdict(list)
         for row in self.commits():
             values = {k: tuple(v) if isinstance(v, list) else v for k, v in row.items() if k in fields}
             by_pid[row["pid"]].append(CommitRecord(**values))
         finished = {int(path.stem.rsplit("-", 1)[1]) for path in self.out.glob("worker-*.json")}
+        if pid is not None:
+            finished = {pid}
         finals = {(records[-1].step, records[-1].digest) for pid, records in by_pid.items() if pid in finished}
         if len(finals) != 1:
             raise AssertionError(f"the workers that finished end at different commits: {sorted(finals)}")
         final = next(records[-1] for pid, records in by_pid.items() if pid in finished)
         return lineage([record for records in by_pid.values() for record in records], final)
 
-    def coverage(self, num_chunks: int) -> dict[int, dict[str, int]]:
-        """Per epoch of the job's :meth:`history`: chunks trained, chunks ``lost`` (never) and ``duplicated`` (more
-        than once)."""
-        return epoch_coverage(self.history(), num_chunks)
+    def coverage(self, num_chunks: int, pid: int | None = None) -> dict[int, dict[str, int]]:
+        """Per epoch of the job's :meth:`history` (``pid`` see there): chunks trained, chunks ``lost`` (never) and
+        ``duplicated`` (more than once)."""
+        return epoch_coverage(self.history(pid), num_chunks)
 
     def first_contribution_s(self, pid: int) -> float | None:
         """Seconds from starting process ``pid`` to its first committed round that trained a chunk."""

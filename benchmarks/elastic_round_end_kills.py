@@ -5,11 +5,14 @@ Four workers as in ``bench_elastic.py`` (sleep-emulated speeds 1, 1, 2, 4, a spe
 samples in batches of 16, the strategy's defaults); for each OFFSET, worker ``b`` is SIGKILLed OFFSET seconds after
 the host's next commit (a round lasts about 2.5 s, so offsets near it land in the next round end) and started again
 at once. Prints and writes, per kill, the restarted worker's start-up (imports, joined, first contribution) and the
-host's commit times around the kill (a gap of more than a round: the kill broke a round end).
+host's commit times around the kill (a gap of more than a round: the kill broke a round end), and the batches lost
+and duplicated per epoch in the job's history up to the host's last commit (the last epoch is cut short by the stop).
 
-Usage: python benchmarks/elastic_round_end_kills.py [OFFSET,...] (default 2.3,2.4,2.45,2.5,2.55,2.6)
+Usage: python benchmarks/elastic_round_end_kills.py [OFFSET,...] [--out NAME.json]
+(offsets default 2.3,2.4,2.45,2.5,2.55,2.6; the JSON default elastic_28b_round_end_kills.json)
 """
 
+import argparse
 import json
 import signal
 import sys
@@ -37,7 +40,11 @@ def _wait(predicate, timeout_s: float = 60.0) -> bool:
 
 def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a timeout's TERM still stops the workers
-    offsets = [float(x) for x in (sys.argv[1] if len(sys.argv) > 1 else "2.3,2.4,2.45,2.5,2.55,2.6").split(",")]
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("offsets", nargs="?", default="2.3,2.4,2.45,2.5,2.55,2.6")
+    parser.add_argument("--out", default="elastic_28b_round_end_kills.json", help="the JSON's name in results/")
+    args = parser.parse_args()
+    offsets = [float(x) for x in args.offsets.split(",")]
     job = ElasticJob(Path(tempfile.mkdtemp(prefix="elastic-round-end-")), COMMON)
     speed = {name: ["--step-sleep-s", f"{0.3 / s:g}"] for name, s in SPEEDS.items()}
     kills = []
@@ -64,8 +71,11 @@ def main() -> None:
             print(json.dumps(kills[-1]), flush=True)
     finally:
         job.close()
+    coverage = job.coverage(6400 // 16, pid=host)
+    print("lost / duplicated per epoch:", [(c["lost"], c["duplicated"]) for c in coverage.values()], flush=True)
     conditions = {"offsets": offsets, "speeds": SPEEDS, "worker_args": COMMON, "errors": job.errors()}
-    (RESULTS / "elastic_28b_round_end_kills.json").write_text(json.dumps({"conditions": conditions, "kills": kills}))
+    out = {"conditions": conditions, "kills": kills, "coverage_per_epoch": coverage}
+    (RESULTS / args.out).write_text(json.dumps(out))
 
 
 if __name__ == "__main__":

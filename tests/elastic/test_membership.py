@@ -107,3 +107,27 @@ def test_every_worker_ends_with_an_error_naming_the_lost_lighthouse():
         lighthouse.wait()
         for member in members:
             member.shutdown()
+
+
+def test_a_worker_that_falls_behind_recovers_from_a_peer_at_the_next_round_end():
+    """What a worker whose history lost a round where two met does (``Membership.fall_behind``): torchft counts it
+    behind and recovers it from a peer at the next round end."""
+    strategy = ElasticLocalSGDStrategy(lighthouse=f"http://localhost:{free_port()}", round_timeout_s=20)
+    server = strategy.host_lighthouse()
+    loaded: list[dict] = []
+    members = [
+        Membership(strategy.lighthouse, "a", loaded.append, lambda: {"from": "a"}, round_timeout_s=20, lost_after_s=1),
+        Membership(strategy.lighthouse, "b", loaded.append, lambda: {"from": "b"}, round_timeout_s=20, lost_after_s=1),
+    ]
+    try:
+        assert _rounds(members) == [(2, 2)] * 2
+        loaded.clear()  # (torchft's initial sync at step 0 may have recovered one of them)
+        assert [m.step for m in members] == [1, 1]
+        members[0].fall_behind()
+        assert members[0].step == 0
+        assert _rounds(members) == [(2, 2)] * 2
+        assert loaded == [{"from": "b"}] and [m.step for m in members] == [2, 2]
+    finally:
+        for member in members:
+            member.shutdown()
+        server.shutdown()

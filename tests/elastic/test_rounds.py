@@ -16,15 +16,17 @@ def _worker() -> tuple[ElasticRounds, torch.Tensor]:
 
 
 def _round_end(workers, commit=True):
-    """The round-end all-reduce (a sum) over the workers present, then commit or roll back on each."""
+    """The round-end all-reduce (a sum) over the workers present, then commit (the results) or roll back on each."""
     ids = sorted(workers)
     summed = sum(workers[w][0].message(workers[w][1], None, rank, len(ids)) for rank, w in enumerate(ids))
+    results = []
     for rank, w in enumerate(ids):
         rounds, flat = workers[w]
         if commit:
-            rounds.commit(summed.clone(), flat, None, rank, len(ids))
+            results.append(rounds.commit(summed.clone(), flat, None, rank, len(ids)))
         else:
             rounds.rollback(flat)
+    return results
 
 
 def _train_some(workers, rng):
@@ -103,3 +105,50 @@ def test_a_recovering_worker_drops_the_chunks_it_held_and_its_fetched_batch_trai
     rounds.load_state_dict(peer.state_dict(), flat)
     assert list(rounds.queue) == [] and rounds.held == [] and rounds.ledger.counts[:3].tolist() == [1, 1, 1]
     assert rounds.dropped(fetched) and not rounds.dropped(fetched)
+
+
+def test_two_groups_that_committed_the_same_steps_apart_never_commit_a_chunk_twice():
+    """The benchmark's duplicates (join_timeout_s=2): the first worker's join round formed with it alone, the three
+    started after it formed theirs without it (they waited join_timeout_s while it trained); both groups committed step
+    1 from their own ledgers and handed the same chunks out. When three of them met in one round, torchft recovered
+    nobody (equal steps) and the chunks both groups trained committed twice."""
+    num_chunks = 100
+    a, b, c, d = (
+        (ElasticRounds(num_chunks, 16, OuterOptimizer(torch.optim.SGD, {"lr": 1.0})), torch.zeros(3)) for _ in range(4)
+    )
+    for rounds, flat in (a, b, c, d):
+        rounds.begin(flat)
+    _round_end({0: a})
+    _round_end({1: b, 2: c, 3: d})
+    assert list(a[0].queue) == list(range(9)) and list(c[0].queue)[:3] == [1, 4, 7]  # the same chunks, twice
+    committed: list[int] = []
+    for rounds, flat in (a, c, d):  # b is late and left out of the round end
+        committed += _train_quota(rounds, flat)
+    results = _round_end({0: a, 2: c, 3: d})
+    assert all(rounds.ledger.duplicates == 0 and int(rounds.ledger.counts.max()) == 0 for rounds, _ in (a, c, d))
+    assert [(r.diverged, r.behind) for r in results] == [(True, True), (True, False), (True, False)]
+    assert all(torch.equal(flat, torch.zeros(3)) for _, flat in (a, c, d))  # every participant rolled back
+    # a falls behind and torchft recovers it from a peer of the group that won (c, d and b)
+    a[1].copy_(c[1])
+    a[0].load_state_dict(c[0].state_dict(), a[1])
+    workers = {0: a, 1: b, 2: c, 3: d}
+    committed = []
+    while all(rounds.ledger.epoch == 0 for rounds, _ in workers.values()):
+        trained = [chunk for rounds, flat in workers.values() for chunk in _train_quota(rounds, flat)]
+        assert not any(r.diverged for r in _round_end(workers))
+        committed += trained
+    assert sorted(committed) == list(range(num_chunks))
+    assert all(rounds.ledger.duplicates == 0 for rounds, _ in workers.values())
+    assert len({rounds.history for rounds, _ in workers.values()}) == 1
+
+
+def _train_quota(rounds: ElasticRounds, flat: torch.Tensor) -> list[int]:
+    trained = []
+    for _ in range(rounds.quota):
+        chunk = rounds.take()
+        if chunk is None:
+            break
+        flat += 0.01
+        rounds.record_step(chunk, samples=4, step_s=0.01)
+        trained.append(chunk)
+    return trained

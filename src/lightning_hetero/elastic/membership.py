@@ -209,6 +209,11 @@ class Membership:
         """Committed rounds, torchft's step (a worker behind the others recovers from one at the highest)."""
         return self.manager.current_step()
 
+    def fall_behind(self) -> None:
+        """Count this worker one step behind the others (its history lost a round where two met): torchft recovers
+        it from a peer of the history that won at the next round end."""
+        self.manager.load_state_dict({"step": max(0, self.step - 1), "batches_committed": 0})
+
     def restore_step(self, step: int) -> None:
         """Resume torchft's step count (from a checkpoint)."""
         self.manager.load_state_dict({"step": step, "batches_committed": 0})

@@ -2,12 +2,14 @@
 and what a committed (or failed) round does to the model, the outer optimizer and the :mod:`ledger
 <lightning_hetero.elastic.ledger>`.
 
-A round-end message is ``[w * (anchor - flat), w * buffers, samples, w, steps, trained chunks, held chunks, rate and
-held count at this participant's slot]`` (``w``: the samples this worker trained in the round with
+A round-end message is ``[w * (anchor - flat), w * buffers, samples, w, steps, trained chunks, held chunks, rate,
+held count, history id and tag at this participant's slots]`` (``w``: the samples this worker trained in the round with
 ``weighting="samples"``, else 1 if it trained); the all-reduce sums it over the round's participants, whose number
 and ranks the membership (torchft's quorum) gives per round. A newcomer takes part from the round it joins: it
 contributes nothing to that one, receives its share of the next and, its speed unknown, the slowest worker's quota;
 a round with a participant whose speed is unknown is half as long (:func:`~lightning_hetero.elastic.ledger.round_quotas`).
+A round whose participants carry different history ids (two groups that committed the same steps apart) commits
+nothing: see :mod:`~lightning_hetero.elastic.history`.
 
 Example: two workers, one all-reduce simulated by a sum::
 
@@ -38,6 +40,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from lightning_hetero.elastic.history import ID_SLOTS, from_slots, new_tag, next_history, to_slots, winner
 from lightning_hetero.elastic.ledger import EpochLedger, assign, round_quotas
 from lightning_hetero.measurement import ThroughputMeter
 from lightning_hetero.ps.local_sgd import check_weighting
@@ -46,7 +49,7 @@ from lightning_hetero.ps.outer_optimizer import OuterOptimizer
 
 @dataclass(frozen=True)
 class RoundResult:
-    """What a committed round did."""
+    """What a round end did (committed, or refused because its participants' histories diverged)."""
 
     #: samples the participants trained in the round (0: no outer step)
     samples: int
@@ -58,6 +61,10 @@ class RoundResult:
     duplicates: int
     #: the chunks all participants trained in the round, as the ledger counted them (a chunk trained twice: twice)
     chunks: tuple[int, ...] = ()
+    #: the participants carried different histories: nothing committed, every participant rolled back
+    diverged: bool = False
+    #: (``diverged``) this worker's history lost: it is to fall one step behind and recover from a peer
+    behind: bool = False
 
 
 class ElasticRounds:
@@ -91,6 +98,10 @@ class ElasticRounds:
         self.steps_total = 0
         #: committed rounds that trained at least one sample
         self.rounds = 0
+        #: the id of the job's history this worker's state belongs to (:mod:`~lightning_hetero.elastic.history`)
+        self.history = 0
+        #: this worker's random tag (in every message; part of the next history id)
+        self.tag = new_tag()
 
     @property
     def held(self) -> list[int]:
@@ -143,15 +154,18 @@ class ElasticRounds:
         trained[self.trained] = 1.0
         held = torch.zeros(num_chunks, dtype=dtype)
         held[self.held] = 1.0
-        slots = torch.zeros(2 * participants, dtype=dtype)
+        slots = torch.zeros((2 + 2 * ID_SLOTS) * participants, dtype=dtype)
         slots[rank] = self.meter.value or 0.0
         slots[participants + rank] = float(len(self.held))
+        ids = 2 * participants + 2 * ID_SLOTS * rank
+        slots[ids : ids + 2 * ID_SLOTS] = torch.tensor(to_slots(self.history) + to_slots(self.tag), dtype=dtype)
         counts = torch.tensor([n, weight, float(len(self.trained))], dtype=dtype)
         return torch.cat([*parts, counts, trained, held, slots])
 
     def commit(self, summed: Tensor, flat: Tensor, buffers: Tensor | None, rank: int, participants: int) -> RoundResult:
         """Apply a committed round's summed messages: the outer step, the parameters (and buffers) every worker
-        continues from, the ledger, and this worker's chunks for the next round."""
+        continues from, the ledger, and this worker's chunks for the next round. Participants with different
+        history ids commit nothing: each rolls back (:meth:`rollback`) and the result says whether it lost."""
         numel, buffer_numel, num_chunks = (
             flat.numel(),
             0 if buffers is None else buffers.numel(),
@@ -161,6 +175,13 @@ class ElasticRounds:
         samples, weight, steps = round(float(tail[0])), float(tail[1]), round(float(tail[2]))
         trained, held = tail[3 : 3 + num_chunks], tail[3 + num_chunks : 3 + 2 * num_chunks]
         slots = tail[3 + 2 * num_chunks :].tolist()
+        rates, held_counts = slots[:participants], slots[participants : 2 * participants]
+        ids = slots[2 * participants :]
+        histories = [from_slots(ids[2 * ID_SLOTS * r : 2 * ID_SLOTS * r + ID_SLOTS]) for r in range(participants)]
+        if len(set(histories)) > 1:
+            self.rollback(flat)
+            behind = self.history != winner(histories)
+            return RoundResult(0, participants, False, 0, diverged=True, behind=behind)
         anchor = self.outer.anchor
         assert anchor is not None
         if samples > 0:
@@ -174,15 +195,17 @@ class ElasticRounds:
         chunks = tuple(chunk for chunk, n in enumerate(counted.tolist()) for _ in range(n))
         duplicates = self.ledger.commit(trained)
         self._end_round()
+        # the id of the history this commit continues: everything summed but the rates (integers, equal everywhere)
+        self.history = next_history(torch.cat([tail[: 3 + 2 * num_chunks], tail[3 + 2 * num_chunks + participants :]]))
         epoch_done = self.ledger.complete
         if epoch_done:
             self.ledger.next_epoch()
             self.queue.clear()
             self.taken.clear()
             held = torch.zeros_like(held)
-            slots[participants:] = [0.0] * participants
-        quotas = round_quotas(slots[:participants], self.steps_per_round)
-        shares = assign(self.ledger.free(held), quotas, [round(h) for h in slots[participants:]])
+            held_counts = [0.0] * participants
+        quotas = round_quotas(rates, self.steps_per_round)
+        shares = assign(self.ledger.free(held), quotas, [round(h) for h in held_counts])
         self.queue.extend(shares[rank])
         self.quota = quotas[rank]
         return RoundResult(samples, participants, epoch_done, duplicates, chunks)
@@ -208,6 +231,7 @@ class ElasticRounds:
             "outer_optimizer": self.outer.state_dict(),
             "steps_total": self.steps_total,
             "rounds": self.rounds,
+            "history": self.history,
         }
 
     def load_state_dict(self, state: dict[str, Any], flat: Tensor | None = None) -> None:
@@ -219,6 +243,7 @@ class ElasticRounds:
         self.outer.load_state_dict(state["outer_optimizer"])
         self.steps_total = int(state["steps_total"])
         self.rounds = int(state["rounds"])
+        self.history = int(state.get("history", 0))  # a checkpoint from before history ids: the job's first
         self._dropped.update(self.taken)
         self.taken.clear()
         self.queue.clear()

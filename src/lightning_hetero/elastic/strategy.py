@@ -133,11 +133,12 @@ class ElasticLocalSGDStrategy(SingleDeviceStrategy):
         self.rounds: ElasticRounds | None = None
         self.membership: Membership | None = None
         #: what the worker saw: ``joined_s`` (start to first round end), ``recovered`` (state fetched from a peer),
-        #: ``failed_rounds``, ``duplicates``, ``round_ends`` and ``round_end_s`` (their count and total seconds: the
+        #: ``failed_rounds``, ``diverged_rounds`` (refused: two histories met), ``duplicates``, ``round_ends`` and ``round_end_s`` (their count and total seconds: the
         #: quorum, the all-reduce and the commit vote, waiting for the others included)
         self.report: dict[str, Any] = {
             "recovered": False,
             "failed_rounds": 0,
+            "diverged_rounds": 0,
             "duplicates": 0,
             "round_ends": 0,
             "round_end_s": 0.0,
@@ -304,6 +305,16 @@ class ElasticLocalSGDStrategy(SingleDeviceStrategy):
             return
         parent = digest(rounds.outer.anchor) if self.on_commit is not None else ""
         result = rounds.commit(summed, flat, flat_buffers, rank, participants)
+        if result.diverged:  # two histories met: nothing committed (torchft's step, a no-op); the losers recover
+            self.report["diverged_rounds"] += 1
+            if self.on_commit is not None:
+                self.on_commit(CommitRecord(rounds.ledger.epoch, self.membership.step, (), (), parent, parent))
+            if result.behind:
+                self.membership.fall_behind()
+            self._set_flat(flat, flat_buffers)
+            if retry:
+                self._round_end(retry=False)
+            return
         self.report["duplicates"] += result.duplicates
         if self.on_commit is not None:
             epoch = rounds.ledger.epoch - int(result.epoch_done)
