@@ -14,7 +14,11 @@ step) and ``resnet20`` (issue 17's: CIFAR ResNet-20 on generated images, global 
 ``--sweep`` HeteroBatch's batch-weighted DDP also runs at fixed splits (``static``): splits proportional to the
 standalone throughputs raised to 0.75, 1, 1.5 and 3, the slowest container at one sample, and the split the controller
 ended at (run right after it: whether a shortfall is the controller's choice or the host's load changing between
-runs), so the controller is compared with the best static split under the same real quotas. With ``--concurrent-ideal`` the standalone runs of
+runs), so the controller is compared with the best static split under the same real quotas. With ``--paired N``
+the controller and the sweep's best static split then run alternately N times each (the order flipped every pair),
+and the summary gives the median of the per-pair ratios: side by side, so the host's load drifting between the
+one-minute runs weighs on both arms alike. The row of each HeteroBatch run counts its split changes after the
+warm-up epoch (``changes_after_warmup``). With ``--concurrent-ideal`` the standalone runs of
 a level are also measured all at once, one per container under the level's quotas: the ideal as the host delivers
 it while every container computes (on a 2-core host shared with other jobs a container alone runs faster than
 beside the others).
@@ -27,6 +31,8 @@ Usage:
     python benchmarks/bench_docker.py            # 2 containers, HL2, HL4 and the schedule, 4 methods
     python benchmarks/bench_docker.py --quick    # 2 containers, HL4 only, DDP and HeteroBatch, 3 epochs
     python benchmarks/bench_docker.py --quick --model resnet20 --sweep --concurrent-ideal --repeats 3
+    python benchmarks/bench_docker.py --model resnet20 --levels HL4 --methods hetero --no-schedule --epochs 3 \\
+        --sweep --paired 2   # the controller against the best static split, side by side
     python benchmarks/bench_docker.py --workers 2 4
     python benchmarks/bench_docker.py --plot-only benchmarks/results/docker.json benchmarks/results/docker_4w.json
 
@@ -255,16 +261,17 @@ def run_workers(workers: int, args: argparse.Namespace, run_dir: Path) -> tuple[
                 if args.concurrent_ideal and not dynamic:
                     concurrent = cluster.concurrent_standalone(level, args.epochs, str(repeat))
                     print(f"{level} concurrent standalone: {' + '.join(f'{x:.0f}' for x in concurrent)} samples/s")
-                runs: list[tuple[str, list[int] | None]] = [(method, None) for method in args.methods]
+                runs: list[tuple[str, list[int] | None, int | None]] = [(m, None, None) for m in args.methods]
                 if args.sweep and not dynamic:
                     speeds = [ideal_at[q] for q in cluster.levels[level]]
-                    runs += [("static", split) for split in static_splits(speeds, global_batch)]
+                    runs += [("static", split, None) for split in static_splits(speeds, global_batch)]
+                paired = not (args.sweep and args.paired and not dynamic)  # True once the pairs are queued
                 while runs:
-                    method, split = runs.pop(0)
+                    method, split, pair = runs.pop(0)
                     if not dynamic:
                         cluster.apply(level)
                     label = method if split is None else f"static-{'-'.join(map(str, split))}"
-                    run = f"{workers}w-{level.replace('->', '-')}-{label}-{repeat}"
+                    run = f"{workers}w-{level.replace('->', '-')}-{label}-{repeat}-{len(rows)}"
                     result = cluster.train(run, "hetero" if split else method, args.epochs, dynamic, split)
                     measured = timed_throughput(result["reports"])
                     if dynamic:
@@ -280,6 +287,7 @@ def run_workers(workers: int, args: argparse.Namespace, run_dir: Path) -> tuple[
                         "method": method,
                         "split": split,
                         "repeat": repeat,
+                        "pair": pair,
                         "throughput": measured["throughput"],
                         "per_epoch": measured["per_epoch"],
                         "ideal": ideal,
@@ -287,6 +295,7 @@ def run_workers(workers: int, args: argparse.Namespace, run_dir: Path) -> tuple[
                         "concurrent_ideal": None if concurrent is None else sum(concurrent),
                         "of_concurrent_ideal": None if concurrent is None else measured["throughput"] / sum(concurrent),
                         "hetero": result["reports"][0].get("hetero"),
+                        "changes_after_warmup": changes_after_warmup(result["reports"][0].get("hetero")),
                         "final_split": result["reports"][0]["final_split"],
                         "val_acc": result["reports"][0]["epochs"][-1].get("val_acc"),
                         "throttling": result["throttling"],
@@ -295,11 +304,73 @@ def run_workers(workers: int, args: argparse.Namespace, run_dir: Path) -> tuple[
                     }
                     rows.append(row)
                     print(format_row(row), flush=True)
-                    if args.sweep and method == "hetero" and split is None and not dynamic:
-                        runs.insert(0, ("static", list(row["final_split"])))  # the controller's split, right after
+                    if args.sweep and method == "hetero" and split is None and pair is None and not dynamic:
+                        runs.insert(0, ("static", list(row["final_split"]), None))  # its split, right after
+                    if not runs and not paired:
+                        paired, best = True, best_static_split(rows, workers, level, repeat)
+                        runs += paired_runs(best, args.paired)
     finally:
         cluster.remove()
     return rows, {f"{quota:g}": throughput for quota, throughput in ideal_at.items()}
+
+
+def changes_after_warmup(hetero: dict[str, Any] | None, warmup_epochs: int = 1) -> int | None:
+    """How many split changes HeteroBatch made after the untimed warm-up epoch(s) (``None`` without HeteroBatch).
+
+    Example::
+
+        >>> changes_after_warmup({"history": [{"epoch": 0}, {"epoch": 0}, {"epoch": 2}]})
+        1
+    """
+    if hetero is None:
+        return None
+    return sum(1 for change in hetero["history"] if change["epoch"] >= warmup_epochs)
+
+
+def best_static_split(rows: list[dict[str, Any]], workers: int, level: str, repeat: int) -> list[int]:
+    """The fixed split with the highest throughput among one repeat's static runs of a level (the sweep's best)."""
+    statics = [
+        r for r in rows if (r["workers"], r["level"], r["repeat"], r["method"]) == (workers, level, repeat, "static")
+    ]
+    return list(max(statics, key=lambda r: r["throughput"])["split"])
+
+
+def paired_runs(best: list[int], pairs: int) -> list[tuple[str, list[int] | None, int]]:
+    """The controller and the best static split, alternating ``pairs`` times; the order flips each pair so that a
+    load drifting during the pairs does not favour one arm.
+
+    Example::
+
+        >>> paired_runs([105, 23], 2)
+        [('hetero', None, 0), ('static', [105, 23], 0), ('static', [105, 23], 1), ('hetero', None, 1)]
+    """
+    runs: list[tuple[str, list[int] | None, int]] = []
+    for pair in range(pairs):
+        arms: list[tuple[str, list[int] | None, int]] = [("hetero", None, pair), ("static", list(best), pair)]
+        runs += arms if pair % 2 == 0 else arms[::-1]
+    return runs
+
+
+def paired_ratios(rows: list[dict[str, Any]]) -> dict[tuple[int, str], list[float]]:
+    """Per (workers, level): the controller's throughput over the static split's, one ratio per pair and repeat.
+
+    Example::
+
+        >>> rows = [{"workers": 2, "level": "HL4", "repeat": 0, "pair": 0, "method": m, "throughput": t}
+        ...         for m, t in (("hetero", 90.0), ("static", 100.0))]
+        >>> paired_ratios(rows)
+        {(2, 'HL4'): [0.9]}
+    """
+    arms: dict[tuple, dict[str, float]] = {}
+    for row in rows:
+        if row.get("pair") is not None:
+            key = (row["workers"], row["level"], row["repeat"], row["pair"])
+            arms.setdefault(key, {})[row["method"]] = row["throughput"]
+    ratios: dict[tuple[int, str], list[float]] = {}
+    for (workers, level, _, _), pair in arms.items():
+        if {"hetero", "static"} <= pair.keys():
+            ratios.setdefault((workers, level), []).append(pair["hetero"] / pair["static"])
+    return ratios
 
 
 def format_row(row: dict[str, Any]) -> str:
@@ -338,6 +409,12 @@ def summarise(rows: list[dict[str, Any]]) -> list[str]:
         lines.append(
             f"{workers:>2} {level:<9} {name:<18} median {median:>6.0f} samples/s "
             f"({median / ideal:.2f} of ideal, {vs_ddp:.2f}x DDP{extra}, {len(group)} run(s))"
+        )
+    for (workers, level), ratios in paired_ratios(rows).items():
+        listed = ", ".join(f"{r:.3f}" for r in ratios)
+        lines.append(
+            f"{workers:>2} {level:<9} paired HeteroBatch / best static split: median {statistics.median(ratios):.3f} "
+            f"({listed})"
         )
     return lines
 
@@ -404,6 +481,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--model", choices=sorted(MODELS), default="mlp", help="the workload (see above)")
     parser.add_argument("--sweep", action="store_true", help="also run fixed splits (static levels only)")
+    parser.add_argument(
+        "--paired",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --sweep: then run the controller and the sweep's best static split alternately N times each",
+    )
     parser.add_argument(
         "--concurrent-ideal", action="store_true", help="also measure the standalone runs all at once, per level"
     )

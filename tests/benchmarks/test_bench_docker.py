@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import doctest
 import importlib.util
 import json
 import sys
@@ -48,3 +49,58 @@ def test_plot_only_writes_a_png_from_existing_json(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["bench_docker.py", "--plot-only", str(path)])
     bench.main()
     assert (tmp_path / "docker.png").stat().st_size > 0
+
+
+def test_docstring_examples_pass():
+    result = doctest.testmod(bench)
+    assert result.attempted >= 4 and result.failed == 0
+
+
+def _row(method, throughput, repeat=0, pair=None, split=None):
+    return {
+        "workers": 2,
+        "level": "HL4",
+        "repeat": repeat,
+        "pair": pair,
+        "method": method,
+        "split": split,
+        "throughput": throughput,
+    }
+
+
+def test_best_static_split_is_the_fastest_static_run_of_that_repeat():
+    rows = [
+        _row("hetero", 300.0),
+        _row("static", 210.0, split=[97, 31]),
+        _row("static", 260.0, split=[105, 23]),
+        _row("static", 280.0, repeat=1, split=[116, 12]),
+    ]
+    assert bench.best_static_split(rows, 2, "HL4", 0) == [105, 23]
+
+
+def test_paired_runs_alternate_the_order_and_pair_ratios_stay_within_their_pair():
+    runs = bench.paired_runs([105, 23], 3)
+    assert [m for m, _, _ in runs] == ["hetero", "static", "static", "hetero", "hetero", "static"]
+    assert [p for *_, p in runs] == [0, 0, 1, 1, 2, 2]
+    rows = [
+        _row("hetero", 200.0, pair=0),
+        _row("static", 250.0, pair=0, split=[105, 23]),
+        _row("static", 100.0, pair=1, split=[105, 23]),
+        _row("hetero", 110.0, pair=1),
+        _row("hetero", 400.0, repeat=1, pair=0),
+        _row("static", 400.0, repeat=1, pair=0, split=[105, 23]),
+        _row("static", 999.0, split=[105, 23]),
+        _row("hetero", 1.0, pair=2),
+    ]  # unpaired, incomplete: left out
+    assert bench.paired_ratios(rows) == {(2, "HL4"): pytest.approx([0.8, 1.1, 1.0])}
+    assert (
+        "paired HeteroBatch / best static split: median 1.000"
+        in bench.summarise([dict(r, ideal=500.0) for r in rows])[-1]
+    )
+
+
+def test_changes_after_warmup_counts_only_the_timed_epochs():
+    history = [{"epoch": 0, "to": [103, 25]}, {"epoch": 0, "to": [106, 22]}, {"epoch": 1, "to": [105, 23]}]
+    assert bench.changes_after_warmup({"history": history}) == 1
+    assert bench.changes_after_warmup({"history": history[:2]}) == 0
+    assert bench.changes_after_warmup(None) is None

@@ -20,7 +20,7 @@ class Trial:
     Example::
 
         >>> trial = Trial(before=(32, 32), before_s=0.128, before_steps=6)
-        >>> trial.counted(min_steps=3), Trial((32, 32), 0.128, before_steps=None).counted(min_steps=3)
+        >>> trial.judges(min_steps=3), Trial((32, 32), 0.128, before_steps=1).judges(min_steps=3)
         (True, False)
     """
 
@@ -30,10 +30,6 @@ class Trial:
     before_s: float | None
     #: how many steps ``before_s`` rests on (``None``: the caller gives no counts, taken as enough)
     before_steps: int | None
-
-    def counted(self, min_steps: int) -> bool:
-        """Whether the baseline was counted and rests on at least ``min_steps`` steps."""
-        return self.before_steps is not None and self.before_steps >= min_steps
 
     def judges(self, min_steps: int) -> bool:
         """Whether the baseline can judge the change (a baseline on fewer steps judges nothing)."""
@@ -102,9 +98,10 @@ class AdjustmentPolicy:
       measured speed changes (``speeds_changed``). Under a CPU quota the fitted costs keep pointing to a split
       that measures slower; without the memory the policy tried a neighbour of the rejected split at the next
       adjustment, and half the periods ran at a worse split.
-      Until then the split is held (a change takes effect a step or two after it is decided, so with short
-      periods the first measurement at it can rest on one step, and one throttled step must not undo it); a
-      baseline on fewer steps judges nothing.
+      Until then the split is held, also when the baseline rests on too few steps to judge the change (a change
+      takes effect a step or two after it is decided, so with short periods the first measurement at it can rest
+      on one step: one throttled step must neither undo it nor move the split on); a baseline on fewer steps
+      judges nothing.
     - **Explore**: a rank that sat at its lower bound for ``explore_after`` adjustments while its cost was known at a
       single batch size is offered one notch more, so its cost can be measured at a second size and it can leave
       the minimum when the minimum was a misfit (a trial like any other: rolled back if slower).
@@ -219,9 +216,10 @@ class AdjustmentPolicy:
         return Decision(proposed, gain, apply=apply, reason=reason)
 
     def _hold(self, trial: Trial, current: tuple[int, ...], sync_steps: int | None) -> Decision | None:
-        """Hold the split until the last change has been measured on as many steps as its baseline needed."""
-        enough = sync_steps is None or sync_steps >= self.min_sync_steps
-        if enough or not trial.counted(self.min_sync_steps):
+        """Hold the split until the last change has been measured on ``min_sync_steps`` steps: to judge it, and
+        before any new decision (also when a baseline on fewer steps cannot judge it: costs fitted on a step or two
+        at a new size moved a right split away under a quota)."""
+        if sync_steps is None or sync_steps >= self.min_sync_steps:
             return None
         self._trial = trial  # judge it once the new split has been measured on enough steps
         return Decision(current, 0.0, apply=False, reason="hold")
