@@ -5,6 +5,7 @@ from types import SimpleNamespace
 import torch
 
 from lightning_hetero.hetero_batch.shared_device import shared_device_warning, shared_devices, warn_shared_devices
+from lightning_hetero.measurement import BusyTimer
 
 
 def test_ranks_with_the_same_host_and_gpu_are_grouped_and_named_in_the_warning():
@@ -24,4 +25,4 @@ def test_off_cuda_nothing_is_gathered():
         raise AssertionError("gathered off CUDA")
 
     strategy = SimpleNamespace(world_size=4, global_rank=0, all_gather=refuse)
-    assert warn_shared_devices(strategy, torch.device("cpu")) is None
+    assert warn_shared_devices(strategy, torch.device("cpu"), BusyTimer()) is None

@@ -233,7 +233,7 @@ class HeteroBatchCallback(Callback):
         self._marks = ComputeEndMarks(self.timer, self.busy)
         if isinstance(self.busy.step_clock, HostClock):  # CUDA: events on the compute stream (see `step_clock`)
             self.busy.step_clock = step_clock_for(pl_module.device)
-        warn_shared_devices(strategy, pl_module.device)
+        warn_shared_devices(strategy, pl_module.device, self.busy)
         if isinstance(strategy, HeteroBatchStrategy):
             strategy.attach_hetero_batches(self._marks, lambda: self._share if own else 1 / self._world_size)
         elif isinstance(strategy.model, DistributedDataParallel):

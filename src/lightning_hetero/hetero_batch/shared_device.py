@@ -23,6 +23,9 @@ import socket
 import torch
 from lightning.pytorch.strategies import Strategy
 
+from lightning_hetero.hetero_batch.exchange import gather_rows
+from lightning_hetero.measurement import BusyTimer
+
 log = logging.getLogger(__name__)
 
 
@@ -73,13 +76,14 @@ def shared_device_warning(ids: list[str]) -> str | None:
     )
 
 
-def warn_shared_devices(strategy: Strategy, device: torch.device) -> str | None:
-    """Gather every rank's device id through ``strategy.all_gather``; rank 0 logs :func:`shared_device_warning`,
-    which every rank returns. Collective on CUDA (every rank calls it); elsewhere nothing is gathered."""
+def warn_shared_devices(strategy: Strategy, device: torch.device, busy: BusyTimer) -> str | None:
+    """Gather every rank's device id (:func:`~.exchange.gather_rows`, the time a wait of ``busy``); rank 0 logs
+    :func:`shared_device_warning`, which every rank returns. Collective on CUDA (every rank calls it); elsewhere
+    nothing is gathered."""
     if device.type != "cuda" or strategy.world_size < 2:
         return None
-    mine = torch.tensor([_key(device_id(device))], dtype=torch.int64, device=device)
-    warning = shared_device_warning([str(key) if key else "" for key in strategy.all_gather(mine).reshape(-1).tolist()])
+    keys = gather_rows(strategy, torch.tensor([_key(device_id(device))], dtype=torch.int64), busy).reshape(-1)
+    warning = shared_device_warning([str(key) if key else "" for key in keys.tolist()])
     if warning and strategy.global_rank == 0:
         log.warning(warning)
     return warning
