@@ -530,6 +530,9 @@ def main() -> None:
         "epochs": args.epochs,
         "levels": {str(n): LEVELS[n] for n in args.workers},
         "schedule": SCHEDULE,
+        "hetero_settings": "HeteroBatchCallback() with every setting at its default (adjustments at epoch ends); "
+        "static splits: initial_batch_sizes only, adjustment off",
+        "load_average": os.getloadavg(),
     }
     result = {"conditions": conditions, "standalone_samples_per_s": standalone, "rows": rows, "summary": lines}
     args.out.write_text(json.dumps(result, indent=1))
