@@ -9,9 +9,10 @@ assumed: each distinct quota trains alone in one container (``--standalone``), a
 throughput is the sum of its containers' standalone throughputs (per epoch, for the schedule). CFS statistics
 (periods throttled, time throttled) are read from each container's own cgroup before and after each run.
 
-Workloads (``--model``): ``mlp`` (the default: a 1 M-parameter perceptron, cheap per sample, 4 MB of gradients per
-step) and ``resnet20`` (issue 17's: CIFAR ResNet-20 on generated images, global batch 128, compute-bound). With
-``--sweep`` HeteroBatch's batch-weighted DDP also runs at fixed splits (``static``): splits proportional to the
+HeteroBatch runs as a user gets it, ``HeteroBatchCallback()`` with every setting at its default (so the split
+changes at epoch ends). Workloads (``--model``): ``mlp`` (the default: a 1 M-parameter perceptron, cheap per
+sample, 4 MB of gradients per step) and ``resnet20`` (issue 17's: CIFAR ResNet-20 on generated images, global batch
+128, compute-bound). With ``--sweep`` HeteroBatch's batch-weighted DDP also runs at fixed splits (``static``): splits proportional to the
 standalone throughputs raised to 0.75, 1, 1.5 and 3, the slowest container at one sample, and the split the controller
 ended at (run right after it: whether a shortfall is the controller's choice or the host's load changing between
 runs), so the controller is compared with the best static split under the same real quotas. With ``--paired N``
