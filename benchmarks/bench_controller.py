@@ -214,7 +214,8 @@ def change_record(change: dict) -> tuple:
 
     Example::
 
-        >>> change_record({"step": 16, "to": (46, 18), "reason": "balance", "changed": [True, False], "sync_step_s": 0.061})
+        >>> change = {"step": 16, "to": (46, 18), "reason": "balance", "changed": [True, False], "sync_step_s": 0.061}
+        >>> change_record(change)
         (16, [46, 18], 'balance', True, 0.061)
     """
     return change["step"], list(change["to"]), change["reason"], any(change["changed"]), change["sync_step_s"]
