@@ -179,7 +179,7 @@ def static_scenario(
                 "paired_ratios": plain_ratios,
                 "split_changes": statistics.median(len(r["history"]) for r in plain),
                 "final_splits": [list(splits_per_step(r)[-1]) for r in plain],
-                "changes": [[(h["step"], list(h["to"]), h["reason"]) for h in r["history"]] for r in plain],
+                "changes": [[change_record(h) for h in r["history"]] for r in plain],
             }
         row |= {
             "paired_repeats": args.paired,
@@ -204,8 +204,21 @@ def static_scenario(
         "late_changes": [sum(h["step"] >= args.steps // 2 for h in r["history"]) for r in hetero],
         "worst_inversion": max(worst_inversion(splits_per_step(r), factors) for r in hetero),
         "final_splits": [list(splits_per_step(r)[-1]) for r in hetero],
-        "changes": [[(h["step"], list(h["to"]), h["reason"]) for h in r["history"]] for r in hetero],
+        # each change: step, split, reason, whether a rank's measured speed had changed, the synchronous step before
+        "changes": [[change_record(h) for h in r["history"]] for r in hetero],
     }
+
+
+def change_record(change: dict) -> tuple:
+    """One split change as the JSON keeps it: why it was made, and on what evidence.
+
+    Example::
+
+        >>> change = {"step": 16, "to": (46, 18), "reason": "balance", "changed": [True, False], "sync_step_s": 0.061}
+        >>> change_record(change)
+        (16, [46, 18], 'balance', True, 0.061)
+    """
+    return change["step"], list(change["to"]), change["reason"], any(change["changed"]), change["sync_step_s"]
 
 
 def flip_scenario(name: str, factors: list[float], throttle: str, args: argparse.Namespace) -> dict:

@@ -9,19 +9,19 @@ assumed: each distinct quota trains alone in one container (``--standalone``), a
 throughput is the sum of its containers' standalone throughputs (per epoch, for the schedule). CFS statistics
 (periods throttled, time throttled) are read from each container's own cgroup before and after each run.
 
-Workloads (``--model``): ``mlp`` (the default: a 1 M-parameter perceptron, cheap per sample, 4 MB of gradients per
-step) and ``resnet20`` (issue 17's: CIFAR ResNet-20 on generated images, global batch 128, compute-bound). With
-``--sweep`` HeteroBatch's batch-weighted DDP also runs at fixed splits (``static``): splits proportional to the
-standalone throughputs raised to 0.75, 1, 1.5 and 3, the slowest container at one sample, and the split the controller
-ended at (run right after it: whether a shortfall is the controller's choice or the host's load changing between
-runs), so the controller is compared with the best static split under the same real quotas. With ``--paired N``
-the controller and the sweep's best static split then run alternately N times each (the order flipped every pair),
-and the summary gives the median of the per-pair ratios: side by side, so the host's load drifting between the
-one-minute runs weighs on both arms alike. The row of each HeteroBatch run counts its split changes after the
-warm-up epoch (``changes_after_warmup``). With ``--concurrent-ideal`` the standalone runs of
-a level are also measured all at once, one per container under the level's quotas: the ideal as the host delivers
-it while every container computes (on a 2-core host shared with other jobs a container alone runs faster than
-beside the others).
+HeteroBatch runs as a user gets it, ``HeteroBatchCallback()`` with every setting at its default (so the split changes
+at epoch ends). Workloads (``--model``): ``mlp`` (the default: a 1 M-parameter perceptron, cheap per sample, 4 MB of
+gradients per step) and ``resnet20`` (issue 17's: CIFAR ResNet-20 on generated images, global batch 128,
+compute-bound). With ``--sweep`` HeteroBatch's batch-weighted DDP also runs at fixed splits (``static``): splits
+proportional to the standalone throughputs raised to 0.75, 1, 1.5 and 3, the slowest container at one sample, and the
+split the controller ended at (run right after it: whether a shortfall is the controller's choice or the host's load
+changing between runs), so the controller is compared with the best static split under the same real quotas. With
+``--paired N`` the controller and the sweep's best static split then run alternately N times each (the order flipped
+every pair), and the summary gives the median of the per-pair ratios: side by side, so the host's load drifting
+between the one-minute runs weighs on both arms alike. The row of each HeteroBatch run counts its split changes after
+the warm-up epoch (``changes_after_warmup``). With ``--concurrent-ideal`` the standalone runs of a level are also
+measured all at once, one per container under the level's quotas: the ideal as the host delivers it while every
+container computes (on a 2-core host shared with other jobs a container alone runs faster than beside the others).
 
 Epoch 0 is an untimed warm-up. Throughput = training samples / training time over the timed epochs, where an
 epoch's time runs from the earliest rank's start to the latest rank's last batch (the containers share the host's
@@ -530,6 +530,9 @@ def main() -> None:
         "epochs": args.epochs,
         "levels": {str(n): LEVELS[n] for n in args.workers},
         "schedule": SCHEDULE,
+        "hetero_settings": "HeteroBatchCallback() with every setting at its default (adjustments at epoch ends); "
+        "static splits: initial_batch_sizes only, adjustment off",
+        "load_average": os.getloadavg(),
     }
     result = {"conditions": conditions, "standalone_samples_per_s": standalone, "rows": rows, "summary": lines}
     args.out.write_text(json.dumps(result, indent=1))

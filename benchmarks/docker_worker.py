@@ -6,7 +6,8 @@ from the environment ``lightning-hetero cluster up`` sets (MASTER_ADDR, MASTER_P
 ``--standalone`` the process trains alone, for the ideal throughput at its container's quota. Each rank writes
 ``OUT/report-rank{k}.json``: per-epoch training windows (validation excluded) and what the method's callback recorded
 (for HeteroBatch: the history of split changes, every rank's fitted cost and measured busy time, the synchronous
-step and the CPU quota the rank read from its cgroup). ``--split a,b`` runs HeteroBatch's batch-weighted DDP at a
+step and the CPU quota the rank read from its cgroup). HeteroBatch runs with every setting at its default
+(``HeteroBatchCallback()``: adjustments at epoch ends). ``--split a,b`` runs HeteroBatch's batch-weighted DDP at a
 fixed split (no adjustment), for a sweep of static splits.
 """
 
@@ -124,12 +125,11 @@ def train(args: argparse.Namespace) -> None:
         strategy = DDPStrategy(process_group_backend="gloo", timeout=timeout)
     elif args.method == "hetero":
         strategy = DDPStrategy(process_group_backend="gloo", timeout=timeout)
-        split = None if args.split is None else [int(b) for b in args.split.split(",")]
-        hetero = HeteroBatchCallback(
-            adjust_every_n_steps=args.adjust_every, warmup_steps=2, verbose=False, initial_batch_sizes=split
-        )
-        if split is not None:
-            hetero._adjust = lambda *_, **__: None  # a fixed split: the callback only splits and weights
+        if args.split is None:
+            hetero = HeteroBatchCallback()  # the controller as a user gets it: every setting at its default
+        else:  # a fixed split: the callback only splits and weights
+            hetero = HeteroBatchCallback(initial_batch_sizes=[int(b) for b in args.split.split(",")])
+            hetero._adjust = lambda *_, **__: None
         callbacks.append(hetero)
     elif args.method == "asp":
         strategy = AsyncPSStrategy(mode="asp", fault_timeout_s=args.comm_timeout_s)
@@ -190,7 +190,6 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--lr", type=float, default=0.02)
     parser.add_argument("--momentum", type=float, default=0.9)
-    parser.add_argument("--adjust-every", type=int, default=4, help="HeteroBatch: adjust every n steps")
     parser.add_argument("--hybrid-schedule", default="bsp:0-1,asp:2-", help="hybrid: SyncSwitchCallback's schedule")
     parser.add_argument("--comm-timeout-s", type=float, default=300.0)
     parser.add_argument("--seed", type=int, default=0)

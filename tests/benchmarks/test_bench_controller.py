@@ -56,3 +56,12 @@ def test_equal_ranks_rotate_three_arms_and_report_the_ddp_noise_floor(monkeypatc
     assert row["ratio_to_ddp"] == pytest.approx(0.99)
     assert row["ddp_control_ratio"] == pytest.approx(1.005)
     assert row["split_changes"] == [1, 0, 0]
+
+
+def test_a_change_is_recorded_with_whether_a_speed_had_changed_and_the_step_it_was_judged_on():
+    history = [
+        {"step": 8, "to": (51, 13), "reason": "balance", "changed": [False, False], "sync_step_s": 0.12},
+        {"step": 16, "to": (46, 18), "reason": "balance", "changed": [True, False], "sync_step_s": 0.07},
+    ]
+    records = [bench.change_record(h) for h in history]
+    assert records == [(8, [51, 13], "balance", False, 0.12), (16, [46, 18], "balance", True, 0.07)]
