@@ -194,6 +194,8 @@ def test_a_rank_stops_claiming_only_when_slower_than_the_fastest_and_only_near_t
         assert not stops
     if stops:  # its share of the work left is under the batches it would then hold
         assert share * (left + (held + 1.5 * (world - 1)) * 32) < (held + 1) * 32
+    if share < lead and share * left >= (held + 1) * 32:  # its share of the pool alone holds another batch
+        assert not stops
 
 
 @given(

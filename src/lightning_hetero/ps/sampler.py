@@ -63,10 +63,11 @@ def tail_claim(claim_chunks: int, samples_left: int, chunk_size: int, world_size
 
 def stops_claiming(held: int, samples_left: int, chunk_size: int, world_size: int, share: float, lead: float) -> bool:
     """Whether a rank that is not the fastest stops claiming near the epoch's end: one more chunk would end its part
-    of the epoch more than half a step of the fastest rank after all ranks together would drain what is left (the
-    ``held`` batches it has yet to train, about one and a half batches held by each other rank: the one in training
-    and the one the loader fetched ahead, and ``samples_left``). The faster ranks train the rest; the fastest never
-    stops, so the epoch still covers every sample.
+    of the epoch more than half a step of the fastest rank after all ranks together would drain what is left. That
+    is ``samples_left``, the ``held`` batches this rank has yet to train, one and a half batches of each other rank
+    (the one in training, the one its loader fetched ahead) and what the others claimed and hold, counted as half of
+    their share of ``samples_left`` (a claim takes at most that, :func:`tail_claim`). The faster ranks train the
+    rest; the fastest never stops, so the epoch still covers every sample.
 
     Args:
         held: batches this rank holds and has not started (the loader's batch fetched ahead).
@@ -85,7 +86,7 @@ def stops_claiming(held: int, samples_left: int, chunk_size: int, world_size: in
     """
     if share >= lead:
         return False
-    work = samples_left + (held + 1.5 * (world_size - 1)) * chunk_size
+    work = samples_left * (1 + (1 - share) / 2) + (held + 1.5 * (world_size - 1)) * chunk_size
     return held + 1 > share * work / chunk_size + share / (2 * lead)
 
 
