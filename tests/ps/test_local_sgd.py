@@ -184,7 +184,7 @@ def test_measured_rates_make_the_fast_rank_take_more_local_steps():
         r._round_start = 0.0
     assert steps_until_done(0, 0.01) == 8  # 80 ms of 10 ms steps: the planned 8
     clock.now = 0.0
-    assert steps_until_done(1, 0.03) == 3  # the slow rank got faster than measured: 3 steps end at 90 ms, not 2
+    assert steps_until_done(1, 0.026) == 3  # the slow rank got faster than measured: 3 steps end at 78 ms, not 2
 
 
 def test_a_rank_stops_at_the_step_that_ends_closest_to_the_deadline():
@@ -199,6 +199,28 @@ def test_a_rank_stops_at_the_step_that_ends_closest_to_the_deadline():
         done.append(rounds.record_step(10, 0.04))
     # 80 ms + half a 40 ms step = 100 ms: the second step ends it (a third would end 20 ms late, not 20 ms early)
     assert done == [False, True, True]
+
+
+def test_a_slower_rank_stops_at_its_last_step_that_ends_before_the_fastest_ranks_half_step_past_the_deadline():
+    clock = FakeClock()
+    ranks = make_ranks(2, budget=RoundBudget(seconds=0.1), clock=clock)
+    for r in ranks:
+        r.rates = [1000.0, 250.0]  # steps of 10 and 40 ms for batches of 10
+        r.begin(torch.zeros(1), batch_size=10)
+
+    def steps_until_done(rank, step_s):
+        clock.now = ranks[rank]._round_start = 0.0
+        for step in range(1, 100):
+            clock.now += step_s
+            if ranks[rank].record_step(10, step_s):
+                return step
+        raise AssertionError("never done")
+
+    assert steps_until_done(0, 0.01) == 10  # the fastest rank ends at the deadline (100 ms)
+    # 36 ms steps: a third would end at 108 ms, nearer the deadline than 72 ms but 8 ms past it, where the fastest
+    # rank's last step ends at most 5 ms past it: the others would wait for it
+    assert steps_until_done(1, 0.036) == 2
+    assert steps_until_done(1, 0.034) == 3  # a third ends at 102 ms: within half a step of the fastest rank
 
 
 @pytest.mark.parametrize(("lefts", "to_epoch_end"), [([151, 400], False), ([149, 400], True), ([None, None], False)])

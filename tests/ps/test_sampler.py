@@ -1,3 +1,4 @@
+import heapq
 import itertools
 import random
 
@@ -5,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lightning_hetero.ps.sampler import ClaimSampler, epoch_order, round_robin_chunks, tail_claim
+from lightning_hetero.ps.sampler import ClaimSampler, epoch_order, round_robin_chunks, stops_claiming, tail_claim
 
 
 class Counter:
@@ -119,6 +120,82 @@ def test_near_the_epochs_end_a_slow_rank_claims_by_its_share_of_the_speed():
     assert claims_of(None) == claims_of(0.25) == [8] * 5 + [7, 6, 5, 4, 4, 3, 3, 3, 2, 2, 2] + [1] * 16
     assert claims_of(0.1) == [4] * 5 + [3] * 6 + [2] * 10 + [1] * 39
     assert claims_of(1.0) == [8] * 11 + [4, 2, 1, 1, 1]  # a rank with all the speed keeps its round's claims longer
+
+
+@given(
+    num_samples=st.integers(1, 300),
+    chunk=st.integers(1, 9),
+    rates=st.lists(st.floats(0.1, 10.0), min_size=1, max_size=4),
+    seed=st.integers(0, 10_000),
+)
+def test_slower_ranks_that_stop_claiming_early_still_leave_the_epoch_covered_exactly_once(
+    num_samples, chunk, rates, seed
+):
+    counter = Counter()
+    world = len(rates)
+    samplers = [
+        ClaimSampler(num_samples, chunk, counter.claim, lambda: 0, lambda: True, k, world) for k in range(world)
+    ]
+    for k, sampler in enumerate(samplers):
+        sampler.claim_chunks = 3
+        sampler.claim_share, sampler.lead_share = rates[k] / sum(rates), max(rates) / sum(rates)
+
+    seen = drain_at_random_speeds(samplers, chunk, seed, on_batch=lambda rank, batch: samplers[rank].next_chunk())
+    assert sorted(i for indices in seen for i in indices) == list(range(num_samples))
+
+
+def drain_in_time(steps: list[float], chunks: int, lead: bool) -> list[float]:
+    """When each rank trains its last batch of a pool of ``chunks`` batches, the ranks' steps taking ``steps`` and
+    each fetching a batch ahead, as Lightning's loop does."""
+    counter = Counter()
+    shares = [(1 / s) / sum(1 / t for t in steps) for s in steps]
+    samplers = [
+        ClaimSampler(chunks * 4, 4, counter.claim, lambda: 0, lambda: True, k, len(steps)) for k in range(len(steps))
+    ]
+    for sampler, share in zip(samplers, shares, strict=True):
+        sampler.claim_chunks, sampler.claim_share, sampler.lead_share = 2, share, max(shares) if lead else None
+    iterators = [iter(sampler) for sampler in samplers]
+    held = [list(itertools.islice(it, 4)) for it in iterators]
+    events, finish = [(0.0, k) for k in range(len(steps))], [0.0] * len(steps)
+    while events:
+        now, k = heapq.heappop(events)
+        if not held[k]:
+            finish[k] = now
+            continue
+        held[k] = list(itertools.islice(iterators[k], 4))  # fetch batch n + 1, then train n
+        samplers[k].next_chunk()
+        heapq.heappush(events, (now + steps[k], k))
+    return finish
+
+
+@pytest.mark.parametrize("steps", [[3.3, 8.0, 13.0, 20.0], [1.0, 1.0, 2.0, 4.0], [1.0, 4.0]])
+def test_slower_ranks_stop_claiming_so_that_the_faster_ones_do_not_wait_for_them_at_the_epochs_end(steps):
+    def waits(lead):  # batches the ranks could have trained while waiting for the last one
+        finish = drain_in_time(steps, 64, lead)
+        return sum((max(finish) - end) / step for end, step in zip(finish, steps, strict=True))
+
+    # claiming until the pool is empty, a slow rank finishes its last batches up to two of its steps after the others
+    assert waits(lead=False) >= 6
+    assert waits(lead=True) <= 3 and waits(lead=True) < waits(lead=False) / 2
+
+
+@given(
+    held=st.integers(0, 3),
+    left=st.integers(0, 10_000),
+    world=st.integers(2, 8),
+    share=st.floats(0.01, 1.0),
+    lead=st.floats(0.01, 1.0),
+)
+def test_a_rank_stops_claiming_only_when_slower_than_the_fastest_and_only_near_the_pools_end(
+    held, left, world, share, lead
+):
+    stops = stops_claiming(held, left, 32, world, share, lead)
+    if share >= lead:
+        assert not stops
+    if stops:  # its share of the work left is under the batches it would then hold
+        assert share * (left + (held + 1.5 * (world - 1)) * 32) < (held + 1) * 32
+    if share < lead and share * left >= (held + 1) * 32:  # its share of the pool alone holds another batch
+        assert not stops
 
 
 @given(

@@ -171,6 +171,7 @@ class LocalRounds:
         self.steps_in_round = 0
         self.samples_in_round = 0
         self._round_start = 0.0
+        self._slack = 0.0  # half the fastest rank's step: how far past the deadline a rank's last step may end
 
     def begin(self, flat: Tensor, batch_size: int) -> None:
         """Start a round from ``flat`` (this rank's flat parameters, the same on every rank here)."""
@@ -193,6 +194,8 @@ class LocalRounds:
         self.plans.append(budgeted or plan)
         self.target_steps = (budgeted or plan)[self.rank]
         self.round_s = self._deadline() if budgeted is None else None
+        if self.round_s is not None:
+            self._slack = self.batch_size / max(self.rates) / 2  # type: ignore[type-var, operator]
         self.to_epoch_end = (
             self.round_s is not None
             and self.epoch_left is not None
@@ -226,8 +229,11 @@ class LocalRounds:
     def record_step(self, samples: int, step_s: float | None) -> bool:
         """Count one local step of ``samples`` that took ``step_s`` busy seconds (``None``: not measured); return
         whether this rank's share of the round is done: its ``target_steps`` taken, or, with a deadline
-        (:attr:`round_s`), another step of the round's mean length would end further past it than this one ends
-        before it. A round with a deadline that started with less than 1.5 rounds left in the epoch
+        (:attr:`round_s`), another step of the round's mean length would end more than half a step of the fastest
+        rank past it. The fastest rank then stops at the step that ends closest to the deadline and a slower one at
+        its last step that ends before that (its longer steps would keep the faster ranks waiting at the round's
+        end, which costs them more samples than a slow rank's early stop costs it: a rank's step is one batch
+        whatever its speed). A round with a deadline that started with less than 1.5 rounds left in the epoch
         (:attr:`to_epoch_end`, the same on every rank) is not done before the epoch's end: a short last round
         would cost a round-end all-reduce of its own.
 
@@ -239,6 +245,16 @@ class LocalRounds:
             >>> rounds.begin(torch.zeros(1), batch_size=30)
             >>> [rounds.record_step(30, 0.03) for _ in range(3)]  # 0.09 + 0.015 > 0.1: the third step ends it
             [False, False, True]
+
+        A rank with steps of 36 ms beside one with steps of 10 ms stops after two steps: a third would end at
+        0.108 s, nearer the deadline than 0.072 s but more than 5 ms past it::
+
+            >>> clock = iter([0.0, 0.036, 0.072]).__next__
+            >>> rounds = LocalRounds(RoundBudget(seconds=0.1), 1, 2, clock=clock)
+            >>> rounds.rates = [3600.0, 1000.0]
+            >>> rounds.begin(torch.zeros(1), batch_size=36)
+            >>> [rounds.record_step(36, 0.036) for _ in range(2)]
+            [False, True]
         """
         self.steps_in_round += 1
         self.samples_in_round += samples
@@ -252,7 +268,7 @@ class LocalRounds:
         if self.to_epoch_end:
             return False
         elapsed = self.clock() - self._round_start
-        return elapsed + elapsed / self.steps_in_round / 2 >= self.round_s
+        return elapsed + elapsed / self.steps_in_round - self._slack >= self.round_s
 
     def message(
         self, flat: Tensor, buffers: Tensor | None = None, done: bool = False, epoch_left: int | None = None

@@ -61,6 +61,35 @@ def tail_claim(claim_chunks: int, samples_left: int, chunk_size: int, world_size
     return max(1, min(claim_chunks, int(samples_left * share / (2 * chunk_size) + 1e-9)))
 
 
+def stops_claiming(held: int, samples_left: int, chunk_size: int, world_size: int, share: float, lead: float) -> bool:
+    """Whether a rank that is not the fastest stops claiming near the epoch's end: one more chunk would end its part
+    of the epoch more than half a step of the fastest rank after all ranks together would drain what is left. That
+    is ``samples_left``, the ``held`` batches this rank has yet to train, one and a half batches of each other rank
+    (the one in training, the one its loader fetched ahead) and what the others claimed and hold, counted as half of
+    their share of ``samples_left`` (a claim takes at most that, :func:`tail_claim`). The faster ranks train the
+    rest; the fastest never stops, so the epoch still covers every sample.
+
+    Args:
+        held: batches this rank holds and has not started (the loader's batch fetched ahead).
+        samples_left: samples of the pool nobody had claimed (as this rank last saw it).
+        chunk_size: samples per chunk.
+        world_size: ranks claiming from the pool.
+        share: this rank's share of the ranks' summed throughput, in (0, 1].
+        lead: the fastest rank's share.
+
+    Example: a rank with a tenth of the speed beside one with half of it, one batch held, 4 ranks::
+
+        >>> stops_claiming(1, 64 * 32, 32, 4, 0.1, 0.5), stops_claiming(1, 8 * 32, 32, 4, 0.1, 0.5)
+        (False, True)
+        >>> stops_claiming(1, 8 * 32, 32, 4, 0.5, 0.5)  # the fastest rank always claims
+        False
+    """
+    if share >= lead:
+        return False
+    work = samples_left * (1 + (1 - share) / 2) + (held + 1.5 * (world_size - 1)) * chunk_size
+    return held + 1 > share * work / chunk_size + share / (2 * lead)
+
+
 def round_robin_chunks(num_samples: int, chunk_size: int, rank: int, world_size: int) -> list[tuple[int, int]]:
     """``(start, stop)`` positions of the chunks rank ``rank`` gets in synchronous mode; equal counts on all ranks.
 
@@ -171,6 +200,10 @@ class ClaimSampler(Sampler[int]):
         #: asynchronous mode: this rank's share of the ranks' summed throughput, which sizes its claims near the epoch's
         #: end (local SGD sets it from the speeds exchanged at round ends); ``None``: ``1 / world_size``
         self.claim_share: float | None = None
+        #: asynchronous mode: the fastest rank's share of the ranks' summed throughput; with :attr:`claim_share` set, a
+        #: slower rank stops claiming near the epoch's end once another chunk would keep the others waiting
+        #: (:func:`stops_claiming`); ``None``: every rank claims until the pool is empty
+        self.lead_share: float | None = None
         #: asynchronous mode: the shared counter's position as this rank last saw it (its claims' end)
         self.pool_position = 0
         #: asynchronous mode: the end (a position) of the segment this rank claims from (the epoch's end without
@@ -224,7 +257,7 @@ class ClaimSampler(Sampler[int]):
                     if not reserved and self._closed_epoch == epoch:  # a stop: the claim's other batches are left
                         break
                     yield from self._chunk(order, position // self.chunk_size, own)
-                if not claims or self._closed_epoch == epoch:
+                if not claims or self._closed_epoch == epoch or self._stops(epoch, segment, pool):
                     break
                 reserved = False
                 count = tail_claim(
@@ -235,6 +268,21 @@ class ClaimSampler(Sampler[int]):
         if self.tail is not None:
             for chunk in self.tail(epoch, own):
                 yield from self._chunk(order, chunk, own)
+
+    def _stops(self, epoch: int, segment: int, pool: int) -> bool:
+        """Whether this rank stops claiming from ``segment`` (see :func:`stops_claiming`); near the decision it first
+        reads the counter's position (a claim of none), as its own view is as old as its last claim."""
+        share, lead = self.claim_share, self.lead_share
+        if share is None or lead is None or share >= lead:
+            return False
+        held, chunk, world = len(self.pending_chunks), self.chunk_size, self.world_size
+        if stops_claiming(held, self.samples_left, chunk, world, share, lead):
+            return True
+        others = self.samples_left - 2 * chunk * (1 / share - 1)  # what the others claim while it trains 2 chunks
+        if not stops_claiming(held, max(0, round(others)), chunk, world, share, lead):
+            return False  # far from the decision: no need to read the counter
+        self.pool_position = pool + self._claim(epoch, segment, 0)
+        return stops_claiming(held, self.samples_left, chunk, world, share, lead)
 
     def _claim(self, epoch: int, segment: int, count: int) -> int:
         """``count`` positions of ``segment``'s claims (segment 0 is the epoch's whole pool without validation

@@ -137,7 +137,7 @@ class LocalSGDEngine:
         ctx, _, gate = self._parts()
         self._round_open = False
         self._announced = False
-        self._set_claim_chunks(1, share=None)
+        self._set_claim_chunks(1, rates=None)
         optimizer = ctx.optimizer
         state = gate.broadcast(copy.deepcopy(optimizer.state_dict()) if ctx.rank == SERVER_RANK else None, SERVER_RANK)
         optimizer.load_state_dict(state)
@@ -161,7 +161,7 @@ class LocalSGDEngine:
             self.rounds.begin(ctx.flat.flat, self._loader_batch_size() or 1)
             self._round_open = True
             self._busy_timer.skip()
-            self._set_claim_chunks(self.rounds.claim_chunks, rate_share(self.rounds.rates, ctx.rank))
+            self._set_claim_chunks(self.rounds.claim_chunks, self.rounds.rates)
             self._report_due = True
 
     def optimizer_step(self, optimizer: Any, closure: Callable[[], Any], model: Any, **kwargs: Any) -> Any:
@@ -191,7 +191,7 @@ class LocalSGDEngine:
                 outcome = self._end_round(done=last)
                 while last and not outcome.all_done:
                     outcome = self._end_round(done=True)
-            self._set_claim_chunks(rounds.claim_chunks, rate_share(rounds.rates, ctx.rank))
+            self._set_claim_chunks(rounds.claim_chunks, rounds.rates)
             self._report_due = True
             if last:  # every rank is done with the epoch (segment): the next batch begins a round
                 self._busy_timer.skip()
@@ -221,14 +221,19 @@ class LocalSGDEngine:
                 offset += buffer.numel()
         return outcome
 
-    def _set_claim_chunks(self, chunks: int, share: float | None) -> None:
+    def _set_claim_chunks(self, chunks: int, rates: list[float | None] | None) -> None:
         """Claim this many batches at once from the epoch's pool (local SGD: a share of the round; other modes: 1),
-        near the epoch's end at most half of ``share`` (this rank's share of the ranks' speed; ``None``: equal
-        shares) of what is left (:func:`~lightning_hetero.ps.sampler.tail_claim`)."""
+        near the epoch's end at most half of this rank's share of the ranks' speed (``rates``; ``None`` or unknown:
+        equal shares) of what is left (:func:`~lightning_hetero.ps.sampler.tail_claim`), and a rank slower than the
+        fastest stops claiming once another batch would keep the others waiting
+        (:func:`~lightning_hetero.ps.sampler.stops_claiming`)."""
         ctx, _, _ = self._parts()
-        if ctx.claim_sampler is not None:
-            ctx.claim_sampler.claim_chunks = chunks
-            ctx.claim_sampler.claim_share = share
+        sampler = ctx.claim_sampler
+        if sampler is not None:
+            sampler.claim_chunks = chunks
+            sampler.claim_share = None if rates is None else rate_share(rates, ctx.rank)
+            shares = [] if rates is None else [rate_share(rates, rank) for rank in range(len(rates))]
+            sampler.lead_share = max(shares) if shares and None not in shares else None  # type: ignore[type-var]
 
     def _loader_batch_size(self) -> int | None:
         ctx, _, _ = self._parts()
