@@ -9,11 +9,13 @@ import collections
 import dataclasses
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +92,16 @@ class ElasticJob:
                 if proc.poll() is None:
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait()
+
+    def waiting(self) -> int:
+        """Workers waiting at the lighthouse for a round end's quorum (from its status page; the lighthouse's host
+        must be running)."""
+        with urllib.request.urlopen(f"{self.lighthouse}/status", timeout=5) as response:
+            status = response.read().decode()
+        found = re.search(r"\[(\d+)/\d+ participants healthy\]", status)
+        if found is None:
+            raise AssertionError(f"no participant count on the lighthouse's status page: {status[:300]!r}")
+        return int(found.group(1))
 
     def commits(self) -> list[dict[str, Any]]:
         """Every worker's committed rounds (a ``CommitRecord``'s fields, ``t``, ``since_start_s``, ``pid``)."""
