@@ -32,10 +32,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import random
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -202,6 +204,10 @@ def main() -> None:
     conditions = {
         "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, shared CPU host",
         "python": platform.python_version(),
+        "commit": subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        ).stdout.strip(),
+        "load_avg_at_start": os.getloadavg(),
         **{k: v for k, v in vars(args).items()},
         "speeds": SPEEDS,
         "defaults": "ElasticLocalSGDStrategy defaults (steps_per_round=16, mean weighting, plain-averaging outer "
@@ -248,7 +254,10 @@ def main() -> None:
         print(f"{kind:12} {row['samples_per_s']:10.1f} {row['throughput_ratio']:6.2f} {row['val_acc']:8.4f} "
               f"{row['accuracy_delta_points']:8.2f} {first:>14} {row['lost']:5d} {row['duplicated']:4d}")  # fmt: skip
     (RESULTS / (args.out or "elastic.json")).write_text(
-        json.dumps({"conditions": conditions, "summary": summary, "runs": runs}, indent=1)
+        json.dumps(
+            {"conditions": {**conditions, "load_avg_at_end": os.getloadavg()}, "summary": summary, "runs": runs},
+            indent=1,
+        )
     )
 
 

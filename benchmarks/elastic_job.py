@@ -9,11 +9,13 @@ import collections
 import dataclasses
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -48,10 +50,13 @@ class ElasticJob:
         #: when each process was started (``time.time()``), by pid
         self.started_at: dict[int, float] = {}
 
-    def start(self, name: str, *args: str, host: bool = False) -> subprocess.Popen:
-        """Start worker ``name`` (``host``: it starts the lighthouse) with ``args`` after the job's."""
+    def start(self, name: str, *args: str, host: bool = False, launcher: list[str] | None = None) -> subprocess.Popen:
+        """Start worker ``name`` (``host``: it starts the lighthouse) with ``args`` after the job's; ``launcher``
+        replaces ``[sys.executable]`` (e.g. ``docker run ... python``: the worker's and ``out``'s paths must be the
+        same inside, and its commit log then carries the container's pid: see ``name`` in :meth:`commits`)."""
         started_at = time.time()
-        command = [sys.executable, str(WORKER), str(self.out), "--lighthouse", self.lighthouse, "--name", name]
+        command = [*(launcher or [sys.executable]), str(WORKER), str(self.out), "--lighthouse", self.lighthouse]
+        command += ["--name", name]
         command += [*self.args, *args, "--started-at", repr(started_at)]
         if host:
             command.append("--start-lighthouse")
@@ -91,12 +96,24 @@ class ElasticJob:
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait()
 
+    def waiting(self) -> int:
+        """Workers waiting at the lighthouse for a round end's quorum (from its status page; the lighthouse's host
+        must be running)."""
+        with urllib.request.urlopen(f"{self.lighthouse}/status", timeout=5) as response:
+            status = response.read().decode()
+        found = re.search(r"\[(\d+)/\d+ participants healthy\]", status)
+        if found is None:
+            raise AssertionError(f"no participant count on the lighthouse's status page: {status[:300]!r}")
+        return int(found.group(1))
+
     def commits(self) -> list[dict[str, Any]]:
-        """Every worker's committed rounds (a ``CommitRecord``'s fields, ``t``, ``since_start_s``, ``pid``)."""
+        """Every worker's committed rounds (a ``CommitRecord``'s fields, ``t``, ``since_start_s``, ``pid``,
+        ``name``)."""
         rows = []
         for path in self.out.glob("commits-*.jsonl"):
-            pid = int(path.stem.rsplit("-", 1)[1])
-            rows += [{**json.loads(line), "pid": pid} for line in path.read_text().splitlines() if line.strip()]
+            name, pid = path.stem.removeprefix("commits-").rsplit("-", 1)
+            lines = [line for line in path.read_text().splitlines() if line.strip()]
+            rows += [{**json.loads(line), "pid": int(pid), "name": name} for line in lines]
         return sorted(rows, key=lambda row: row["t"])
 
     def history(self, pid: int | None = None) -> list[CommitRecord]:

@@ -8,6 +8,7 @@ seconds from the process's start to the end of its imports and of its first roun
 ``OUT_DIR/worker-<name>-<pid>.json`` (its report, validation accuracy, epochs, parameter checksum). A failure is
 written to ``OUT_DIR/error-<name>-<pid>.txt``. Speeds are emulated by a sleep per step (``--step-sleep-s``) or by
 real CPU work per step (``--spin-s``) under a CPU quota (``--cpu-quota``, ``SlowdownEmulator(throttle="cfs")``).
+With ``--hold-file`` the worker's training batches wait until that file exists (a test orders the workers' rounds).
 """
 
 import argparse
@@ -67,6 +68,18 @@ class StopFile(Callback):
             trainer.should_stop = True
 
 
+class HoldFile(Callback):
+    """Each training batch waits until ``path`` exists (so the worker stays out of round ends until a test lets it
+    go on; joining the job, before the first batch, is not held)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        while not self.path.exists():
+            time.sleep(0.02)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
@@ -91,6 +104,7 @@ def main() -> None:
     parser.add_argument("--ckpt-dir", default=None)
     parser.add_argument("--resume", default=None)
     parser.add_argument("--stop-file", default=None, help="holds an epoch count E: training stops after epoch E")
+    parser.add_argument("--hold-file", default=None, help="training batches wait until this file exists")
     args = parser.parse_args()
     started_at = args.started_at or time.time()
     imported_s = time.time() - started_at  # the imports above: most of a worker's start-up
@@ -139,6 +153,8 @@ def main() -> None:
         callbacks.append(SlowdownEmulator(factors={0: 1.0 / args.cpu_quota}, throttle="cfs"))
     if args.stop_file:
         callbacks.append(StopFile(args.stop_file))
+    if args.hold_file:
+        callbacks.append(HoldFile(args.hold_file))
     trainer = L.Trainer(
         accelerator="cpu",
         devices=1,

@@ -150,21 +150,42 @@ def _stop_after_next_epochs(job: ElasticJob, stop_file: Path, epochs: int) -> No
     stop_file.write_text(str(max(row["epoch"] for row in job.commits()) + epochs))
 
 
+def _wait_until(condition, what: str, timeout_s: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout_s} s: {what}"
+        time.sleep(0.1)
+
+
+def _rows(job: ElasticJob, proc) -> list[dict]:
+    return [row for row in job.commits() if row["pid"] == proc.pid]
+
+
 @pytest.mark.multiprocess
 @pytest.mark.timing
-def test_workers_leave_join_and_restart_and_every_sample_is_trained_once_per_epoch(tmp_path):
-    """A hosts the lighthouse, B starts, C joins the running job, D (another model) is refused, and B is killed and
-    restarted; no run hangs, the job's history trains every batch once per epoch, the survivors agree."""
-    stop = tmp_path / "stop"
+def test_a_split_job_commits_nothing_where_its_groups_meet_and_workers_leave_join_and_restart(tmp_path):
+    """A hosts the lighthouse and commits its join round alone; B and C, started while A is held in its first batch,
+    form a group of their own (torchft's lighthouse lets them: A is not at a round end) and commit the same step 1
+    from their own ledger, as a job's start split in two. A's next round end waits at the lighthouse, then B and C
+    come: the round where the two histories meet at equal steps commits nothing and the losing history recovers
+    from the other. Then D (another model) is refused, and B is killed and restarted; no run hangs, the job's history
+    trains every batch once per epoch, the survivors agree."""
+    stop, go_a, go_bc = tmp_path / "stop", tmp_path / "go-a", tmp_path / "go-bc"
     args = ["--epochs", "1000", "--samples", str(SAMPLES), "--batch-size", str(BATCH), "--step-sleep-s", "0.02"]
-    job = ElasticJob(tmp_path, [*args, "--stop-file", str(stop)])
+    job = ElasticJob(tmp_path, [*args, "--join-timeout-s", "1", "--stop-file", str(stop)])
     try:
-        job.start("a", host=True)
-        b = job.start("b")
+        a = job.start("a", "--hold-file", str(go_a), host=True)
+        _wait_until(lambda: _rows(job, a), "A's join round")
+        b, c = (job.start(name, "--hold-file", str(go_bc)) for name in "bc")
+        _wait_until(lambda: _rows(job, b) and _rows(job, c), "B's and C's join round")
+        assert [row["step"] for row in job.commits()] == [1, 1, 1]  # two groups committed step 1
+        go_a.touch()
+        _wait_until(lambda: job.waiting() == 1, "A waiting at the lighthouse")  # B and C are held
+        go_bc.touch()
         _wait_for_commit(job, b)
-        c = job.start("c")
-        d = job.start("d", "--hidden", "48")
         _wait_for_commit(job, c)
+        met = _rows(job, a)[1]  # A's round end after its first round: B or C (or both) met it there at step 1
+        d = job.start("d", "--hidden", "48")
         job.kill("b")
         _wait_for_commit(job, job.start("b"))
         assert d.wait(timeout=120) != 0
@@ -173,6 +194,7 @@ def test_workers_leave_join_and_restart_and_every_sample_is_trained_once_per_epo
     finally:
         job.close()
     assert codes["a"] == [0] and codes["c"] == [0] and codes["b"] == [-9, 0], codes
+    assert met["round_chunks"] == [] and met["parent"] == met["digest"]  # the round where they met: nothing committed
     errors = job.errors()
     assert len(errors) == 1
     assert (
@@ -184,5 +206,5 @@ def test_workers_leave_join_and_restart_and_every_sample_is_trained_once_per_epo
     assert all(epoch["lost"] == 0 and epoch["duplicated"] == 0 for epoch in coverage.values()), coverage
     results = {r["name"]: r for r in job.results()}
     assert results["a"]["checksum"] == results["b"]["checksum"] == results["c"]["checksum"]
-    assert results["b"]["report"]["recovered"] and results["c"]["report"]["recovered"]
+    assert results["a"]["report"]["diverged_rounds"] >= 1 and results["b"]["report"]["recovered"]
     assert all(r["report"]["duplicates"] == 0 for r in results.values())
