@@ -46,7 +46,8 @@ class TorchrunAttempt:
 
     Args:
         run_id: the job's ``--rdzv-id``.
-        restart_count: the restarts after failures so far (membership changes do not count).
+        restart_count: this node's agent's restarts after failures so far (each agent counts its own;
+            membership changes do not count); the line rank 0 prints shows its node's.
         max_restarts: ``--max-restarts``.
         node_rank: this node's rank in the attempt (``GROUP_RANK``; it can change between attempts).
         num_nodes: the nodes in the attempt (``GROUP_WORLD_SIZE``).
