@@ -47,7 +47,7 @@ class CountingModel(MLPClassifier):
     def __init__(self, config: dict) -> None:
         super().__init__(lr=0.1, momentum=0.9)
         self.args = args = argparse.Namespace(**config)
-        data = make_classification(args.samples + args.samples // 4, seed=0)
+        data = make_classification(args.samples + args.samples // 4, seed=0, noise=args.noise)
         self.train_set = Indexed(torch.utils.data.Subset(data, range(args.samples)))
         self.val_set = Indexed(torch.utils.data.Subset(data, range(args.samples, len(data))))
         self.seen: list[int] = []
@@ -142,6 +142,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--step-sleep-s", type=float, default=0.25, help="emulated compute per step")
     parser.add_argument("--fault-timeout-s", type=float, default=60.0)
+    parser.add_argument("--noise", type=float, default=0.5, help="make_classification's noise")
     parser.add_argument("--hold", default=None, help="a file: see Hold")
     parser.add_argument("--validate", action="store_true", help="validate every epoch (val_acc in final.json)")
     args = parser.parse_args()

@@ -28,7 +28,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 def run(kind: str, args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     worker_args = ("--epochs", str(args.epochs), "--samples", str(args.samples), "--batch-size", "32",
-                   "--step-sleep-s", str(args.step_sleep_s), "--validate")  # fmt: skip
+                   "--step-sleep-s", str(args.step_sleep_s), "--noise", str(args.noise), "--validate")  # fmt: skip
     started = time.time()
     with TorchrunJob(folder / kind, worker_args=worker_args) as job:
         if kind == "churn":
@@ -82,6 +82,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--samples", type=int, default=2048)
     parser.add_argument("--step-sleep-s", type=float, default=0.05)
+    parser.add_argument("--noise", type=float, default=2.0, help="make_classification's noise (0.5 saturates)")
     parser.add_argument("--join-after-s", type=float, default=2.0, help="after the first checkpoint")
     parser.add_argument("--leave-after-s", type=float, default=0.5, help="after the 3-node attempt's checkpoint")
     parser.add_argument("--timeout-s", type=float, default=300.0)
