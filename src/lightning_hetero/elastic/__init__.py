@@ -1,4 +1,5 @@
-"""Elastic local SGD: workers that leave and join a running job, on torchft (the ``[elastic]`` extra).
+"""Workers that leave and join a running job: elastic local SGD on torchft (the ``[elastic]`` extra), and jobs
+restarted by torchrun's elastic agent with each new membership (``torchrun``, for ASP; no extra).
 
 Importing this package does not import torchft; building a strategy's membership at ``fit`` does.
 """
@@ -6,5 +7,15 @@ Importing this package does not import torchft; building a strategy's membership
 from lightning_hetero.elastic.commits import CommitRecord, epoch_coverage, lineage
 from lightning_hetero.elastic.membership import ElasticError
 from lightning_hetero.elastic.strategy import ElasticLocalSGDStrategy
+from lightning_hetero.elastic.torchrun import TorchrunAttempt, TorchrunRestarts, attempt_reason
 
-__all__ = ["CommitRecord", "ElasticError", "ElasticLocalSGDStrategy", "epoch_coverage", "lineage"]
+__all__ = [
+    "CommitRecord",
+    "ElasticError",
+    "ElasticLocalSGDStrategy",
+    "TorchrunAttempt",
+    "TorchrunRestarts",
+    "attempt_reason",
+    "epoch_coverage",
+    "lineage",
+]
