@@ -119,20 +119,24 @@ class ElasticJob:
     def history(self, pid: int | None = None) -> list[CommitRecord]:
         """The job's history: the commits the parameters of the workers that finished descend from (they must agree
         on the last one), from every worker's log; with ``pid``, those worker ``pid``'s last commit descends from (a
-        job stopped before any worker finished)."""
+        job stopped before any worker finished). A process is its worker's name and pid: processes in containers
+        of their own have the same pids."""
         fields = {field.name for field in dataclasses.fields(CommitRecord)}
-        by_pid: dict[int, list[CommitRecord]] = collections.defaultdict(list)
+        by_process: dict[tuple[str, int], list[CommitRecord]] = collections.defaultdict(list)
         for row in self.commits():
             values = {k: tuple(v) if isinstance(v, list) else v for k, v in row.items() if k in fields}
-            by_pid[row["pid"]].append(CommitRecord(**values))
-        finished = {int(path.stem.rsplit("-", 1)[1]) for path in self.out.glob("worker-*.json")}
+            by_process[row["name"], row["pid"]].append(CommitRecord(**values))
+        finished = set()
+        for path in self.out.glob("worker-*.json"):
+            name, process = path.stem.removeprefix("worker-").rsplit("-", 1)
+            finished.add((name, int(process)))
         if pid is not None:
-            finished = {pid}
-        finals = {(records[-1].step, records[-1].digest) for pid, records in by_pid.items() if pid in finished}
+            finished = {key for key in by_process if key[1] == pid}
+        finals = {(records[-1].step, records[-1].digest) for key, records in by_process.items() if key in finished}
         if len(finals) != 1:
             raise AssertionError(f"the workers that finished end at different commits: {sorted(finals)}")
-        final = next(records[-1] for pid, records in by_pid.items() if pid in finished)
-        return lineage([record for records in by_pid.values() for record in records], final)
+        final = next(records[-1] for key, records in by_process.items() if key in finished)
+        return lineage([record for records in by_process.values() for record in records], final)
 
     def coverage(self, num_chunks: int, pid: int | None = None) -> dict[int, dict[str, int]]:
         """Per epoch of the job's :meth:`history` (``pid`` see there): chunks trained, chunks ``lost`` (never) and

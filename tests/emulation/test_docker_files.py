@@ -36,6 +36,18 @@ def test_dockerfile_copies_only_what_the_build_script_stages():
         assert f'"$ROOT/{path}"' in script or path in staged_tree, path
 
 
+def test_dockerfile_installs_the_examples_and_the_elastic_extra():
+    # the emulated cluster's containers run the examples and elastic workers (torchft), on the CPU torch
+    dockerfile = (DOCKER / "Dockerfile").read_text()
+    pyproject = (DOCKER.parent / "pyproject.toml").read_text()
+    installed = re.findall(r"extras\['(\w+)'\]", dockerfile)
+    assert sorted(installed) == ["elastic", "examples"]
+    for extra in installed:
+        assert re.search(rf"^{extra} = \[", pyproject, flags=re.MULTILINE), extra
+    assert re.search(r'^elastic = \["torchft', pyproject, flags=re.MULTILINE)
+    assert "torch.version.cuda is None" in dockerfile
+
+
 def test_example_config_is_valid():
     config = load_config(DOCKER / "emulate.example.yaml")
     assert config.schedule.level_at(15) == "HL8"

@@ -129,8 +129,11 @@ class Membership:
         self.lighthouse = lighthouse
         self.lost_after_s = lost_after_s
         timeout = timedelta(seconds=round_timeout_s)
-        # the replica group's own store (one process per group); torchft's cross-worker group uses the quorum's
-        self._store = TCPStore("localhost", 0, is_master=True, wait_for_workers=False)
+        # The replica group's own store (one process per group). The quorum hands its address to every participant
+        # (the store of torchft's cross-worker group is the primary's), so it is this machine's name, as torchft's
+        # own servers advertise themselves: "localhost" would send the others to their own machines.
+        host = socket.gethostname()
+        self._store = TCPStore(host, 0, is_master=True, wait_for_workers=False)
         self.manager = Manager(
             pg=ProcessGroupGloo(timeout=timeout),
             load_state_dict=load_state,
@@ -142,7 +145,7 @@ class Membership:
             connect_timeout=timedelta(seconds=10),
             rank=0,
             world_size=1,
-            store_addr="localhost",
+            store_addr=host,
             store_port=self._store.port,
             lighthouse_addr=lighthouse,
             replica_id=replica_id,
