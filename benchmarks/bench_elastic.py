@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from elastic_job import ElasticJob
+from elastic_job import ElasticJob, wait_for
 
 RESULTS = Path(__file__).parent / "results"
 SPEEDS = {"a": 1.0, "b": 1.0, "c": 2.0, "d": 4.0}
@@ -55,15 +55,6 @@ KILLED, ADDED = "b", "e"
 def _epoch_of_latest_commit(job: ElasticJob) -> int:
     commits = job.commits()
     return commits[-1]["epoch"] if commits else -1
-
-
-def _wait_for(predicate, timeout_s: float, poll_s: float = 0.1) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(poll_s)
-    return False
 
 
 def run(kind: str, args: argparse.Namespace, seed: int, out: Path) -> dict[str, Any]:
@@ -85,7 +76,7 @@ def run(kind: str, args: argparse.Namespace, seed: int, out: Path) -> dict[str, 
         if kind == "churn":
             for epoch in range(args.epochs):
                 # the middle of the epoch: its first commits seen, then half an epoch's time (estimated) on
-                if not _wait_for(lambda e=epoch: _epoch_of_latest_commit(job) >= e, 300):
+                if not wait_for(lambda e=epoch: _epoch_of_latest_commit(job) >= e, 300):
                     break
                 time.sleep(args.kill_delay_s + kill_at.uniform(0, args.kill_jitter_s))
                 if _epoch_of_latest_commit(job) != epoch:
@@ -93,7 +84,7 @@ def run(kind: str, args: argparse.Namespace, seed: int, out: Path) -> dict[str, 
                 job.kill(KILLED)
                 restarts.append(job.start(KILLED, *speed_args[KILLED]).pid)
         elif kind == "join":
-            _wait_for(lambda: _epoch_of_latest_commit(job) >= args.epochs // 2, 300)
+            wait_for(lambda: _epoch_of_latest_commit(job) >= args.epochs // 2, 300)
             restarts.append(job.start(ADDED, *speed_args["a"]).pid)
         codes = job.wait(timeout_s=600)
     finally:
@@ -157,11 +148,11 @@ def soak(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         job.start("c")
         victim = job.start("b")
         for _ in range(args.soak):
-            _wait_for(lambda p=victim: job.first_contribution_s(p.pid) is not None, 120)
+            wait_for(lambda p=victim: job.first_contribution_s(p.pid) is not None, 120)
             contributions.append(job.first_contribution_s(victim.pid))
             job.kill("b")
             victim = job.start("b")
-        _wait_for(lambda p=victim: job.first_contribution_s(p.pid) is not None, 120)
+        wait_for(lambda p=victim: job.first_contribution_s(p.pid) is not None, 120)
         contributions.append(job.first_contribution_s(victim.pid))
         stop.write_text(str(_epoch_of_latest_commit(job) + 2))
         codes = job.wait(timeout_s=300)

@@ -35,22 +35,13 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from elastic_job import ElasticJob
+from elastic_job import ElasticJob, wait_for
 
 RESULTS = Path(__file__).parent / "results"
 ROOT = Path(__file__).resolve().parents[1]
 COMMON = ["--epochs", "1000", "--samples", "4800", "--batch-size", "16", "--noise", "2.0", "--classes", "8"]
 COMMON += ["--seed", "0", "--hidden", "64", "--steps-per-round", "16"]
 SLEEP = {"a": 0.3, "c": 0.15, "d": 0.075, "new": 0.3}  # a speed-1 step sleeps 0.3 s
-
-
-def _wait(predicate, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def _docker(image: str, cpus: str, name: str, out: Path) -> list[str]:
@@ -108,7 +99,7 @@ def main() -> None:
         host = job.start("a", "--step-sleep-s", str(SLEEP["a"]), host=True).pid
         for name in "cd":
             job.start(name, "--step-sleep-s", str(SLEEP[name]))
-        if not _wait(lambda: sum(row["pid"] == host for row in job.commits()) >= 4, 120):
+        if not wait_for(lambda: sum(row["pid"] == host for row in job.commits()) >= 4, 120):
             raise RuntimeError(f"the job did not commit 4 rounds within 120 s: {job.errors()}")
         plan = [("host", 0)] + [(cpus, i) for cpus in quotas for i in range(args.repeats)]
         for index, (cpus, repeat) in enumerate(plan):
@@ -118,7 +109,7 @@ def main() -> None:
                 containers.append(f"lh-elastic-{os.getpid()}-{name}")
                 launcher = _docker(args.image, cpus, containers[-1], out)
             proc = job.start(name, "--step-sleep-s", str(SLEEP["new"]), launcher=launcher)
-            _wait(lambda n=name: _start_up(job, n)["first_contribution_s"] is not None, 180)
+            wait_for(lambda n=name: _start_up(job, n)["first_contribution_s"] is not None, 180)
             starts.append({"cpus": cpus, "repeat": repeat, "name": name, **_start_up(job, name)})
             print(json.dumps(starts[-1]), flush=True)
             _write(args.out, conditions, _summary(["host", *quotas], starts, empty, quiet=True), starts, job)

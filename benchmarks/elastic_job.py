@@ -30,6 +30,16 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def wait_for(predicate, timeout_s: float, poll_s: float = 0.1) -> bool:
+    """Polls ``predicate`` every ``poll_s`` until it holds (``True``) or ``timeout_s`` passes (``False``)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(poll_s)
+    return False
+
+
 class ElasticJob:
     """Workers of one job writing into ``out``; ``args`` go to every worker (``--epochs``, ``--samples``, ...).
 

@@ -21,21 +21,12 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from elastic_job import ElasticJob
+from elastic_job import ElasticJob, wait_for
 
 RESULTS = Path(__file__).parent / "results"
 SPEEDS = {"a": 1.0, "b": 1.0, "c": 2.0, "d": 4.0}
 COMMON = ["--epochs", "1000", "--samples", "6400", "--batch-size", "16", "--noise", "2.0", "--classes", "8"]
 COMMON += ["--seed", "0", "--hidden", "64", "--steps-per-round", "16"]
-
-
-def _wait(predicate, timeout_s: float = 60.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.005)
-    return False
 
 
 def main() -> None:
@@ -56,15 +47,15 @@ def main() -> None:
         def host_commits() -> list[dict]:
             return [row for row in job.commits() if row["pid"] == host]
 
-        _wait(lambda: len(host_commits()) >= 6)
+        wait_for(lambda: len(host_commits()) >= 6, 60.0, poll_s=0.005)
         for offset in offsets:
             seen = len(host_commits())
-            _wait(lambda n=seen: len(host_commits()) > n)
+            wait_for(lambda n=seen: len(host_commits()) > n, 60.0, poll_s=0.005)
             time.sleep(offset)
             killed_at = time.time()
             job.kill("b")
             proc = job.start("b", *speed["b"])
-            _wait(lambda p=proc: job.first_contribution_s(p.pid) is not None, 40)
+            wait_for(lambda p=proc: job.first_contribution_s(p.pid) is not None, 40, poll_s=0.005)
             time.sleep(0.5)
             around = [round(r["t"] - killed_at, 2) for r in host_commits() if -3 < r["t"] - killed_at < 15]
             kills.append({"offset": offset, "start_up": job.start_up(proc.pid), "a_commits_since_kill": around})
