@@ -37,8 +37,8 @@ if TYPE_CHECKING:
     from lightning_hetero.ps.settings import PSSettings
 
 #: Local steps per rank and round when neither ``round_samples`` nor ``round_s`` is given (the round is then this
-#: many batches times the number of ranks, split by speed, and stretchable: :func:`~lightning_hetero.ps.round_plan.stretched`
-#: lengthens it while its end costs more than ``ROUND_END_SHARE`` of it, for fast steps).
+#: many batches times the number of ranks, split by speed, and stretchable: for fast steps
+#: :func:`~lightning_hetero.ps.round_plan.stretched` lengthens it while its end costs more than ``ROUND_END_SHARE``).
 DEFAULT_STEPS_PER_ROUND = 16
 
 
