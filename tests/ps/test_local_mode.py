@@ -78,6 +78,9 @@ def test_the_default_round_is_announced_as_stretchable_and_its_first_stretch_sai
     assert (
         engine.round_description() == "16 x 2 batches, lengthened up to 4x while a round end costs over 5% of a round"
     )
+    equal = AsyncPSStrategy(mode="local", local_steps="equal")._engines["local"]
+    equal._world_size = 2
+    assert equal.round_description() == "16 x 2 batches"
     rounds = LocalRounds(RoundBudget(samples=128, stretchable=True), 0, 2)
     rounds.batch_size = 4
     with caplog.at_level(logging.INFO):

@@ -220,6 +220,13 @@ def test_the_default_round_stretches_from_the_ranks_mean_round_end_and_not_from_
     assert [r.round_budget.samples for r in ranks] == [40, 40]
 
 
+def test_a_round_of_equal_steps_is_not_stretched():
+    ranks = make_ranks(1, budget=RoundBudget(samples=40, stretchable=True), local_steps="equal")
+    ranks[0].rates, ranks[0].round_end_s = [400.0], 1.0  # a slow round end: would stretch 4x if proportional
+    ranks[0].begin(torch.zeros(1), batch_size=4)
+    assert ranks[0].round_budget.samples == 40 and ranks[0].target_steps == 10
+
+
 def test_a_rank_stops_at_the_step_that_ends_closest_to_the_deadline():
     clock = FakeClock()
     (rounds,) = make_ranks(1, budget=RoundBudget(seconds=0.1), clock=clock)

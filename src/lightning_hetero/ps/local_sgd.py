@@ -195,7 +195,9 @@ class LocalRounds:
     def _start_round(self) -> None:
         self.steps_in_round = 0
         self.samples_in_round = 0
-        self.round_budget = stretched(self.budget, self.round_end_s, self.rates)
+        # equal steps: the fast ranks' wait grows with the round, so a longer round would not make its end cheaper
+        proportional = self.local_steps == "proportional"
+        self.round_budget = stretched(self.budget, self.round_end_s, self.rates) if proportional else self.budget
         plan = plan_local_steps(self.round_budget, self.batch_size, self.rates, self.local_steps)
         left = self.max_steps - self.steps_total if self.max_steps >= 0 else None
         budgeted = budgeted_plan(plan, self.rates, left, self.local_steps == "proportional")

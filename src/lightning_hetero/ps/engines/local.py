@@ -130,6 +130,8 @@ class LocalSGDEngine:
 
     def round_description(self) -> str:
         budget = self._round_budget
+        if budget is None and self.local_steps == "equal":
+            return f"{DEFAULT_STEPS_PER_ROUND} x {self._world_size} batches"
         if budget is None:
             return (
                 f"{DEFAULT_STEPS_PER_ROUND} x {self._world_size} batches, lengthened up to {MAX_STRETCH}x while a round "
