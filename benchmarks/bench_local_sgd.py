@@ -12,8 +12,7 @@ as the inner optimizer by local SGD) side by side, cell by cell:
 - ``local_prop_samples``: the same with ``pseudo_gradient_weighting="samples"`` (weighted by the samples each rank
   trained in the round, so the fast ranks dominate).
 
-Local SGD rounds are the strategy's default (16 local steps per rank on average, lengthened while a round end costs
-over 5% of a round), or ``--round-steps`` local steps per rank on average (``round_samples = round_steps x N x 32``),
+Local SGD rounds are ``--round-steps`` local steps per rank on average (``round_samples = round_steps x N x 32``)
 with plain averaging as the outer step by default (``SGD(lr=1.0)``; DiLoCo's Nesterov SGD: ``--outer-lr 0.7
 --outer-momentum 0.9``, which overshoots in runs this short, see docs/results.md).
 
@@ -325,7 +324,7 @@ def run_one(args: argparse.Namespace) -> None:
     else:
         strategy = AsyncPSStrategy(
             mode="local",
-            round_samples=args.round_steps * args.n * BATCH if args.round_steps else None,
+            round_samples=args.round_steps * args.n * BATCH,
             local_steps="equal" if args.config == "local_equal" else "proportional",
             pseudo_gradient_weighting="samples" if args.config == "local_prop_samples" else "mean",
             outer_optimizer=torch.optim.SGD,
@@ -376,7 +375,7 @@ def child_command(args: argparse.Namespace, config: str, model: str, n: int, lev
         "--seed", str(seed), "--out", str(out), "--epochs", str(args.epochs), "--samples", str(args.samples),
         "--val-samples", str(args.val_samples), "--noise", str(args.noise), "--lr", str(args.lr),
         "--momentum", str(args.momentum), "--heavy-cost-s", str(args.heavy_cost_s),
-        *(["--round-steps", str(args.round_steps)] if args.round_steps else []), "--standalone-s", str(args.standalone_s),
+        "--round-steps", str(args.round_steps), "--standalone-s", str(args.standalone_s),
         "--outer-lr", str(args.outer_lr), "--outer-momentum", str(args.outer_momentum),
         "--barrier", str(args.barrier), "--barrier-n", str(args.barrier_n), "--classes", str(args.classes),
         "--curve-steps", str(args.curve_steps), "--throttle", args.throttle,
@@ -546,12 +545,7 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--momentum", type=float, default=0.9)
     parser.add_argument("--heavy-cost-s", type=float, default=0.001, help="emulated compute s/sample (heavy)")
-    parser.add_argument(
-        "--round-steps",
-        type=int,
-        default=None,
-        help="local steps per rank and round, on average (default: the strategy's)",
-    )
+    parser.add_argument("--round-steps", type=int, default=16, help="local steps per rank and round, on average")
     parser.add_argument("--standalone-s", type=float, default=8.0)
     parser.add_argument(
         "--outer-lr", type=float, default=1.0, help="local SGD's outer SGD learning rate (1 and momentum 0: averaging)"

@@ -7,8 +7,6 @@ import pytest
 import torch
 
 from lightning_hetero.ps import AsyncPSStrategy
-from lightning_hetero.ps.local_sgd import LocalRounds
-from lightning_hetero.ps.round_plan import RoundBudget
 
 
 @pytest.mark.parametrize(
@@ -69,29 +67,4 @@ def test_the_local_mode_is_announced_once_per_phase(caplog):
     assert announcements == [
         "AsyncPSStrategy: local SGD, rounds of 256 samples, local_steps='proportional', "
         "pseudo_gradient_weighting='samples', outer optimizer SGD(lr=1.0)"
-    ]
-
-
-def test_the_default_round_is_announced_as_stretchable_and_its_first_stretch_said_once_with_why(caplog):
-    engine = AsyncPSStrategy(mode="local")._engines["local"]
-    engine._world_size = 2
-    assert (
-        engine.round_description() == "16 x 2 batches, lengthened up to 4x while a round end costs over 5% of a round"
-    )
-    equal = AsyncPSStrategy(mode="local", local_steps="equal")._engines["local"]
-    equal._world_size = 2
-    assert equal.round_description() == "16 x 2 batches"
-    rounds = LocalRounds(RoundBudget(samples=128, stretchable=True), 0, 2)
-    rounds.batch_size = 4
-    with caplog.at_level(logging.INFO):
-        engine._tell_stretch(rounds)  # not stretched yet: nothing to say
-        rounds.round_end_s, rounds.round_budget = 0.008, RoundBudget(samples=384, stretchable=True)
-        engine._tell_stretch(rounds)
-        rounds.round_budget = RoundBudget(samples=512, stretchable=True)
-        engine._tell_stretch(rounds)  # said once
-    told = [r.getMessage() for r in caplog.records if "lengthened" in r.getMessage()]
-    assert told == [
-        "AsyncPSStrategy: local SGD rounds lengthened to 384 samples (48 local steps per rank on average, 3.0x the "
-        "default): a round end took 8.0 ms, over 5% of a 128-sample round (give round_samples or round_s to fix the "
-        "length)"
     ]

@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from lightning_hetero.ps.round_plan import MAX_STRETCH, ROUND_END_SHARE, RoundBudget, plan_local_steps, stretched
+from lightning_hetero.ps.round_plan import RoundBudget, plan_local_steps
 
 # ---------------------------------------------------------------- RoundBudget
 
@@ -20,7 +20,6 @@ from lightning_hetero.ps.round_plan import MAX_STRETCH, ROUND_END_SHARE, RoundBu
         ({"seconds": -1.0}, "round_s must be > 0"),
         ({"seconds": math.nan}, "round_s"),
         ({"seconds": math.inf}, "round_s"),
-        ({"seconds": 1.0, "stretchable": True}, "only a round of samples is stretchable"),
     ],
 )
 def test_bad_budget_fails_naming_the_setting(kwargs, match):
@@ -58,33 +57,3 @@ def test_time_budget_gives_each_rank_the_steps_that_fill_it():
 def test_unknown_local_steps_policy_is_refused():
     with pytest.raises(ValueError, match="local_steps must be one of"):
         plan_local_steps(RoundBudget(samples=8), 1, [1.0], "fast")
-
-
-# ---------------------------------------------------------------- stretched
-
-
-def test_a_stretched_round_keeps_its_end_at_the_set_share_of_it():
-    budget = RoundBudget(samples=100, stretchable=True)
-    rates = [600.0, 200.0]  # 800 samples/s: the base round trains 125 ms
-    longer = stretched(budget, 0.02, rates)  # a 20 ms end is 14% of 145 ms: lengthen
-    train_s = longer.samples / sum(rates)
-    assert longer.stretchable and longer.samples > 100
-    assert 0.02 / (train_s + 0.02) == pytest.approx(ROUND_END_SHARE, rel=0.01)
-
-
-@pytest.mark.parametrize(
-    ("budget", "end_s", "rates", "samples"),
-    [
-        (RoundBudget(samples=100, stretchable=True), 0.001, [600.0, 200.0], 100),  # cheap ends: the base length
-        (RoundBudget(samples=100, stretchable=True), 10.0, [600.0, 200.0], 100 * MAX_STRETCH),  # capped
-        (RoundBudget(samples=100, stretchable=True), None, [600.0, 200.0], 100),  # no end measured yet
-        (RoundBudget(samples=100, stretchable=True), 0.02, [600.0, None], 100),  # a rank's speed unknown
-        (RoundBudget(samples=100), 0.02, [600.0, 200.0], 100),  # the user's round_samples
-    ],
-)
-def test_a_round_is_not_stretched_beyond_its_bounds_or_without_evidence(budget, end_s, rates, samples):
-    assert stretched(budget, end_s, rates).samples == samples
-
-
-def test_a_round_of_seconds_is_never_stretched():
-    assert stretched(RoundBudget(seconds=0.1), 0.5, [600.0, 200.0]) == RoundBudget(seconds=0.1)

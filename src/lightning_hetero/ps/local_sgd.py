@@ -42,7 +42,7 @@ from lightning_hetero._validation import check_range
 from lightning_hetero.measurement import ThroughputMeter
 from lightning_hetero.ps.local_stop import budgeted_plan
 from lightning_hetero.ps.outer_optimizer import OuterOptimizer
-from lightning_hetero.ps.round_plan import RoundBudget, check_local_steps, plan_local_steps, stretched
+from lightning_hetero.ps.round_plan import RoundBudget, check_local_steps, plan_local_steps
 
 #: How the ranks' pseudo-gradients are combined: a plain mean over the ranks that trained, or weighted by samples.
 WEIGHTINGS = ("mean", "samples")
@@ -172,13 +172,6 @@ class LocalRounds:
         self.samples_in_round = 0
         self._round_start = 0.0
         self._slack = 0.0  # half the fastest rank's step: how far past the deadline a rank's last step may end
-        #: the current round's budget (``budget``, or a stretchable one lengthened: :func:`~.round_plan.stretched`)
-        self.round_budget = budget
-        #: the ranks' mean time from a round's share done to the next round's start, at the last round end that did
-        #: not end the epoch (``None`` before one was measured)
-        self.round_end_s: float | None = None
-        self._end_start: float | None = None  # when this rank's share of the round ended (None: at an epoch's end)
-        self._own_end_s: float | None = None  # this rank's last such time, sent in its next message
 
     def begin(self, flat: Tensor, batch_size: int) -> None:
         """Start a round from ``flat`` (this rank's flat parameters, the same on every rank here)."""
@@ -195,10 +188,7 @@ class LocalRounds:
     def _start_round(self) -> None:
         self.steps_in_round = 0
         self.samples_in_round = 0
-        # equal steps: the fast ranks' wait grows with the round, so a longer round would not make its end cheaper
-        proportional = self.local_steps == "proportional"
-        self.round_budget = stretched(self.budget, self.round_end_s, self.rates) if proportional else self.budget
-        plan = plan_local_steps(self.round_budget, self.batch_size, self.rates, self.local_steps)
+        plan = plan_local_steps(self.budget, self.batch_size, self.rates, self.local_steps)
         left = self.max_steps - self.steps_total if self.max_steps >= 0 else None
         budgeted = budgeted_plan(plan, self.rates, left, self.local_steps == "proportional")
         self.plans.append(budgeted or plan)
@@ -232,9 +222,9 @@ class LocalRounds:
         rates = self.rates
         if self.local_steps != "proportional" or not all(rate is not None and rate > 0 for rate in rates):
             return None
-        if self.round_budget.seconds is not None:
-            return self.round_budget.seconds
-        return self.round_budget.samples / sum(rates)  # type: ignore[arg-type, operator]
+        if self.budget.seconds is not None:
+            return self.budget.seconds
+        return self.budget.samples / sum(rates)  # type: ignore[arg-type, operator]
 
     def record_step(self, samples: int, step_s: float | None) -> bool:
         """Count one local step of ``samples`` that took ``step_s`` busy seconds (``None``: not measured); return
@@ -284,11 +274,10 @@ class LocalRounds:
         self, flat: Tensor, buffers: Tensor | None = None, done: bool = False, epoch_left: int | None = None
     ) -> Tensor:
         """This rank's contribution to the round-end SUM all-reduce, in ``flat``'s dtype and device: ``[w * (anchor -
-        flat), w * buffers, n, w, steps, done, end_s, ended, rate at this rank's slot, epoch_left + 1 at this rank's
-        slot]`` with ``n`` the samples it trained in the round, ``w`` its weight (``"samples"``: ``n``; ``"mean"``: 1
-        if it trained, else 0), ``end_s`` how long its last round end inside an epoch took (``ended``: 1, or 0 and 0
-        while none was measured) and ``epoch_left`` the samples it last saw left in the epoch's pool (``None``:
-        unknown, sent as 0). Sample counts stay exact in float32 up to 2**24 per round."""
+        flat), w * buffers, n, w, steps, done, rate at this rank's slot, epoch_left + 1 at this rank's slot]`` with
+        ``n`` the samples it trained in the round, ``w`` its weight (``"samples"``: ``n``; ``"mean"``: 1 if it trained,
+        else 0) and ``epoch_left`` the samples it last saw left in the epoch's pool (``None``: unknown, sent as 0).
+        Sample counts stay exact in float32 up to 2**24 per round."""
         anchor = self.outer.anchor
         if anchor is None:
             raise RuntimeError("LocalRounds.message before begin")
@@ -305,10 +294,7 @@ class LocalRounds:
         rates[self.rank] = self.meter.value or 0.0
         lefts = torch.zeros(self.world_size, dtype=dtype, device=device)
         lefts[self.rank] = 0.0 if epoch_left is None else epoch_left + 1.0
-        self._end_start = None if done else self.clock()  # an epoch's end waits for the epoch's last batches
-        end_s, ended = (0.0, 0.0) if self._own_end_s is None else (self._own_end_s, 1.0)
-        counts = [n, weight, float(self.steps_in_round), float(done), end_s, ended]
-        counts = torch.tensor(counts, dtype=dtype, device=device)
+        counts = torch.tensor([n, weight, float(self.steps_in_round), 1.0 if done else 0.0], dtype=dtype, device=device)
         message = torch.cat([*parts, counts, rates, lefts])
         self.bytes_sent += message.numel() * message.element_size()
         return message
@@ -330,17 +316,12 @@ class LocalRounds:
                 buffers.copy_((summed[numel : numel + buffer_numel] / weight).to(buffers.dtype))
             self.rounds += 1
         flat.detach().copy_(anchor)
-        ends, ended = float(tail[4]), float(tail[5])
-        if ended > 0:
-            self.round_end_s = ends / ended
-        for rank, rate in enumerate(tail[6 : 6 + self.world_size].tolist()):
+        for rank, rate in enumerate(tail[4 : 4 + self.world_size].tolist()):
             if rate > 0:
                 self.rates[rank] = rate
-        lefts = [round(left) - 1 for left in tail[6 + self.world_size :].tolist() if left > 0]
+        lefts = [round(left) - 1 for left in tail[4 + self.world_size :].tolist() if left > 0]
         self.epoch_left = min(lefts) if lefts else None
         self.steps_total += steps
-        if self._end_start is not None:
-            self._own_end_s = self.clock() - self._end_start
         all_done = done >= self.world_size
         if not all_done:
             self._start_round()

@@ -3,25 +3,18 @@ runs the rounds).
 
 A round is a budget of samples over all ranks (``round_samples``) or of seconds (``round_s``), split into local
 steps per rank in proportion to their measured throughputs (``local_steps="proportional"``) or equally
-(``"equal"``, DiLoCo). The default round (neither given) is *stretchable*: :func:`stretched` lengthens it while its
-end, the all-reduce and the wait for the other ranks, would cost more than :data:`ROUND_END_SHARE` of it.
+(``"equal"``, DiLoCo).
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from lightning_hetero._validation import check_range
 from lightning_hetero.allocation import apportion
 
 #: How the ranks' local steps in a round are set.
 LOCAL_STEPS = ("proportional", "equal")
-#: A stretchable round is lengthened until its end (the all-reduce and the wait for the others, measured) is at most
-#: this share of the round ...
-ROUND_END_SHARE = 0.05
-#: ... up to this many times its base length.
-MAX_STRETCH = 4
 
 
 def check_local_steps(local_steps: str) -> None:
@@ -32,13 +25,12 @@ def check_local_steps(local_steps: str) -> None:
 
 @dataclass(frozen=True)
 class RoundBudget:
-    """How long a round lasts: ``samples`` over all ranks, or ``seconds`` of wall-clock time (exactly one of them);
-    ``stretchable`` (with ``samples``): :func:`stretched` may lengthen it from the measured cost of round ends.
+    """How long a round lasts: ``samples`` over all ranks, or ``seconds`` of wall-clock time (exactly one of them).
 
     Example::
 
         >>> RoundBudget(samples=2048)
-        RoundBudget(samples=2048, seconds=None, stretchable=False)
+        RoundBudget(samples=2048, seconds=None)
         >>> RoundBudget(samples=0)
         Traceback (most recent call last):
         ...
@@ -47,7 +39,6 @@ class RoundBudget:
 
     samples: int | None = None
     seconds: float | None = None
-    stretchable: bool = False
 
     def __post_init__(self) -> None:
         if (self.samples is None) == (self.seconds is None):
@@ -59,32 +50,6 @@ class RoundBudget:
             check_range("round_samples", self.samples, low=1, integer=True)
         if self.seconds is not None:
             check_range("round_s", self.seconds, low=0, low_open=True)
-        if self.stretchable and self.samples is None:
-            raise ValueError("only a round of samples is stretchable, got round_s")
-
-
-def stretched(budget: RoundBudget, end_s: float | None, rates: list[float | None]) -> RoundBudget:
-    """The next round's budget: a stretchable ``budget`` lengthened so that a round end of ``end_s`` seconds (the
-    ranks' mean over the last round end) is at most :data:`ROUND_END_SHARE` of the round (its samples at the ranks'
-    summed ``rates``, samples per second, plus the end), between its base length and :data:`MAX_STRETCH` times it;
-    any other budget, or one whose end or rates are unknown, as it is.
-
-    Example: ranks of 300 and 100 samples/s whose round end took 20 ms: 0.38 s of training is 152 samples::
-
-        >>> stretched(RoundBudget(samples=64, stretchable=True), 0.02, [300.0, 100.0])
-        RoundBudget(samples=152, seconds=None, stretchable=True)
-        >>> stretched(RoundBudget(samples=64, stretchable=True), 0.001, [300.0, 100.0])  # 8 ms < 64 samples' 160 ms
-        RoundBudget(samples=64, seconds=None, stretchable=True)
-        >>> stretched(RoundBudget(samples=64, stretchable=True), 1.0, [300.0, 100.0])  # at most 4 x 64
-        RoundBudget(samples=256, seconds=None, stretchable=True)
-        >>> stretched(RoundBudget(samples=64), 1.0, [300.0, 100.0])  # the user's round_samples: as given
-        RoundBudget(samples=64, seconds=None, stretchable=False)
-    """
-    known = [rate for rate in rates if rate is not None and rate > 0]
-    if not budget.stretchable or budget.samples is None or not end_s or end_s <= 0 or len(known) < len(rates):
-        return budget
-    needed = math.ceil(end_s * (1 - ROUND_END_SHARE) / ROUND_END_SHARE * sum(known))
-    return replace(budget, samples=min(MAX_STRETCH * budget.samples, max(budget.samples, needed)))
 
 
 def plan_local_steps(

@@ -63,7 +63,7 @@ class AsyncPSStrategy(DDPStrategy):
             train on without a lost non-server rank while in ASP, rank 0 taking its unfinished batches (any loss in
             BSP or local SGD, or of rank 0, ends the job; refused with ``mode="local"``).
         round_samples: local SGD: a round lasts this many training samples over all ranks.
-        round_s: local SGD: or this many seconds (give at most one; neither: 16-64 local steps per rank, stretched).
+        round_s: local SGD: or this many seconds (give at most one; neither: 16 local steps per rank on average).
         local_steps: local SGD: ``"proportional"`` (each rank's steps follow its throughput) or ``"equal"``.
         outer_optimizer: local SGD: the outer optimizer's class (default ``torch.optim.SGD``).
         outer_optimizer_kwargs: its arguments (default ``lr=1.0``: plain averaging; DiLoCo's: 0.7, Nesterov 0.9).

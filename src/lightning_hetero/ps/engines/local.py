@@ -28,7 +28,7 @@ from lightning_hetero.ps.grad_scaling import fold_scaler, unfold_scaler
 from lightning_hetero.ps.local_sgd import LocalRounds, RoundOutcome
 from lightning_hetero.ps.protocol import SERVER_RANK
 from lightning_hetero.ps.reporting import report_hyperparameters
-from lightning_hetero.ps.round_plan import MAX_STRETCH, ROUND_END_SHARE, RoundBudget
+from lightning_hetero.ps.round_plan import RoundBudget
 
 if TYPE_CHECKING:
     from lightning_hetero.ps.collectives import CollectiveGate
@@ -37,8 +37,7 @@ if TYPE_CHECKING:
     from lightning_hetero.ps.settings import PSSettings
 
 #: Local steps per rank and round when neither ``round_samples`` nor ``round_s`` is given (the round is then this
-#: many batches times the number of ranks, split by speed, and stretchable: for fast steps
-#: :func:`~lightning_hetero.ps.round_plan.stretched` lengthens it while its end costs more than ``ROUND_END_SHARE``).
+#: many batches times the number of ranks, split by speed).
 DEFAULT_STEPS_PER_ROUND = 16
 
 
@@ -67,7 +66,6 @@ class LocalSGDEngine:
         self.rounds: LocalRounds | None = None
         self._round_open = False
         self._announced = False
-        self._stretch_told = False
         self._busy_timer = BusyTimer(cpu_clock=None)  # no CPU-time floor in local SGD: one clock read less a step
         self._restored: dict[str, Any] | None = None
         self._step_s: float | None = None
@@ -93,8 +91,7 @@ class LocalSGDEngine:
         ctx, _, _ = self._parts()
         budget = self._round_budget
         if budget is None:
-            samples = DEFAULT_STEPS_PER_ROUND * ctx.world_size * (batch_size or 1)
-            budget = RoundBudget(samples=samples, stretchable=True)
+            budget = RoundBudget(samples=DEFAULT_STEPS_PER_ROUND * ctx.world_size * (batch_size or 1))
         rounds = LocalRounds(
             budget, ctx.rank, ctx.world_size, self.outer, self.local_steps, weighting=self.pseudo_gradient_weighting
         )
@@ -130,13 +127,8 @@ class LocalSGDEngine:
 
     def round_description(self) -> str:
         budget = self._round_budget
-        if budget is None and self.local_steps == "equal":
-            return f"{DEFAULT_STEPS_PER_ROUND} x {self._world_size} batches"
         if budget is None:
-            return (
-                f"{DEFAULT_STEPS_PER_ROUND} x {self._world_size} batches, lengthened up to {MAX_STRETCH}x while a round "
-                f"end costs over {ROUND_END_SHARE:.0%} of a round"
-            )
+            return f"{DEFAULT_STEPS_PER_ROUND} x {self._world_size} batches"
         return f"{budget.samples} samples" if budget.samples is not None else f"{budget.seconds:g} s"
 
     def leave(self) -> None:
@@ -201,7 +193,6 @@ class LocalSGDEngine:
                     outcome = self._end_round(done=True)
             self._set_claim_chunks(rounds.claim_chunks, rounds.rates)
             self._report_due = True
-            self._tell_stretch(rounds)
             if last:  # every rank is done with the epoch (segment): the next batch begins a round
                 self._busy_timer.skip()
                 self._round_open = False
@@ -229,19 +220,6 @@ class LocalSGDEngine:
                 buffer.copy_(flat_buffers[offset : offset + buffer.numel()].view_as(buffer))
                 offset += buffer.numel()
         return outcome
-
-    def _tell_stretch(self, rounds: LocalRounds) -> None:
-        """Say once, on rank 0, when the default round is first lengthened, and why (the measured round end)."""
-        samples, base = rounds.round_budget.samples, rounds.budget.samples
-        if self._stretch_told or samples is None or base is None or samples <= base or rounds.round_end_s is None:
-            return
-        self._stretch_told = True
-        steps = samples / (self._world_size * rounds.batch_size)
-        rank_zero_info(
-            f"AsyncPSStrategy: local SGD rounds lengthened to {samples} samples ({steps:.0f} local steps per rank on "
-            f"average, {samples / base:.1f}x the default): a round end took {rounds.round_end_s * 1e3:.1f} ms, over "
-            f"{ROUND_END_SHARE:.0%} of a {base}-sample round (give round_samples or round_s to fix the length)"
-        )
 
     def _set_claim_chunks(self, chunks: int, rates: list[float | None] | None) -> None:
         """Claim this many batches at once from the epoch's pool (local SGD: a share of the round; other modes: 1),
