@@ -41,7 +41,7 @@ from typing import Any
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from elastic_job import WORKER, ElasticJob
+from elastic_job import WORKER, ElasticJob, wait_for
 
 RESULTS = Path(__file__).parent / "results"
 ROOT = Path(__file__).resolve().parents[1]
@@ -148,11 +148,9 @@ def main() -> None:
     started = time.time()
     try:
         run([*cli(), "cluster", "up", "-c", str(config)], commands)
-        deadline = time.monotonic() + 180
-        while {row["container"] for row in starts(job) if row["first_contribution_s"]} != set(CONTAINERS):
-            if time.monotonic() > deadline or job.errors():
-                raise RuntimeError(f"not every worker contributed within 180 s: {job.errors()}")
-            time.sleep(0.5)
+        contributed = lambda: {row["container"] for row in starts(job) if row["first_contribution_s"]}  # noqa: E731
+        if not wait_for(lambda: contributed() == set(CONTAINERS) or bool(job.errors()), 180, 0.5) or job.errors():
+            raise RuntimeError(f"not every worker contributed within 180 s: {job.errors()}")
         churn = ["cluster", "churn", "--workers", CHURNED, "--every-s", f"{args.every_s:g}"]
         churn += ["--down-s", f"{args.down_s:g}", "--cycles", str(args.cycles)]
         run([*cli(), *churn], commands)
