@@ -107,6 +107,18 @@ def timed_throughput(reports: list[dict[str, Any]], warmup: int = 1) -> dict[str
     return {"throughput": total_samples / total_s, "per_epoch": per_epoch, "train_s": total_s, "epochs": epochs}
 
 
+def pinned_cpusets(workers: int, host_cpus: int) -> list[str]:
+    """With ``--pin``: each container's own core, the host's cores taken in turn (2 containers on 2 cores: one core
+    each, as on separate machines; 4 containers: two a core).
+
+    Example::
+
+        >>> pinned_cpusets(2, 2), pinned_cpusets(4, 2)
+        (['0', '1'], ['0', '1', '0', '1'])
+    """
+    return [str(k % host_cpus) for k in range(workers)]
+
+
 def static_splits(standalone: list[float], global_batch: int) -> list[list[int]]:
     """Candidate fixed splits: proportional to ``standalone**gamma`` for each of ``SWEEP_GAMMAS``, then the slowest
     container at one sample (where a slow container's fixed cost per step outweighs its samples).
@@ -134,7 +146,7 @@ def static_splits(standalone: list[float], global_batch: int) -> list[list[int]]
 class Cluster:
     """Worker containers with unique names on their own network, a shared run directory, and the emulator."""
 
-    def __init__(self, workers: int, run_dir: Path, model: str = "mlp", image: str = IMAGE) -> None:
+    def __init__(self, workers: int, run_dir: Path, model: str = "mlp", image: str = IMAGE, pin: bool = False) -> None:
         tag = uuid.uuid4().hex[:6]
         self.names = [f"lh-bench-{tag}-w{i}" for i in range(workers)]
         self.run_dir = run_dir
@@ -148,13 +160,36 @@ class Cluster:
         self.levels = LEVELS[workers]
         self.train_args, self.standalone_args, self.batch_per_rank = MODELS[model]
         self.backend = DockerBackend.connect()
+        #: each container's cpuset with ``--pin`` (``None``: every container floats over all of the host's cores)
+        self.cpusets = pinned_cpusets(workers, self.backend.host_cpus()) if pin else None
         self.backend.create_cluster(load_config(overrides=self.base))
         shutil.copy(WORKER, run_dir / "docker_worker.py")
 
     def overrides(self, extra: list[str]) -> list[str]:
         # user levels may not reuse the presets' names: q<name> holds the quotas of <name>
-        levels = [f"levels.q{name}=[{','.join(map(str, quotas))}]" for name, quotas in self.levels.items()]
+        levels = [
+            f"levels.q{name}=[{','.join(self._allocation(k, quota) for k, quota in enumerate(quotas))}]"
+            for name, quotas in self.levels.items()
+        ]
         return [*self.base, *levels, *extra]
+
+    def _allocation(self, container: int, quota: float) -> str:
+        """A container's entry in a level: its quota, and with ``--pin`` its own core too."""
+        if self.cpusets is None:
+            return str(quota)
+        return f"{{cpuset: '{self.cpusets[container]}', cpus: {quota}}}"
+
+    def _standalone_cpuset(self, quota: float) -> str:
+        """Where a standalone run at ``quota`` computes: with ``--pin`` the core of the first container that runs at
+        that quota in a level, else all of the host's cores."""
+        if self.cpusets is None:
+            return f"0-{self.backend.host_cpus() - 1}"
+        return next(
+            self.cpusets[k]
+            for quotas in self.levels.values()
+            for k, level_quota in enumerate(quotas)
+            if level_quota == quota
+        )
 
     def apply(self, level: str) -> None:
         run_static(load_config(overrides=self.overrides([f"level=q{level}"])), self.backend)
@@ -211,10 +246,10 @@ class Cluster:
         }
 
     def standalone(self, quota_cpus: float, epochs: int) -> float:
-        """One process alone in the first container at ``quota_cpus``: the ideal samples/s at that quota."""
+        """One process alone in the first container at ``quota_cpus`` (with ``--pin`` on that quota's core): the ideal
+        samples/s at that quota."""
         name = self.names[0]
-        all_cores = f"0-{self.backend.host_cpus() - 1}"
-        update = ContainerUpdate(name, all_cores, int(quota_cpus * 100_000), 100_000)
+        update = ContainerUpdate(name, self._standalone_cpuset(quota_cpus), int(quota_cpus * 100_000), 100_000)
         self.backend.apply([update], reason=f"standalone at {quota_cpus:g} CPU")
         return self._standalone_run(name, f"standalone-{quota_cpus:g}", epochs)
 
@@ -241,7 +276,7 @@ class Cluster:
 
 
 def run_workers(workers: int, args: argparse.Namespace, run_dir: Path) -> tuple[list[dict[str, Any]], dict]:
-    cluster = Cluster(workers, run_dir, args.model, args.image)
+    cluster = Cluster(workers, run_dir, args.model, args.image, pin=args.pin)
     rows = []
     try:
         used = [*args.levels, *(name for _, name in SCHEDULE if args.schedule)]
@@ -491,6 +526,11 @@ def main() -> None:
     parser.add_argument(
         "--concurrent-ideal", action="store_true", help="also measure the standalone runs all at once, per level"
     )
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="give each container its own core (a cpuset beside its quota) instead of letting all float over the host's",
+    )
     parser.add_argument("--quick", action="store_true", help="HL4, DDP and HeteroBatch, 3 epochs, no schedule")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "docker.json")
     parser.add_argument(
@@ -522,13 +562,15 @@ def main() -> None:
     lines = summarise(rows)
     print("\n".join(lines))
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    host_cpus = DockerBackend.connect().host_cpus()
     conditions = {
         "host": platform.node(),
-        "cpus": DockerBackend.connect().host_cpus(),
+        "cpus": host_cpus,
         "note": "2-core machine shared with other jobs; quotas via container.update; one thread per container",
         "model": args.model,
         "epochs": args.epochs,
         "levels": {str(n): LEVELS[n] for n in args.workers},
+        "cpusets": {str(n): pinned_cpusets(n, host_cpus) if args.pin else None for n in args.workers},
         "schedule": SCHEDULE,
         "hetero_settings": "HeteroBatchCallback() with every setting at its default (adjustments at epoch ends); "
         "static splits: initial_batch_sizes only, adjustment off",
