@@ -22,6 +22,9 @@ between the one-minute runs weighs on both arms alike. The row of each HeteroBat
 the warm-up epoch (``changes_after_warmup``). With ``--concurrent-ideal`` the standalone runs of a level are also
 measured all at once, one per container under the level's quotas: the ideal as the host delivers it while every
 container computes (on a 2-core host shared with other jobs a container alone runs faster than beside the others).
+With ``--pin`` each container also gets its own core (a cpuset beside its quota; the host's cores taken in turn), as
+on separate machines, and each standalone run computes on the core of a container at its quota; without it every
+container floats over all of the host's cores, where the containers and the host's own work meet on the same cores.
 
 Epoch 0 is an untimed warm-up. Throughput = training samples / training time over the timed epochs, where an
 epoch's time runs from the earliest rank's start to the latest rank's last batch (the containers share the host's
@@ -33,6 +36,8 @@ Usage:
     python benchmarks/bench_docker.py --quick --model resnet20 --sweep --concurrent-ideal --repeats 3
     python benchmarks/bench_docker.py --model resnet20 --levels HL4 --methods hetero --no-schedule --epochs 3 \\
         --sweep --paired 2   # the controller against the best static split, side by side
+    python benchmarks/bench_docker.py --model resnet20 --levels HL4 --methods hetero --no-schedule --epochs 3 \\
+        --sweep --repeats 3 --paired 1 --pin   # the same, each container on its own core
     python benchmarks/bench_docker.py --workers 2 4
     python benchmarks/bench_docker.py --plot-only benchmarks/results/docker.json benchmarks/results/docker_4w.json
 
@@ -119,6 +124,44 @@ def pinned_cpusets(workers: int, host_cpus: int) -> list[str]:
     return [str(k % host_cpus) for k in range(workers)]
 
 
+def level_overrides(levels: dict[str, list[float]], cpusets: list[str] | None) -> list[str]:
+    """The emulator's user levels for ``levels`` (user levels may not reuse the presets' names: ``q<name>`` holds the
+    quotas of ``<name>``), each container with its quota and, given ``cpusets``, its own core.
+
+    Example::
+
+        >>> level_overrides({"HL4": [1.0, 0.25]}, None)
+        ['levels.qHL4=[1.0,0.25]']
+        >>> level_overrides({"HL4": [1.0, 0.25]}, ["0", "1"])
+        ["levels.qHL4=[{cpuset: '0', cpus: 1.0},{cpuset: '1', cpus: 0.25}]"]
+    """
+
+    def allocation(container: int, quota: float) -> str:
+        return str(quota) if cpusets is None else f"{{cpuset: '{cpusets[container]}', cpus: {quota}}}"
+
+    return [
+        f"levels.q{name}=[{','.join(allocation(k, quota) for k, quota in enumerate(quotas))}]"
+        for name, quotas in levels.items()
+    ]
+
+
+def standalone_cpuset(levels: dict[str, list[float]], cpusets: list[str] | None, quota: float, host_cpus: int) -> str:
+    """Where a standalone run at ``quota`` computes: given ``cpusets``, the core of the first container that runs at
+    that quota in a level; else all of the host's cores.
+
+    Example::
+
+        >>> levels = {"HL2": [1.0, 0.5], "HL4": [1.0, 0.25]}
+        >>> standalone_cpuset(levels, ["0", "1"], 0.25, 2), standalone_cpuset(levels, None, 0.25, 2)
+        ('1', '0-1')
+    """
+    if cpusets is None:
+        return f"0-{host_cpus - 1}"
+    return next(
+        cpusets[k] for quotas in levels.values() for k, level_quota in enumerate(quotas) if level_quota == quota
+    )
+
+
 def static_splits(standalone: list[float], global_batch: int) -> list[list[int]]:
     """Candidate fixed splits: proportional to ``standalone**gamma`` for each of ``SWEEP_GAMMAS``, then the slowest
     container at one sample (where a slow container's fixed cost per step outweighs its samples).
@@ -167,29 +210,7 @@ class Cluster:
 
     def overrides(self, extra: list[str]) -> list[str]:
         # user levels may not reuse the presets' names: q<name> holds the quotas of <name>
-        levels = [
-            f"levels.q{name}=[{','.join(self._allocation(k, quota) for k, quota in enumerate(quotas))}]"
-            for name, quotas in self.levels.items()
-        ]
-        return [*self.base, *levels, *extra]
-
-    def _allocation(self, container: int, quota: float) -> str:
-        """A container's entry in a level: its quota, and with ``--pin`` its own core too."""
-        if self.cpusets is None:
-            return str(quota)
-        return f"{{cpuset: '{self.cpusets[container]}', cpus: {quota}}}"
-
-    def _standalone_cpuset(self, quota: float) -> str:
-        """Where a standalone run at ``quota`` computes: with ``--pin`` the core of the first container that runs at
-        that quota in a level, else all of the host's cores."""
-        if self.cpusets is None:
-            return f"0-{self.backend.host_cpus() - 1}"
-        return next(
-            self.cpusets[k]
-            for quotas in self.levels.values()
-            for k, level_quota in enumerate(quotas)
-            if level_quota == quota
-        )
+        return [*self.base, *level_overrides(self.levels, self.cpusets), *extra]
 
     def apply(self, level: str) -> None:
         run_static(load_config(overrides=self.overrides([f"level=q{level}"])), self.backend)
@@ -249,7 +270,8 @@ class Cluster:
         """One process alone in the first container at ``quota_cpus`` (with ``--pin`` on that quota's core): the ideal
         samples/s at that quota."""
         name = self.names[0]
-        update = ContainerUpdate(name, self._standalone_cpuset(quota_cpus), int(quota_cpus * 100_000), 100_000)
+        cpuset = standalone_cpuset(self.levels, self.cpusets, quota_cpus, self.backend.host_cpus())
+        update = ContainerUpdate(name, cpuset, int(quota_cpus * 100_000), 100_000)
         self.backend.apply([update], reason=f"standalone at {quota_cpus:g} CPU")
         return self._standalone_run(name, f"standalone-{quota_cpus:g}", epochs)
 

@@ -104,3 +104,19 @@ def test_changes_after_warmup_counts_only_the_timed_epochs():
     assert bench.changes_after_warmup({"history": history}) == 1
     assert bench.changes_after_warmup({"history": history[:2]}) == 0
     assert bench.changes_after_warmup(None) is None
+
+
+@pytest.mark.parametrize("workers", sorted(bench.LEVELS))
+def test_pinned_levels_give_each_container_its_core_beside_its_quota(workers):
+    from lightning_hetero.emulation.config import load_config
+
+    levels, cpusets = bench.LEVELS[workers], bench.pinned_cpusets(workers, 2)
+    containers = f"containers=[{','.join(f'w{k}' for k in range(workers))}]"
+    pinned = load_config(overrides=[containers, *bench.level_overrides(levels, cpusets)]).resolve_level("qHL4", 2)
+    assert [a.cpuset for a in pinned.allocations] == cpusets
+    assert [a.cpus for a in pinned.allocations] == levels["HL4"]
+    floating = load_config(overrides=[containers, *bench.level_overrides(levels, None)]).resolve_level("qHL4", 2)
+    assert [a.cpuset for a in floating.allocations] == [None] * workers
+    slowest = levels["HL4"].index(min(levels["HL4"]))  # a quota only HL4 has: its standalone run takes that core
+    assert bench.standalone_cpuset(levels, cpusets, levels["HL4"][slowest], 2) == cpusets[slowest]
+    assert bench.standalone_cpuset(levels, None, levels["HL4"][slowest], 2) == "0-1"
