@@ -264,7 +264,12 @@ class Cluster:
             "wall_s": wall_s,
             "throttling": throttling,
             "quotas": [c["quota_us"] for c in after],
+            "cpusets": self.cpusets_held(),
         }
+
+    def cpusets_held(self) -> list[str]:
+        """Each container's cpuset as Docker holds it now (``""``: all of the host's cores)."""
+        return [self.backend.client.containers.get(name).attrs["HostConfig"]["CpusetCpus"] for name in self.names]
 
     def standalone(self, quota_cpus: float, epochs: int) -> float:
         """One process alone in the first container at ``quota_cpus`` (with ``--pin`` on that quota's core): the ideal
@@ -356,6 +361,7 @@ def run_workers(workers: int, args: argparse.Namespace, run_dir: Path) -> tuple[
                         "final_split": result["reports"][0]["final_split"],
                         "val_acc": result["reports"][0]["epochs"][-1].get("val_acc"),
                         "throttling": result["throttling"],
+                        "cpusets": result["cpusets"],
                         "wall_s": result["wall_s"],
                         "load_average_1min": os.getloadavg()[0],
                     }
