@@ -209,7 +209,6 @@ class Cluster:
         shutil.copy(WORKER, run_dir / "docker_worker.py")
 
     def overrides(self, extra: list[str]) -> list[str]:
-        # user levels may not reuse the presets' names: q<name> holds the quotas of <name>
         return [*self.base, *level_overrides(self.levels, self.cpusets), *extra]
 
     def apply(self, level: str) -> None:
@@ -268,7 +267,7 @@ class Cluster:
         }
 
     def cpusets_held(self) -> list[str]:
-        """Each container's cpuset as Docker holds it now (``""``: all of the host's cores)."""
+        """Each container's cpuset as Docker holds it now (a floating level sets all of the host's cores, ``0-1`` on 2)."""
         return [self.backend.client.containers.get(name).attrs["HostConfig"]["CpusetCpus"] for name in self.names]
 
     def standalone(self, quota_cpus: float, epochs: int) -> float:
