@@ -10,7 +10,7 @@ throughput is the sum of its containers' standalone throughputs (per epoch, for 
 (periods throttled, time throttled) are read from each container's own cgroup before and after each run.
 
 HeteroBatch runs as a user gets it, ``HeteroBatchCallback()`` with every setting at its default (so the split changes
-at epoch ends). Workloads (``--model``): ``mlp`` (the default: a 1 M-parameter perceptron, cheap per sample, 4 MB of
+early in the first epoch and at epoch ends). Workloads (``--model``): ``mlp`` (the default: a 1 M-parameter perceptron, cheap per sample, 4 MB of
 gradients per step) and ``resnet20`` (issue 17's: CIFAR ResNet-20 on generated images, global batch 128,
 compute-bound). With ``--sweep`` HeteroBatch's batch-weighted DDP also runs at fixed splits (``static``): splits
 proportional to the standalone throughputs raised to 0.75, 1, 1.5 and 3, the slowest container at one sample, and the
@@ -599,7 +599,8 @@ def main() -> None:
         "levels": {str(n): LEVELS[n] for n in args.workers},
         "cpusets": {str(n): pinned_cpusets(n, host_cpus) if args.pin else None for n in args.workers},
         "schedule": SCHEDULE,
-        "hetero_settings": "HeteroBatchCallback() with every setting at its default (adjustments at epoch ends); "
+        "hetero_settings": "HeteroBatchCallback() with every setting at its default (adjustments early in "
+        "the first epoch and at epoch ends); "
         "static splits: initial_batch_sizes only, adjustment off",
         "load_average": os.getloadavg(),
     }

@@ -7,7 +7,7 @@ from the environment ``lightning-hetero cluster up`` sets (MASTER_ADDR, MASTER_P
 ``OUT/report-rank{k}.json``: per-epoch training windows (validation excluded) and what the method's callback recorded
 (for HeteroBatch: the history of split changes, every rank's fitted cost and measured busy time, the synchronous
 step and the CPU quota the rank read from its cgroup). HeteroBatch runs with every setting at its default
-(``HeteroBatchCallback()``: adjustments at epoch ends). ``--split a,b`` runs HeteroBatch's batch-weighted DDP at a
+(``HeteroBatchCallback()``: adjustments early in the first epoch and at epoch ends). ``--split a,b`` runs HeteroBatch's batch-weighted DDP at a
 fixed split (no adjustment), for a sweep of static splits.
 """
 

@@ -52,6 +52,40 @@ def test_asynchronous_strategy_adjusts_at_epoch_ends(run_script, tmp_path):
     assert fast["adjustments"] <= 3, "at most one adjustment per epoch end"
 
 
+@pytest.mark.timing
+@pytest.mark.multiprocess
+def test_defaults_rebalance_inside_the_first_epoch_then_at_epoch_ends(run_script, tmp_path):
+    """With the defaults the first epoch adjusts after step 9 (2 warm-up steps, then 7 measured) as well as at its
+    end, so that the next epoch starts from a split fitted on two sizes; later epochs adjust at their ends only."""
+    run_script("hetero_train.py", str(tmp_path), "slow", "--epochs", "3")
+    fast, slow = results(tmp_path, "slow")
+    assert fast["history"] == slow["history"]
+    steps = [change["step"] for change in fast["history"]]
+    assert steps and steps[0] == 9, fast["history"]
+    assert all(step % 16 == 0 for step in steps[1:]), fast["history"]
+    sizes = list(zip(fast["local_sizes"], slow["local_sizes"], strict=True))
+    assert sizes[0] == (32, 32) and sizes[16][1] < sizes[16][0], "epoch 1 starts at a rebalanced split"
+    assert sum(fast["local_sizes"]) + sum(slow["local_sizes"]) == 3 * 1024
+
+
+def test_a_new_tuner_adjusts_early_in_its_first_epoch_only():
+    calls = []
+    callback = HeteroBatchCallback(verbose=False, warmup_steps=3)
+    adjust = callback._adjust
+
+    def recorded(trainer, epoch_end):
+        calls.append((trainer.current_epoch, trainer.global_step, epoch_end))
+        adjust(trainer, epoch_end)
+
+    callback._adjust = recorded
+    datamodule = SyntheticClassificationDataModule(num_samples=512, batch_size=32)  # 16 steps per epoch
+    single_device_trainer(callback, max_epochs=2).fit(MLPClassifier(), datamodule=datamodule)
+    assert calls == [(0, 9, False), (0, 16, True), (1, 32, True)]
+    calls.clear()  # a second fit reuses the tuner, which has its costs: epoch ends only
+    single_device_trainer(callback, max_epochs=1).fit(MLPClassifier(), datamodule=datamodule)
+    assert calls == [(0, 16, True)]
+
+
 @pytest.mark.multiprocess
 def test_mid_epoch_resume_continues_with_the_learned_split_and_weights_every_batch_by_its_real_size(
     run_script, tmp_path

@@ -24,6 +24,7 @@ from lightning_hetero.contracts import HeteroBatchStrategy
 from lightning_hetero.hetero_batch.accumulation import step_weight
 from lightning_hetero.hetero_batch.aggregation import weight_backward
 from lightning_hetero.hetero_batch.batch_statistics import model_floor
+from lightning_hetero.hetero_batch.cadence import adjusts_after
 from lightning_hetero.hetero_batch.compile_shapes import RecompileWatch, mark_batch_dynamic
 from lightning_hetero.hetero_batch.exchange import gather_rows, read_rows
 from lightning_hetero.hetero_batch.loader import build_hetero_loader, starting_batch_size
@@ -98,7 +99,7 @@ class HeteroBatchCallback(Callback):
             forgets its older measurements (its speed changed, or the model was wrong) and starts again from the
             newest period.
         adjust_every_n_steps: also adjust every ``n`` optimizer steps inside an epoch; by default the split changes
-            only at epoch ends.
+            at epoch ends, and once or twice early in the first epoch (:mod:`~lightning_hetero.hetero_batch.cadence`).
         batch_lr_scaling: ``"linear"`` or ``"sqrt"`` to rescale learning rates when ``global_batch_size`` differs
             from the loader's ``batch_size`` x world size; ``None`` leaves them alone. (Not to be confused with
             ``AsyncPSStrategy(lr_scaling=...)``, which scales each update by its staleness.)
@@ -187,6 +188,7 @@ class HeteroBatchCallback(Callback):
         self._quota_source: Callable[[], float | None] | None = None
         self._memory: MemoryGuard | None = None  # memory_caps="auto"
         self._recompiles: RecompileWatch | None = None
+        self._first_epoch: int | None = None  # a new tuner's first epoch adjusts early too (not a restored one)
 
     @property
     def batch_sizes(self) -> tuple[int, ...] | None:
@@ -246,6 +248,7 @@ class HeteroBatchCallback(Callback):
 
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._first_epoch = trainer.current_epoch if self.tuner is not None and self.tuner.costs is None else None
         # once per run (the checkpoint remembers it): the train loader, built by now, fixed both global batches
         if self._lr_scale_applied or self.tuner is None or self._loader_global_batch is None:
             return
@@ -327,10 +330,10 @@ class HeteroBatchCallback(Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         close_compute_window(self.timer, self.meter, self._local_batch_size)
-        n = self.adjust_every_n_steps
         assert self.sampler is not None
-        mid_epoch = n is not None and (batch_idx + 1) % n == 0 and batch_idx + 1 < len(self.sampler)
-        if mid_epoch and _in_lock_step(trainer.strategy):
+        first = trainer.current_epoch == self._first_epoch
+        after = adjusts_after(batch_idx + 1, len(self.sampler), self.adjust_every_n_steps, self.warmup_steps, first)
+        if after and _in_lock_step(trainer.strategy):
             self._adjust(trainer, epoch_end=False)
 
     @override
