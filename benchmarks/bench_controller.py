@@ -8,6 +8,10 @@ Scenarios (2 and 4 DDP ranks on gloo, global batch 64, adjustments every 8 steps
   flip                    the slow and fast ranks swap 2 steps after an adjustment (sleep HL4, then cfs 1/4)
   homogeneous             equal ranks: HeteroBatch against plain DDP, and plain DDP against itself (the noise
                           floor), the three arms in rotating order
+  first epoch             one epoch from the equal split, whole-epoch throughput (HL4 sleeps, cfs cpu 1/4): the
+                          callback's default cadence (early adjustments in the first epoch) against adjustments at
+                          epoch ends only (no change inside this epoch) and the speed-proportional static split,
+                          ``--paired`` repeats in rotating order
 Each launch of N ranks runs the controller and every static candidate one after another, ``--repeats`` times
 interleaved (4-rank static scenarios one time fewer), so that all of them see the same machine load; medians over
 repeats are reported. Static candidates are splits proportional to speed**gamma (6 for 2 ranks, 3 for 4 ranks).
@@ -104,15 +108,20 @@ def settling(splits: list[tuple[int, ...]], switch: int, before: tuple[int, ...]
     return {"settled_periods": settled_at / PERIOD, "overshoot": overshoot, "final": list(final)}
 
 
-def static_candidates(factors: list[float]) -> list[list[int]]:
-    """Splits proportional to speed**gamma, around the plain proportional split (gamma = 1)."""
+def speed_split(factors: list[float], gamma: float = 1.0) -> list[int]:
+    """The global batch split in proportion to speed**gamma (speed: 1 / slowdown factor)."""
     from lightning_hetero.allocation import apportion
 
     n = len(factors)
-    gammas = [0.7, 0.85, 1.0, 1.15, 1.3, 1.6] if n == 2 else [0.8, 1.0, 1.3]
+    return apportion([(1 / f) ** gamma for f in factors], GLOBAL_BATCH, [1] * n, [GLOBAL_BATCH] * n)
+
+
+def static_candidates(factors: list[float]) -> list[list[int]]:
+    """Splits proportional to speed**gamma, around the plain proportional split (gamma = 1)."""
+    gammas = [0.7, 0.85, 1.0, 1.15, 1.3, 1.6] if len(factors) == 2 else [0.8, 1.0, 1.3]
     candidates = []
     for gamma in gammas:
-        split = apportion([(1 / f) ** gamma for f in factors], GLOBAL_BATCH, [1] * n, [GLOBAL_BATCH] * n)
+        split = speed_split(factors, gamma)
         if split not in candidates:
             candidates.append(split)
     return candidates
@@ -206,6 +215,36 @@ def static_scenario(
         "final_splits": [list(splits_per_step(r)[-1]) for r in hetero],
         # each change: step, split, reason, whether a rank's measured speed had changed, the synchronous step before
         "changes": [[change_record(h) for h in r["history"]] for r in hetero],
+    }
+
+
+def first_epoch_scenario(
+    name: str, factors: list[float], throttle: str, args: argparse.Namespace, compute: str = "sleep"
+) -> dict:
+    """A first epoch of ``--steps`` steps from the equal split: what the default cadence's early adjustments are
+    worth there, against adjustments at epoch ends only (which change nothing inside it) and a good static split."""
+    proportional = speed_split(factors)
+    arms = {
+        "default": {"kind": "hetero", "options": {"adjust_every_n_steps": None}},
+        "epoch_ends": {"kind": "hetero", "options": {"adjust_every_n_steps": args.steps + 1}},
+        "static": {"kind": "static", "split": proportional},
+    }
+    results = launch(factors, rotating_order(list(arms.values()), args.paired), throttle, args.steps, compute=compute)
+    runs = {key: [throughput(r, 1) for r in arm_runs(results, arm)] for key, arm in arms.items()}
+    default = arm_runs(results, arms["default"])
+    return {
+        "scenario": name,
+        "ranks": len(factors),
+        "factors": factors,
+        "throttle": throttle,
+        "compute": compute,
+        "static_split": proportional,
+        "samples_per_s": runs,
+        "first_epoch": {
+            key: statistics.median(paired_ratios(runs[key], runs["static"])) for key in ("default", "epoch_ends")
+        },
+        "default_changes": [[change_record(h) for h in r["history"]] for r in default],
+        "default_final_splits": [list(splits_per_step(r)[-1]) for r in default],
     }
 
 
@@ -306,6 +345,12 @@ def print_table(args: argparse.Namespace, results: list[dict]) -> None:
                 f"{row['overshoot']:.0%}, worst inversion after the first adjustment "
                 f"{row['worst_inversion_after_first_adjustment']}"
             )
+        if "first_epoch" in row:
+            fractions = row["first_epoch"]
+            print(
+                f"{row['title']:<24} first epoch over the static split {row['static_split']}: default "
+                f"{fractions['default']:.3f}, adjusting at epoch ends only {fractions['epoch_ends']:.3f}"
+            )
         if row["scenario"] == "homogeneous":
             ratios = ", ".join(f"{r:.3f}" for r in row["ratios"])
             print(
@@ -358,6 +403,15 @@ def main() -> None:
     plan.append(("flip HL4, 2 ranks", lambda: flip_scenario("flip HL4", [1.0, 4.0], "sleep", args)))
     plan.append(("flip cfs 1/4, 2 ranks", lambda: flip_scenario("flip cfs 1/4", [1.0, 4.0], "cfs", args)))
     plan.append(("homogeneous, 2 ranks", lambda: homogeneous_scenario(args)))
+    plan.append(
+        ("first epoch HL4, 2 ranks", lambda: first_epoch_scenario("first epoch HL4", [1.0, 4.0], "sleep", args))
+    )
+    plan.append(
+        (
+            "first epoch cfs cpu 1/4, 2 ranks",
+            lambda: first_epoch_scenario("first epoch cfs cpu 1/4", [1.0, 4.0], "cfs", args, "spin"),
+        )
+    )
     if not args.quick:
         for level, factors in FOUR_RANKS.items():
             plan.append((f"sleep {level}, 4 ranks", lambda f=factors, n=level: static_scenario(n, f, "sleep", args)))

@@ -99,13 +99,9 @@ def one_run(args: argparse.Namespace, run: dict, world: int) -> dict | None:
     callbacks: list[Callback] = [clock, emulator]
     hetero = None
     if run["kind"] != "ddp":
-        hetero = HeteroBatchCallback(
-            adjust_every_n_steps=args.adjust_every,
-            initial_batch_sizes=run.get("split"),
-            warmup_steps=2,
-            verbose=False,
-            **run.get("options", {}),
-        )
+        settings = {"adjust_every_n_steps": args.adjust_every, "initial_batch_sizes": run.get("split")}
+        # a run's options override the launch's settings (adjust_every_n_steps=None: the callback's default cadence)
+        hetero = HeteroBatchCallback(**settings | {"warmup_steps": 2, "verbose": False} | run.get("options", {}))
         if run["kind"] == "static":
             hetero._adjust = lambda *args, **kwargs: None  # a fixed split: the callback only splits and weights
         callbacks.insert(0, hetero)

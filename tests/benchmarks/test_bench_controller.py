@@ -65,3 +65,28 @@ def test_a_change_is_recorded_with_whether_a_speed_had_changed_and_the_step_it_w
     ]
     records = [bench.change_record(h) for h in history]
     assert records == [(8, [51, 13], "balance", False, 0.12), (16, [46, 18], "balance", True, 0.07)]
+
+
+def test_first_epoch_pairs_the_default_cadence_and_epoch_end_adjustments_with_the_proportional_split(monkeypatch):
+    launched = []
+
+    def fake_launch(factors, runs, throttle, steps, compute):
+        launched.extend(runs)
+        rates = {None: 800.0, steps + 1: 500.0}  # the default cadence, epoch ends only; the static split 1000
+        out = []
+        for run in runs:
+            rate = rates[run["options"]["adjust_every_n_steps"]] if run["kind"] == "hetero" else 1000.0
+            starts = [i * 64 / rate for i in range(steps)]
+            history = [{"step": 10, "to": [52, 12], "reason": "balance", "changed": [False, False], "sync_step_s": 0.1}]
+            out.append({"run": run, "starts": starts, "local_sizes": [[32] * steps, [32] * steps], "history": history})
+        return out
+
+    monkeypatch.setattr(bench, "launch", fake_launch)
+    args = type("Args", (), {"paired": 2, "steps": 40})()
+    row = bench.first_epoch_scenario("first epoch", [1.0, 4.0], "sleep", args)
+    default = {"kind": "hetero", "options": {"adjust_every_n_steps": None}}
+    epoch_ends = {"kind": "hetero", "options": {"adjust_every_n_steps": 41}}
+    static = {"kind": "static", "split": [52, 12]}
+    assert launched == [default, epoch_ends, static, epoch_ends, static, default]
+    assert row["first_epoch"] == pytest.approx({"default": 0.8, "epoch_ends": 0.5})
+    assert row["default_changes"] == [[(10, [52, 12], "balance", False, 0.1)]] * 2
