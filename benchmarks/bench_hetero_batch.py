@@ -10,7 +10,11 @@ Runs, side by side in one invocation:
 Throughput is the median over steady-state steps of global samples per step / step wall time (rank 0's clock),
 skipping the first epoch. Prints a table and writes JSON to benchmarks/results/hetero_batch.json.
 
-Usage: python benchmarks/bench_hetero_batch.py [--repeats 1] [--cost-s 0.0003]
+HeteroBatch adjusts every ``--adjust-every`` steps (default 8, 2 warm-up steps); ``--defaults`` runs
+``HeteroBatchCallback()`` with every setting at its default instead (early adjustments in the first epoch, then at
+epoch ends).
+
+Usage: python benchmarks/bench_hetero_batch.py [--repeats 1] [--cost-s 0.0003] [--defaults]
 """
 
 from __future__ import annotations
@@ -66,9 +70,14 @@ def main() -> None:
     parser.add_argument("--cost-s", type=float, default=0.0003, help="emulated compute per sample at factor 1")
     parser.add_argument("--samples", type=int, default=2048)
     parser.add_argument("--adjust-every", type=int, default=8)
+    parser.add_argument(
+        "--defaults", action="store_true", help="HeteroBatchCallback() at its defaults (replaces --adjust-every)"
+    )
     parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats; medians are reported")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "hetero_batch.json")
     args = parser.parse_args()
+    if args.defaults:
+        args.adjust_every = 0  # the worker's HeteroBatchCallback() with every setting at its default
     cost, batch = args.cost_s, 32
     steps_per_epoch = args.samples // (2 * batch)
     common = {"samples": args.samples}
@@ -129,11 +138,11 @@ def main() -> None:
         print(f"{name:<34} {value:>18.0f} {value / ideal:>9.2f} {split or ''!s:>12}")
     print(f"\nHeteroBatch / ideal, one rank 4x slower: {hetero_ratio:.2f} (target >= 0.90); plain DDP: {ddp_ratio:.2f}")
     print(f"HeteroBatch / DDP, equal ranks: {equal_ratio:.3f} (target >= 0.97)")
-    periods = None if recovery is None else recovery / args.adjust_every
+    cadence = "adjusting with the defaults" if args.defaults else f"periods of {args.adjust_every} steps"
+    periods = "" if recovery is None or args.defaults else f"{recovery / args.adjust_every:.2f} "
     print(
         f"after the slow rank changes at step {switch_step}: back within 10% of ideal after {recovery} steps "
-        f"({periods if periods is None else f'{periods:.2f}'} periods of {args.adjust_every} steps; "
-        f"{adjustments_needed} adjustment(s) after the change)"
+        f"({periods}{cadence}; {adjustments_needed} adjustment(s) after the change)"
     )
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -147,7 +156,10 @@ def main() -> None:
                     "cost_s_per_sample": cost,
                     "global_batch": 2 * batch,
                     "samples_per_epoch": args.samples,
-                    "adjust_every_n_steps": args.adjust_every,
+                    "adjust_every_n_steps": args.adjust_every or None,
+                    "hetero_settings": "HeteroBatchCallback() at its defaults"
+                    if args.defaults
+                    else f"HeteroBatchCallback(adjust_every_n_steps={args.adjust_every}, warmup_steps=2)",
                     "epochs": 4,
                     "statistic": "median of per-step samples/s, first epoch skipped",
                     "wall_s": round(time.time() - started, 1),

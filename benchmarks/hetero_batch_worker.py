@@ -58,7 +58,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=2048)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--epochs", type=int, default=4)
-    parser.add_argument("--adjust-every", type=int, default=8)
+    parser.add_argument("--adjust-every", type=int, default=8, help="0: HeteroBatchCallback() at its defaults")
     args = parser.parse_args()
     torch.set_num_threads(1)
     L.seed_everything(0, verbose=False)
@@ -68,7 +68,8 @@ def main() -> None:
     callbacks: list[Callback] = [clock]
     hetero = None
     if args.method == "hetero":
-        hetero = HeteroBatchCallback(adjust_every_n_steps=args.adjust_every, warmup_steps=2, verbose=False)
+        settings = {"adjust_every_n_steps": args.adjust_every, "warmup_steps": 2} if args.adjust_every else {}
+        hetero = HeteroBatchCallback(**settings, verbose=False)
         callbacks.append(hetero)
     devices = 1 if args.method == "single" else len(factors)
     strategy = "auto" if devices == 1 else DDPStrategy(process_group_backend="gloo", timeout=timedelta(seconds=120))
