@@ -6,7 +6,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lightning_hetero.hetero_batch.cadence import EARLY_ADJUSTMENTS, EARLY_MIN_PERIOD, adjusts_after, early_steps
+from lightning_hetero.hetero_batch.cadence import (
+    EARLY_ADJUSTMENTS,
+    EARLY_MIN_PERIOD,
+    STEADY_PERIOD,
+    adjusts_after,
+    early_steps,
+)
 
 
 @given(steps=st.integers(0, 400), warmup=st.integers(0, 20))
@@ -36,8 +42,10 @@ def test_a_set_period_replaces_the_early_adjustments_in_every_epoch():
         assert chosen == [5, 10, 15]
 
 
-def test_later_epochs_and_epoch_ends_have_no_inside_adjustment():
-    assert not any(adjusts_after(s, 100, every=None, warmup_steps=3, first_epoch=False) for s in range(1, 101))
+def test_later_epochs_adjust_every_steady_period_and_short_ones_at_their_end_only():
+    later = [s for s in range(1, 101) if adjusts_after(s, 100, every=None, warmup_steps=3, first_epoch=False)]
+    assert later == list(range(STEADY_PERIOD, 100, STEADY_PERIOD))
+    assert not any(adjusts_after(s, 32, every=None, warmup_steps=3, first_epoch=False) for s in range(1, 33))
     assert not adjusts_after(16, 16, every=None, warmup_steps=0, first_epoch=True)  # the epoch's end adjusts anyway
     assert not adjusts_after(16, 16, every=4, warmup_steps=0, first_epoch=True)
 

@@ -1,5 +1,6 @@
-"""When HeteroBatch adjusts inside an epoch: every ``adjust_every_n_steps`` steps if set; by default only early in
-the first epoch, so that the first split is measured and corrected before the epoch ends.
+"""When HeteroBatch adjusts inside an epoch: every ``adjust_every_n_steps`` steps if set; by default early in the
+first epoch, so that the first split is measured and corrected before the epoch ends, and every
+:data:`STEADY_PERIOD` steps inside every epoch, so that a speed change inside a long epoch is followed before its end.
 
 Why early: an adjustment fits each rank's cost (a fixed overhead plus a per-sample cost) on the batch sizes it has
 run. The first one has seen one split only, so it cannot tell a rank's overhead from its per-sample cost and lands
@@ -19,6 +20,9 @@ EARLY_PERIOD = 8
 EARLY_MIN_PERIOD = 4
 #: early adjustments in the first epoch at most (the epoch's end adjusts too)
 EARLY_ADJUSTMENTS = 2
+#: by default, steps between adjustments inside every epoch (as many as a split's synchronous steps are kept:
+#: ``period.SYNC_STEPS_KEPT``); an epoch of at most this many steps adjusts at its end only
+STEADY_PERIOD = 32
 
 
 def early_steps(steps_in_epoch: int, warmup_steps: int) -> tuple[int, ...]:
@@ -48,7 +52,8 @@ def early_steps(steps_in_epoch: int, warmup_steps: int) -> tuple[int, ...]:
 
 def adjusts_after(step: int, steps_in_epoch: int, every: int | None, warmup_steps: int, first_epoch: bool) -> bool:
     """Whether HeteroBatch adjusts after the epoch's ``step``-th step (from 1), short of the epoch's end (which
-    always adjusts): every ``every`` steps when set, else at :func:`early_steps` in the first epoch only.
+    always adjusts): every ``every`` steps when set, else at :func:`early_steps` in the first epoch and every
+    :data:`STEADY_PERIOD` steps in every epoch.
 
     Example::
 
@@ -56,6 +61,10 @@ def adjusts_after(step: int, steps_in_epoch: int, every: int | None, warmup_step
         [9]
         >>> [s for s in range(1, 17) if adjusts_after(s, 16, every=None, warmup_steps=3, first_epoch=False)]
         []
+        >>> [s for s in range(1, 101) if adjusts_after(s, 100, every=None, warmup_steps=3, first_epoch=True)]
+        [11, 19, 32, 64, 96]
+        >>> [s for s in range(1, 101) if adjusts_after(s, 100, every=None, warmup_steps=3, first_epoch=False)]
+        [32, 64, 96]
         >>> [s for s in range(1, 17) if adjusts_after(s, 16, every=4, warmup_steps=3, first_epoch=False)]
         [4, 8, 12]
     """
@@ -63,4 +72,4 @@ def adjusts_after(step: int, steps_in_epoch: int, every: int | None, warmup_step
         return False
     if every is not None:
         return step % every == 0
-    return first_epoch and step in early_steps(steps_in_epoch, warmup_steps)
+    return step % STEADY_PERIOD == 0 or (first_epoch and step in early_steps(steps_in_epoch, warmup_steps))

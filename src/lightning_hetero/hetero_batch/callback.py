@@ -99,7 +99,8 @@ class HeteroBatchCallback(Callback):
             forgets its older measurements (its speed changed, or the model was wrong) and starts again from the
             newest period.
         adjust_every_n_steps: also adjust every ``n`` optimizer steps inside an epoch; by default the split changes
-            at epoch ends, and once or twice early in the first epoch (:mod:`~lightning_hetero.hetero_batch.cadence`).
+            at epoch ends, once or twice early in the first epoch and every 32 steps inside an epoch
+            (:mod:`~lightning_hetero.hetero_batch.cadence`).
         batch_lr_scaling: ``"linear"`` or ``"sqrt"`` to rescale learning rates when ``global_batch_size`` differs
             from the loader's ``batch_size`` x world size; ``None`` leaves them alone. (Not to be confused with
             ``AsyncPSStrategy(lr_scaling=...)``, which scales each update by its staleness.)
