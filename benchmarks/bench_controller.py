@@ -6,6 +6,8 @@ Scenarios (2 and 4 DDP ranks on gloo, global batch 64, adjustments every 8 steps
   cfs cpu                 the same quota on real CPU work (a busy loop): the ranks compete for the host's cores
                           (2 ranks at 1 and 1/4 CPU; 4 ranks at 1/2, 1/2, 1/2 and 1/8)
   flip                    the slow and fast ranks swap 2 steps after an adjustment (sleep HL4, then cfs 1/4)
+  flip, default cadence   the same in one long epoch with the callback's default cadence (adjustments every 32
+                          steps after the early ones; sleep HL4, cfs 1/4, cfs cpu 1/4), periods of 32 steps
   homogeneous             equal ranks: HeteroBatch against plain DDP, and plain DDP against itself (the noise
                           floor), the three arms in rotating order
   first epoch             one epoch from the equal split, whole-epoch throughput (HL4 sleeps, cfs cpu 1/4): the
@@ -43,6 +45,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from lightning_hetero.hetero_batch.cadence import STEADY_PERIOD
 
 HERE = Path(__file__).parent
 WORKER = HERE / "controller_worker.py"
@@ -88,9 +92,9 @@ def worst_inversion(splits: list[tuple[int, ...]], factors: list[float]) -> int:
     return worst
 
 
-def settling(splits: list[tuple[int, ...]], switch: int, before: tuple[int, ...]) -> dict:
-    """Adjustment periods after ``switch`` until the split stays within 10% of the global batch of its final value,
-    and the overshoot beyond the final split (fraction of that rank's final batch)."""
+def settling(splits: list[tuple[int, ...]], switch: int, before: tuple[int, ...], period: int = PERIOD) -> dict:
+    """Adjustment periods (of ``period`` steps) after ``switch`` until the split stays within 10% of the global batch
+    of its final value, and the overshoot beyond the final split (fraction of that rank's final batch)."""
     final = splits[-1]
     tolerance = 0.1 * GLOBAL_BATCH
     after = splits[switch:]
@@ -105,7 +109,7 @@ def settling(splits: list[tuple[int, ...]], switch: int, before: tuple[int, ...]
         if direction:
             beyond = max(direction * (split[k] - end) for split in after)
             overshoot = max(overshoot, beyond / end)
-    return {"settled_periods": settled_at / PERIOD, "overshoot": overshoot, "final": list(final)}
+    return {"settled_periods": settled_at / period, "overshoot": overshoot, "final": list(final)}
 
 
 def speed_split(factors: list[float], gamma: float = 1.0) -> list[int]:
@@ -260,28 +264,46 @@ def change_record(change: dict) -> tuple:
     return change["step"], list(change["to"]), change["reason"], any(change["changed"]), change["sync_step_s"]
 
 
-def flip_scenario(name: str, factors: list[float], throttle: str, args: argparse.Namespace) -> dict:
-    switch = 6 * PERIOD + 2  # two steps after an adjustment: the least favourable moment
+def flip_scenario(
+    name: str,
+    factors: list[float],
+    throttle: str,
+    args: argparse.Namespace,
+    compute: str = "sleep",
+    default_cadence: bool = False,
+) -> dict:
+    """The slow and fast ranks swap two steps after an adjustment (the least favourable moment): adjustments every
+    ``PERIOD`` steps, or with ``default_cadence`` the callback's default cadence in one long epoch (early adjustments
+    at its start, then every ``STEADY_PERIOD`` steps), periods counted in the cadence's own steps."""
+    period = STEADY_PERIOD if default_cadence else PERIOD
+    switch = (3 if default_cadence else 6) * period + 2
     after = list(reversed(factors))
-    steps = switch + 8 * PERIOD
+    steps = switch + (5 if default_cadence else 8) * period
+    run = {"kind": "hetero", "options": {"adjust_every_n_steps": None}} if default_cadence else {"kind": "hetero"}
     results = launch(
         factors,
-        [{"kind": "hetero"}] * args.repeats,
+        [run] * args.repeats,
         throttle,
         steps,
+        compute=compute,
         factors_after=",".join(f"{f:.4g}" for f in after),
         switch_step=switch,
     )
     rows = []
     for r in results:
         splits = splits_per_step(r)
-        first_adjustment = (switch // PERIOD + 1) * PERIOD  # the first adjustment after the change
+        first_adjustment = (switch // period + 1) * period  # the first adjustment after the change
+        change_steps = [h["step"] for h in r["history"]]
         rows.append(
-            settling(splits, switch, splits[switch - 1])
+            settling(splits, switch, splits[switch - 1], period)
             | {
                 "worst_inversion_after_first_adjustment": worst_inversion(splits[first_adjustment + 1 :], after),
                 "split_changes": len(r["history"]),
-                "splits_after_switch": [list(s) for s in splits[switch - 2 :: PERIOD]],
+                # changes while the speeds stay put: after two periods before the switch, and from three periods
+                # after it (settled within two); both 0 for a controller that settles and stays
+                "quiet_changes": sum(2 * period <= s < switch or s >= switch + 3 * period for s in change_steps),
+                "change_steps": change_steps,
+                "splits_after_switch": [list(s) for s in splits[switch - 2 :: period]],
             }
         )
     return {
@@ -290,10 +312,14 @@ def flip_scenario(name: str, factors: list[float], throttle: str, args: argparse
         "factors_before": factors,
         "factors_after": after,
         "throttle": throttle,
+        "compute": compute,
+        "cadence": "default" if default_cadence else f"every {PERIOD} steps",
+        "period": period,
         "switch_step": switch,
         "settled_periods": statistics.median(row["settled_periods"] for row in rows),
         "overshoot": statistics.median(row["overshoot"] for row in rows),
         "worst_inversion_after_first_adjustment": max(row["worst_inversion_after_first_adjustment"] for row in rows),
+        "quiet_changes": [row["quiet_changes"] for row in rows],
         "runs": rows,
     }
 
@@ -341,9 +367,10 @@ def print_table(args: argparse.Namespace, results: list[dict]) -> None:
     for row in results:
         if "settled_periods" in row:
             print(
-                f"{row['title']:<24} settled after {row['settled_periods']:.2f} periods, overshoot "
-                f"{row['overshoot']:.0%}, worst inversion after the first adjustment "
-                f"{row['worst_inversion_after_first_adjustment']}"
+                f"{row['title']:<24} settled after {row['settled_periods']:.2f} periods of {row['period']} steps, "
+                f"overshoot {row['overshoot']:.0%}, worst inversion after the first adjustment "
+                f"{row['worst_inversion_after_first_adjustment']}, changes while the speeds stayed put "
+                f"{row['quiet_changes']}"
             )
         if "first_epoch" in row:
             fractions = row["first_epoch"]
@@ -402,6 +429,19 @@ def main() -> None:
     plan.append(("cfs cpu 1/4, 2 ranks", lambda: static_scenario("cfs cpu 1/4", [1.0, 4.0], "cfs", args, "spin")))
     plan.append(("flip HL4, 2 ranks", lambda: flip_scenario("flip HL4", [1.0, 4.0], "sleep", args)))
     plan.append(("flip cfs 1/4, 2 ranks", lambda: flip_scenario("flip cfs 1/4", [1.0, 4.0], "cfs", args)))
+    for title, throttle, compute in (
+        ("flip HL4", "sleep", "sleep"),
+        ("flip cfs 1/4", "cfs", "sleep"),
+        ("flip cfs cpu 1/4", "cfs", "spin"),
+    ):
+        plan.append(
+            (
+                f"{title}, default cadence, 2 ranks",
+                lambda t=title, th=throttle, c=compute: flip_scenario(
+                    f"{t}, default cadence", [1.0, 4.0], th, args, c, default_cadence=True
+                ),
+            )
+        )
     plan.append(("homogeneous, 2 ranks", lambda: homogeneous_scenario(args)))
     plan.append(
         ("first epoch HL4, 2 ranks", lambda: first_epoch_scenario("first epoch HL4", [1.0, 4.0], "sleep", args))

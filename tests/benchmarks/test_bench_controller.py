@@ -90,3 +90,30 @@ def test_first_epoch_pairs_the_default_cadence_and_epoch_end_adjustments_with_th
     assert launched == [default, epoch_ends, static, epoch_ends, static, default]
     assert row["first_epoch"] == pytest.approx({"default": 0.8, "epoch_ends": 0.5})
     assert row["default_changes"] == [[(10, [52, 12], "balance", False, 0.1)]] * 2
+
+
+def test_a_flip_under_the_default_cadence_runs_one_long_epoch_and_counts_periods_of_32_steps(monkeypatch):
+    launched = {}
+
+    def fake_launch(factors, runs, throttle, steps, **extra):
+        launched.update(runs=runs, steps=steps, **extra)
+        switch = extra["switch_step"]
+        # [54, 10] before the flip; the first adjustment after it (step 128) moves to [15, 49], the next to [10, 54]
+        sizes = [[54, 10] if s < 128 else [15, 49] if s < 160 else [10, 54] for s in range(steps)]
+        history = [{"step": s} for s in (10, 18, 128, 160, 224)]
+        assert switch == 98
+        local_sizes = [list(rank) for rank in zip(*sizes, strict=True)]
+        return [{"run": run, "local_sizes": local_sizes, "history": history} for run in runs]
+
+    monkeypatch.setattr(bench, "launch", fake_launch)
+    args = type("Args", (), {"repeats": 2})()
+    row = bench.flip_scenario("flip", [1.0, 4.0], "cfs", args, "spin", default_cadence=True)
+    assert launched["runs"] == [{"kind": "hetero", "options": {"adjust_every_n_steps": None}}] * 2
+    assert launched["steps"] == 98 + 5 * 32 and launched["compute"] == "spin"
+    assert launched["factors_after"] == "4,1"
+    assert row["period"] == 32 and row["cadence"] == "default"
+    # within 10% of the batch (6.4 samples) of [10, 54] from step 128: 30 steps after the switch, 0.94 periods
+    assert row["settled_periods"] == pytest.approx(30 / 32)
+    assert row["overshoot"] == 0.0
+    # the early adjustments (10, 18) and those that followed the flip (128, 160) are not quiet; one at 224 is
+    assert row["quiet_changes"] == [1, 1]
