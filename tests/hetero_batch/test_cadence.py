@@ -11,6 +11,7 @@ from lightning_hetero.hetero_batch.cadence import (
     EARLY_MIN_PERIOD,
     STEADY_PERIOD,
     adjusts_after,
+    describe,
     early_steps,
 )
 
@@ -53,3 +54,25 @@ def test_later_epochs_adjust_every_steady_period_and_short_ones_at_their_end_onl
 def test_bad_input_names_the_argument():
     with pytest.raises(ValueError, match="warmup_steps"):
         early_steps(16, warmup_steps=-1)
+
+
+@given(steps=st.integers(0, 400), warmup=st.integers(0, 20), first_epoch=st.booleans())
+def test_the_printed_cadence_names_the_steps_the_rules_adjust_at(steps, warmup, first_epoch):
+    line = describe(steps, None, warmup, first_epoch, lock_step=True)
+    inside = [s for s in range(1, steps + 1) if adjusts_after(s, steps, None, warmup, first_epoch)]
+    early = early_steps(steps, warmup) if first_epoch else ()
+    assert set(early) <= set(inside)
+    steady = [s for s in inside if s not in early]
+    assert all(s % STEADY_PERIOD == 0 for s in steady), "the rules adjust at the named steps and every 32 only"
+    assert line.startswith("at every epoch's end")
+    if early:
+        named = " and ".join(map(str, early))
+        assert f"step{'s' if len(early) > 1 else ''} {named} of this first epoch" in line
+    else:
+        assert "first epoch" not in line
+    assert (f"every {STEADY_PERIOD} steps inside epochs of {steps} steps" in line) == (steps > STEADY_PERIOD)
+
+
+def test_a_set_period_or_a_strategy_out_of_lock_step_is_printed_as_such():
+    assert describe(64, 8, 2, True, lock_step=True).endswith("every 8 steps inside it (adjust_every_n_steps=8)")
+    assert "do not step together" in describe(64, None, 2, True, lock_step=False)

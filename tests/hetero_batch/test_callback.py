@@ -86,6 +86,24 @@ def test_a_new_tuner_adjusts_early_in_its_first_epoch_only():
     assert calls == [(0, 16, True)]
 
 
+def test_the_cadence_is_printed_once_at_the_start_of_each_fit_as_it_then_runs(monkeypatch):
+    import lightning_hetero.hetero_batch.callback as module
+
+    printed = []
+    monkeypatch.setattr(module, "rank_zero_info", printed.append)
+    callback = HeteroBatchCallback(verbose=False, warmup_steps=3)
+    datamodule = SyntheticClassificationDataModule(num_samples=512, batch_size=32)  # 16 steps per epoch
+    single_device_trainer(callback, max_epochs=2).fit(MLPClassifier(), datamodule=datamodule)
+    single_device_trainer(callback, max_epochs=1).fit(MLPClassifier(), datamodule=datamodule)  # the tuner reused
+    cadence = [line for line in printed if "adjusts the split" in line]
+    too_short = "epochs of 16 steps are too short to adjust every 32 steps inside them"
+    assert cadence == [
+        f"HeteroBatchCallback: adjusts the split at every epoch's end and after step 9 of this first epoch (to "
+        f"measure its first split early); {too_short}",
+        f"HeteroBatchCallback: adjusts the split at every epoch's end; {too_short}",
+    ]
+
+
 @pytest.mark.multiprocess
 def test_mid_epoch_resume_continues_with_the_learned_split_and_weights_every_batch_by_its_real_size(
     run_script, tmp_path

@@ -73,3 +73,43 @@ def adjusts_after(step: int, steps_in_epoch: int, every: int | None, warmup_step
     if every is not None:
         return step % every == 0
     return step % STEADY_PERIOD == 0 or (first_epoch and step in early_steps(steps_in_epoch, warmup_steps))
+
+
+def describe(steps_in_epoch: int, every: int | None, warmup_steps: int, first_epoch: bool, lock_step: bool) -> str:
+    """When HeteroBatch adjusts, and why, as the line it prints at the start of a fit: what :func:`adjusts_after`
+    does for epochs of ``steps_in_epoch`` steps; ``lock_step``: the strategy's ranks step together inside an epoch
+    (``AsyncPSStrategy`` in ASP does not, so there the split changes at epoch ends only).
+
+    Example::
+
+        >>> describe(100, every=None, warmup_steps=3, first_epoch=True, lock_step=True)
+        "at every epoch's end, after steps 11 and 19 of this first epoch (to measure its first splits early), and every 32 steps inside epochs of 100 steps (to follow a speed change before an epoch ends)"
+        >>> describe(16, every=None, warmup_steps=3, first_epoch=True, lock_step=True)
+        "at every epoch's end and after step 9 of this first epoch (to measure its first split early); epochs of 16 steps are too short to adjust every 32 steps inside them"
+        >>> describe(16, every=None, warmup_steps=3, first_epoch=False, lock_step=True)  # a resumed run
+        "at every epoch's end; epochs of 16 steps are too short to adjust every 32 steps inside them"
+        >>> describe(16, every=4, warmup_steps=3, first_epoch=True, lock_step=True)
+        "at every epoch's end and every 4 steps inside it (adjust_every_n_steps=4)"
+        >>> describe(100, every=4, warmup_steps=3, first_epoch=True, lock_step=False)
+        "at every epoch's end (the strategy's ranks do not step together inside an epoch)"
+    """
+    if not lock_step:
+        return "at every epoch's end (the strategy's ranks do not step together inside an epoch)"
+    if every is not None:
+        return f"at every epoch's end and every {every} steps inside it (adjust_every_n_steps={every})"
+    early = early_steps(steps_in_epoch, warmup_steps) if first_epoch else ()
+    parts = ["at every epoch's end"]
+    if early:
+        named = " and ".join(str(step) for step in early)
+        parts.append(
+            f"after step{'s' if len(early) > 1 else ''} {named} of this first epoch (to measure its first "
+            f"split{'s' if len(early) > 1 else ''} early)"
+        )
+    if steps_in_epoch > STEADY_PERIOD:
+        parts.append(
+            f"and every {STEADY_PERIOD} steps inside epochs of {steps_in_epoch} steps (to follow a speed "
+            "change before an epoch ends)"
+        )
+        return ", ".join(parts)
+    short = f"epochs of {steps_in_epoch} steps are too short to adjust every {STEADY_PERIOD} steps inside them"
+    return f"{' and '.join(parts)}; {short}"

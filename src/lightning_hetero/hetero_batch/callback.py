@@ -24,7 +24,7 @@ from lightning_hetero.contracts import HeteroBatchStrategy
 from lightning_hetero.hetero_batch.accumulation import step_weight
 from lightning_hetero.hetero_batch.aggregation import weight_backward
 from lightning_hetero.hetero_batch.batch_statistics import model_floor
-from lightning_hetero.hetero_batch.cadence import adjusts_after
+from lightning_hetero.hetero_batch.cadence import adjusts_after, describe
 from lightning_hetero.hetero_batch.compile_shapes import RecompileWatch, mark_batch_dynamic
 from lightning_hetero.hetero_batch.exchange import gather_rows, read_rows
 from lightning_hetero.hetero_batch.loader import build_hetero_loader, starting_batch_size
@@ -250,6 +250,10 @@ class HeteroBatchCallback(Callback):
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._first_epoch = trainer.current_epoch if self.tuner is not None and self.tuner.costs is None else None
+        if self.sampler is not None:  # the cadence chosen for these epochs, once per fit
+            first, lock_step = self._first_epoch is not None, _in_lock_step(trainer.strategy)
+            cadence = describe(len(self.sampler), self.adjust_every_n_steps, self.warmup_steps, first, lock_step)
+            rank_zero_info(f"HeteroBatchCallback: adjusts the split {cadence}")
         # once per run (the checkpoint remembers it): the train loader, built by now, fixed both global batches
         if self._lr_scale_applied or self.tuner is None or self._loader_global_batch is None:
             return
