@@ -29,8 +29,11 @@ a faster rank's, against the emulated truth), and after a speed change the settl
 the split stays within 10% of the global batch of its final value) and overshoot (the largest move beyond the
 final split, as a fraction of that rank's final batch).
 
-Usage: python benchmarks/bench_controller.py [--quick] [--repeats 3] [--paired 5] [--ablate-refine]; JSON to
-benchmarks/results/controller.json.
+``--defaults`` runs the static scenarios' controller at the callback's default cadence (after steps 10 and 18, then
+every 32 steps) instead of every 8 steps, its throughput counted after 24 steps instead of 16.
+
+Usage: python benchmarks/bench_controller.py [--quick] [--repeats 3] [--paired 5] [--ablate-refine] [--defaults];
+JSON to benchmarks/results/controller.json.
 """
 
 from __future__ import annotations
@@ -146,14 +149,21 @@ def paired_ratios(ours: list[float], reference: list[float]) -> list[float]:
     return [o / r for o, r in zip(ours, reference, strict=True)]
 
 
+def controller_arm(args: argparse.Namespace) -> dict:
+    """The controller's run in the static scenarios: adjusting every ``PERIOD`` steps, or with ``--defaults`` at the
+    callback's default cadence (after steps 10 and 18 of the run's one epoch, then every 32 steps)."""
+    return {"kind": "hetero", "options": {"adjust_every_n_steps": None}} if args.defaults else {"kind": "hetero"}
+
+
 def static_scenario(
     name: str, factors: list[float], throttle: str, args: argparse.Namespace, compute: str = "sleep"
 ) -> dict:
     candidates = static_candidates(factors)
-    runs = [{"kind": "hetero"}] + [{"kind": "static", "split": split} for split in candidates]
+    controller = controller_arm(args)
+    runs = [controller] + [{"kind": "static", "split": split} for split in candidates]
     repeats = args.repeats if len(factors) == 2 else max(1, args.repeats - 1)  # 4 ranks: one repeat fewer (time)
     results = launch(factors, runs * repeats, throttle, args.steps, compute=compute)
-    skip = 2 * PERIOD
+    skip = (3 if args.defaults else 2) * PERIOD  # the default cadence's early adjustments end at step 18
     static = {
         tuple(split): statistics.median(
             throughput(r, skip) for r in results if r["run"].get("split") == split and r["run"]["kind"] == "static"
@@ -177,7 +187,7 @@ def static_scenario(
     if args.paired:
         # re-measure the sweep's pick side by side with the controller (and the ablation): the arms of each repeat
         # run back to back, their order rotating from one repeat to the next
-        arms = [{"kind": "hetero"}, {"kind": "static", "split": list(best_split)}]
+        arms = [controller, {"kind": "static", "split": list(best_split)}]
         if args.ablate_refine:
             arms.append({"kind": "hetero", "refine": False})
         paired = launch(factors, rotating_order(arms, args.paired), throttle, args.steps, compute=compute)
@@ -347,9 +357,10 @@ def homogeneous_scenario(args: argparse.Namespace) -> dict:
 
 
 def print_table(args: argparse.Namespace, results: list[dict]) -> None:
+    cadence = "the default cadence" if args.defaults else f"adjust every {PERIOD} steps"
     print(
         f"\nController benchmark ({platform.machine()}, {os.cpu_count()} cores, load average "
-        f"{os.getloadavg()[0]:.1f}; global batch {GLOBAL_BATCH}; adjust every {PERIOD} steps; {args.repeats} "
+        f"{os.getloadavg()[0]:.1f}; global batch {GLOBAL_BATCH}; {cadence}; {args.repeats} "
         f"interleaved repeats, medians)"
     )
     print(
@@ -394,6 +405,7 @@ def write(args: argparse.Namespace, results: list[dict], started: float) -> None
         "python": platform.python_version(),
         "global_batch": GLOBAL_BATCH,
         "adjust_every_n_steps": PERIOD,
+        "defaults": args.defaults,
         "steps": args.steps,
         "repeats": args.repeats,
         "paired_repeats": args.paired,
@@ -415,6 +427,11 @@ def main() -> None:
     )
     parser.add_argument(
         "--ablate-refine", action="store_true", help="paired runs also run the controller without refinements"
+    )
+    parser.add_argument(
+        "--defaults",
+        action="store_true",
+        help="static scenarios: the controller at the callback's default cadence instead of every 8 steps",
     )
     parser.add_argument("--only", default="", help="semicolon-separated scenario titles to run (default: all)")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "controller.json")

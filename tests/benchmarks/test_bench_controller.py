@@ -117,3 +117,30 @@ def test_a_flip_under_the_default_cadence_runs_one_long_epoch_and_counts_periods
     assert row["overshoot"] == 0.0
     # the early adjustments (10, 18) and those that followed the flip (128, 160) are not quiet; one at 224 is
     assert row["quiet_changes"] == [1, 1]
+
+
+def test_defaults_run_the_static_scenarios_controller_at_the_default_cadence_counted_after_its_early_adjustments(
+    monkeypatch,
+):
+    launched = []
+
+    def fake_launch(factors, runs, throttle, steps, compute):
+        launched.append(runs)
+        out = []
+        for run in runs:
+            # the controller's first 24 steps (its early adjustments) take 1 s, every other step 0.1 s
+            slow = 24 if run["kind"] == "hetero" else 0
+            starts = [min(i, slow) * 1.0 + max(0, i - slow) * 0.1 for i in range(steps)]
+            out.append({"run": run, "starts": starts, "local_sizes": [[52] * steps, [12] * steps], "history": []})
+        return out
+
+    monkeypatch.setattr(bench, "launch", fake_launch)
+    args = type("Args", (), {"repeats": 1, "paired": 2, "steps": 96, "defaults": True, "ablate_refine": False})()
+    row = bench.static_scenario("cfs 1/4", [1.0, 4.0], "cfs", args)
+    controller = {"kind": "hetero", "options": {"adjust_every_n_steps": None}}
+    assert launched[0][0] == controller and launched[1] == [controller, launched[1][1], launched[1][1], controller]
+    assert row["fraction_of_best_static"] == pytest.approx(1.0)  # counted from step 24: as fast as the static split
+    args.defaults = False
+    row = bench.static_scenario("cfs 1/4", [1.0, 4.0], "cfs", args)
+    assert launched[2][0] == {"kind": "hetero"}
+    assert row["fraction_of_best_static"] == pytest.approx(7.9 / 15.1)  # from step 16: 8 slow steps count
