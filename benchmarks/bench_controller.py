@@ -55,6 +55,8 @@ HERE = Path(__file__).parent
 WORKER = HERE / "controller_worker.py"
 GLOBAL_BATCH = 64
 PERIOD = 8
+#: the controller at the callback's default cadence (adjust_every_n_steps=None), as a worker's run
+DEFAULT_CADENCE_RUN = {"kind": "hetero", "options": {"adjust_every_n_steps": None}}
 
 # 4-rank factors relative to the fastest rank, from OmniLearn's BSP core counts (HL2: 12,12,8,16 cores, ...)
 FOUR_RANKS = {"HL2": [16 / 12, 16 / 12, 2.0, 1.0], "HL4": [24 / 9, 24 / 9, 4.0, 1.0], "HL8": [32 / 6, 32 / 6, 8.0, 1.0]}
@@ -152,7 +154,7 @@ def paired_ratios(ours: list[float], reference: list[float]) -> list[float]:
 def controller_arm(args: argparse.Namespace) -> dict:
     """The controller's run in the static scenarios: adjusting every ``PERIOD`` steps, or with ``--defaults`` at the
     callback's default cadence (after steps 10 and 18 of the run's one epoch, then every 32 steps)."""
-    return {"kind": "hetero", "options": {"adjust_every_n_steps": None}} if args.defaults else {"kind": "hetero"}
+    return DEFAULT_CADENCE_RUN if args.defaults else {"kind": "hetero"}
 
 
 def static_scenario(
@@ -239,7 +241,7 @@ def first_epoch_scenario(
     worth there, against adjustments at epoch ends only (which change nothing inside it) and a good static split."""
     proportional = speed_split(factors)
     arms = {
-        "default": {"kind": "hetero", "options": {"adjust_every_n_steps": None}},
+        "default": DEFAULT_CADENCE_RUN,
         "epoch_ends": {"kind": "hetero", "options": {"adjust_every_n_steps": args.steps + 1}},
         "static": {"kind": "static", "split": proportional},
     }
@@ -289,7 +291,7 @@ def flip_scenario(
     switch = (3 if default_cadence else 6) * period + 2
     after = list(reversed(factors))
     steps = switch + (5 if default_cadence else 8) * period
-    run = {"kind": "hetero", "options": {"adjust_every_n_steps": None}} if default_cadence else {"kind": "hetero"}
+    run = DEFAULT_CADENCE_RUN if default_cadence else {"kind": "hetero"}
     results = launch(
         factors,
         [run] * args.repeats,

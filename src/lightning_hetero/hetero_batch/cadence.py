@@ -100,11 +100,8 @@ def describe(steps_in_epoch: int, every: int | None, warmup_steps: int, first_ep
     early = early_steps(steps_in_epoch, warmup_steps) if first_epoch else ()
     parts = ["at every epoch's end"]
     if early:
-        named = " and ".join(str(step) for step in early)
-        parts.append(
-            f"after step{'s' if len(early) > 1 else ''} {named} of this first epoch (to measure its first "
-            f"split{'s' if len(early) > 1 else ''} early)"
-        )
+        named, plural = " and ".join(str(step) for step in early), "s" if len(early) > 1 else ""
+        parts.append(f"after step{plural} {named} of this first epoch (to measure its first split{plural} early)")
     if steps_in_epoch > STEADY_PERIOD:
         parts.append(
             f"and every {STEADY_PERIOD} steps inside epochs of {steps_in_epoch} steps (to follow a speed "
