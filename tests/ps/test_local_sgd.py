@@ -48,6 +48,27 @@ def all_reduce(ranks, params, buffers=None, done=None):
 # ---------------------------------------------------------------- LocalRounds
 
 
+def test_the_message_is_one_buffer_kept_across_rounds_that_apply_may_take_in_place():
+    # one rank: the all-reduce is the identity, so apply gets the rank's own message, as the engine's in-place
+    # all-reduce hands it over
+    rounds = make_ranks(1, weighting="samples")[0]
+    flat, buffers = torch.tensor([1.0, 2.0]), torch.tensor([4.0])
+    rounds.begin(flat, batch_size=1)
+    pointers = []
+    for end, samples in (([0.0, 4.0], 2), ([2.0, 0.0], 4)):
+        start = flat.clone()
+        flat.copy_(torch.tensor(end))
+        rounds.samples_in_round, rounds.steps_in_round = samples, 1
+        message = rounds.message(flat, buffers)
+        pointers.append(message.data_ptr())
+        assert message[:3].tolist() == [*((start - flat) * samples).tolist(), 4.0 * samples]  # weighted by samples
+        rounds.apply(message, flat, buffers)
+        assert flat.tolist() == end and buffers.tolist() == [4.0]  # averaging one rank: its own end and buffers
+        assert rounds.outer.anchor.tolist() == end
+    assert pointers[0] == pointers[1]  # no new buffer of the model's size per round end
+    assert rounds.message(flat).numel() == 2 + 4 + 2  # without buffers: a message of its own size
+
+
 def finish_round(ranks, params, ends, samples):
     start = torch.tensor([1.0, 2.0])
     for r, p, end, n in zip(ranks, params, ends, samples, strict=True):

@@ -172,6 +172,7 @@ class LocalRounds:
         self.samples_in_round = 0
         self._round_start = 0.0
         self._slack = 0.0  # half the fastest rank's step: how far past the deadline a rank's last step may end
+        self._message: Tensor | None = None  # the round-end message's buffer (see message)
 
     def begin(self, flat: Tensor, batch_size: int) -> None:
         """Start a round from ``flat`` (this rank's flat parameters, the same on every rank here)."""
@@ -277,7 +278,11 @@ class LocalRounds:
         flat), w * buffers, n, w, steps, done, rate at this rank's slot, epoch_left + 1 at this rank's slot]`` with
         ``n`` the samples it trained in the round, ``w`` its weight (``"samples"``: ``n``; ``"mean"``: 1 if it trained,
         else 0) and ``epoch_left`` the samples it last saw left in the epoch's pool (``None``: unknown, sent as 0).
-        Sample counts stay exact in float32 up to 2**24 per round."""
+        Sample counts stay exact in float32 up to 2**24 per round.
+
+        The message is written into one buffer kept from round to round (no allocation of the model's size per
+        round end), so the tensor returned is overwritten by the next call; :meth:`apply` may take it all-reduced in
+        place."""
         anchor = self.outer.anchor
         if anchor is None:
             raise RuntimeError("LocalRounds.message before begin")
@@ -286,23 +291,34 @@ class LocalRounds:
         self._busy = [0.0, 0.0]
         n = float(self.samples_in_round)
         weight = n if self.weighting == "samples" else float(n > 0)
-        dtype, device = flat.dtype, flat.device
-        parts = [(anchor - flat.detach()).mul_(weight).reshape(-1)]
+        numel, buffer_numel = flat.numel(), 0 if buffers is None else buffers.numel()
+        message = self._message_buffer(flat, numel + buffer_numel + 4 + 2 * self.world_size)
+        pseudo_gradient = message[:numel]
+        torch.sub(anchor.reshape(-1), flat.detach().reshape(-1), out=pseudo_gradient)
         if buffers is not None:
-            parts.append(buffers.detach().reshape(-1).to(dtype) * weight)
-        rates = torch.zeros(self.world_size, dtype=dtype, device=device)
-        rates[self.rank] = self.meter.value or 0.0
-        lefts = torch.zeros(self.world_size, dtype=dtype, device=device)
-        lefts[self.rank] = 0.0 if epoch_left is None else epoch_left + 1.0
-        counts = torch.tensor([n, weight, float(self.steps_in_round), 1.0 if done else 0.0], dtype=dtype, device=device)
-        message = torch.cat([*parts, counts, rates, lefts])
+            message[numel : numel + buffer_numel].copy_(buffers.detach().reshape(-1))
+        if weight != 1.0:
+            message[: numel + buffer_numel].mul_(weight)
+        tail = [0.0] * (4 + 2 * self.world_size)
+        tail[:4] = [n, weight, float(self.steps_in_round), 1.0 if done else 0.0]
+        tail[4 + self.rank] = self.meter.value or 0.0
+        tail[4 + self.world_size + self.rank] = 0.0 if epoch_left is None else epoch_left + 1.0
+        message[numel + buffer_numel :].copy_(torch.tensor(tail, dtype=message.dtype))
         self.bytes_sent += message.numel() * message.element_size()
         return message
+
+    def _message_buffer(self, flat: Tensor, numel: int) -> Tensor:
+        """The round-end message's buffer: the one kept if it still fits ``flat``'s dtype, device and ``numel``."""
+        buffer = self._message
+        if buffer is None or buffer.numel() != numel or buffer.dtype != flat.dtype or buffer.device != flat.device:
+            buffer = self._message = torch.empty(numel, dtype=flat.dtype, device=flat.device)
+        return buffer
 
     def apply(self, summed: Tensor, flat: Tensor, buffers: Tensor | None = None) -> RoundOutcome:
         """Apply the all-reduced messages: the outer step on the anchor, ``flat`` (and ``buffers``) overwritten with
         the combined parameters (and the weighted mean buffers), the next round started (unless every rank is done:
-        the next epoch's first batch begins it, :meth:`begin`, so that no deadline runs during validation)."""
+        the next epoch's first batch begins it, :meth:`begin`, so that no deadline runs during validation).
+        ``summed`` is used in place (divided by the summed weight)."""
         numel = flat.numel()
         buffer_numel = 0 if buffers is None else buffers.numel()
         tail = summed[numel + buffer_numel :].cpu()
@@ -311,11 +327,14 @@ class LocalRounds:
         anchor = self.outer.anchor
         assert anchor is not None
         if samples > 0:
-            self.outer.step((summed[:numel] / weight).to(flat.dtype))
+            combined = summed[: numel + buffer_numel]
+            if weight != 1.0:
+                combined.div_(weight)
+            self.outer.step(combined[:numel])
             if buffers is not None:
-                buffers.copy_((summed[numel : numel + buffer_numel] / weight).to(buffers.dtype))
+                buffers.copy_(combined[numel:].view_as(buffers))
             self.rounds += 1
-        flat.detach().copy_(anchor)
+        flat.detach().copy_(anchor.view_as(flat))
         for rank, rate in enumerate(tail[4 : 4 + self.world_size].tolist()):
             if rate > 0:
                 self.rates[rank] = rate

@@ -253,7 +253,7 @@ class LocalSGDEngine:
 
     def report_step(self) -> None:
         """Rank 0 reports its optimizer's own momentum and learning rate at a round's first step (the epoch's mean
-        is over rounds: a report costs about 0.2 ms, against steps of a few ms for a small model)."""
+        is over rounds: the two torchmetrics updates of a report, about 40 µs, stay off the round's other steps)."""
         ctx, _, _ = self._parts()
         if ctx.rank == SERVER_RANK and self._report_due:
             self._report_due = False
