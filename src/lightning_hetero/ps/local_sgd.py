@@ -291,18 +291,17 @@ class LocalRounds:
         self._busy = [0.0, 0.0]
         n = float(self.samples_in_round)
         weight = n if self.weighting == "samples" else float(n > 0)
+        rates, lefts = [0.0] * self.world_size, [0.0] * self.world_size
+        rates[self.rank] = self.meter.value or 0.0
+        lefts[self.rank] = 0.0 if epoch_left is None else epoch_left + 1.0
+        tail = [n, weight, float(self.steps_in_round), 1.0 if done else 0.0, *rates, *lefts]
         numel, buffer_numel = flat.numel(), 0 if buffers is None else buffers.numel()
-        message = self._message_buffer(flat, numel + buffer_numel + 4 + 2 * self.world_size)
-        pseudo_gradient = message[:numel]
-        torch.sub(anchor.reshape(-1), flat.detach().reshape(-1), out=pseudo_gradient)
+        message = self._message_buffer(flat, numel + buffer_numel + len(tail))
+        torch.sub(anchor.reshape(-1), flat.detach().reshape(-1), out=message[:numel])
         if buffers is not None:
             message[numel : numel + buffer_numel].copy_(buffers.detach().reshape(-1))
         if weight != 1.0:
             message[: numel + buffer_numel].mul_(weight)
-        tail = [0.0] * (4 + 2 * self.world_size)
-        tail[:4] = [n, weight, float(self.steps_in_round), 1.0 if done else 0.0]
-        tail[4 + self.rank] = self.meter.value or 0.0
-        tail[4 + self.world_size + self.rank] = 0.0 if epoch_left is None else epoch_left + 1.0
         message[numel + buffer_numel :].copy_(torch.tensor(tail, dtype=message.dtype))
         self.bytes_sent += message.numel() * message.element_size()
         return message
@@ -332,9 +331,9 @@ class LocalRounds:
                 combined.div_(weight)
             self.outer.step(combined[:numel])
             if buffers is not None:
-                buffers.copy_(combined[numel:].view_as(buffers))
+                buffers.copy_(combined[numel:])
             self.rounds += 1
-        flat.detach().copy_(anchor.view_as(flat))
+        flat.detach().copy_(anchor)
         for rank, rate in enumerate(tail[4 : 4 + self.world_size].tolist()):
             if rate > 0:
                 self.rates[rank] = rate
