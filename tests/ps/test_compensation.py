@@ -7,10 +7,12 @@ from hypothesis import strategies as st
 
 from lightning_hetero.ps.compensation import (
     AsynchronyCompensator,
+    Compensation,
     check_compensation_mode,
     compensated_lr_factor,
     compensated_momentum,
     momentum_of,
+    overlaps,
     unsupported_reason,
 )
 
@@ -127,17 +129,36 @@ def test_check_mode_accepts_none_and_names_the_setting():
         check_compensation_mode("on")
 
 
-def test_unsupported_optimizers_are_named_with_what_is_left_unchanged():
+def test_only_sgd_hyperparameters_are_rewritten_other_optimizers_keep_theirs():
     params = [torch.nn.Parameter(torch.zeros(2))]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert unsupported_reason(torch.optim.SGD(params, lr=0.1)) is None
-        assert unsupported_reason(torch.optim.AdamW(params)) is None
-        assert unsupported_reason(torch.optim.RMSprop(params)) is None
-        reason = unsupported_reason(torch.optim.Adadelta(params))
-        assert reason.startswith("Adadelta has no 'momentum' or 'betas'") and "left unchanged" in reason
+        for optimizer in (torch.optim.AdamW(params), torch.optim.Adam(params), torch.optim.RMSprop(params)):
+            reason = unsupported_reason(optimizer)
+            assert reason.startswith(f"{type(optimizer).__name__}'s hyper-parameters are used as they are"), reason
         reason = unsupported_reason(torch.optim.SGD(params, lr=torch.tensor(0.1)))
         assert reason == "SGD has no plain float 'lr': its hyper-parameters are left unchanged"
+
+
+@pytest.mark.parametrize("optimizer", [torch.optim.Adam, torch.optim.AdamW])
+def test_auto_leaves_adaptive_optimizers_alone_and_dc_only_corrects_their_gradients(optimizer):
+    adam = optimizer([torch.nn.Parameter(torch.zeros(2))], lr=0.01, betas=(0.9, 0.99))
+    assert Compensation("auto", lambda: (2, 4), lambda: adam).new() is None
+    compensator = Compensation("dc", lambda: (2, 4), lambda: adam).new()
+    group = {"lr": 0.01, "betas": (0.9, 0.99)}
+    for staleness in (3, 3, 3):
+        compensator.observe(staleness)
+        compensator.apply([group])
+    assert group == {"lr": 0.01, "betas": (0.9, 0.99)} and compensator.delay_compensation
+    assert (compensator.momentum_effective, compensator.lr_effective) == (0.9, 0.01)
+
+
+def test_the_round_trip_overlaps_by_default_for_sgd_only():
+    params = [torch.nn.Parameter(torch.zeros(2))]
+    assert overlaps("auto", torch.optim.SGD(params, lr=0.1, momentum=0.9))
+    assert not overlaps("auto", torch.optim.Adam(params)) and not overlaps("auto", torch.optim.AdamW(params))
+    assert overlaps(True, torch.optim.Adam(params)) and not overlaps(False, torch.optim.SGD(params, lr=0.1))
 
 
 def test_momentum_of_reads_momentum_or_beta1():

@@ -28,7 +28,8 @@ def gather_from(*other_ranks: float):
 def test_the_message_names_the_compensated_values_beside_the_users():
     compensator = AsynchronyCompensator("auto", workers=4)
     compensator.apply([{"lr": 0.1, "momentum": 0.9}])
-    message = compensation_message({"lr": 0.1, "momentum": 0.9}, compensator, "auto")
+    sgd = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1, momentum=0.9)
+    message = compensation_message(sgd, compensator, "auto")
     assert "asynchrony_compensation='auto'" in message and "(yours 0.9)" in message and "(yours 0.1)" in message
     assert f"momentum {compensator.momentum_effective:.4g}" in message
 

@@ -37,7 +37,7 @@ from lightning_hetero.synthetic import MLPClassifier, SyntheticClassificationDat
 FEATURES = ("ddp", "ddp_hetero", "asp", "hybrid", "local", "bsp")
 CELLS = (
     "plain", "max_steps", "max_time", "onecycle", "batchnorm", "sync_batchnorm", "limit_train_batches",
-    "val_check_interval", "val_check_batches", "accumulate", "manual", "boring", "transformer",
+    "val_check_interval", "val_check_batches", "accumulate", "manual", "boring", "transformer", "cnn",
 )  # fmt: skip
 #: the rest of the everyday usages; each cell's outcome has ``checks``, what the test asserts for that usage
 MORE_CELLS = (
@@ -62,6 +62,71 @@ class OneCycleClassifier(MLPClassifier):
         total = self.trainer.estimated_stepping_batches
         scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.2, total_steps=int(total))
         return [optimizer], [{"scheduler": scheduler, "interval": "step"}]
+
+
+def user_optimizer(params, lr_sgd: float = 0.1) -> torch.optim.Optimizer:
+    """The cell's optimizer as a user would write it: ``--optimizer`` SGD (``lr_sgd``), Adam or AdamW (lr 1e-2)."""
+    if OPTIONS.optimizer == "adam":
+        return torch.optim.Adam(params, lr=1e-2)
+    if OPTIONS.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=1e-2)
+    return torch.optim.SGD(params, lr=lr_sgd)
+
+
+class UserMLP(MLPClassifier):
+    """The package's MLP with the cell's optimizer."""
+
+    def configure_optimizers(self):
+        return user_optimizer(self.parameters(), self.hparams.lr)
+
+
+class SmallCNN(L.LightningModule):
+    """A Lightning-docs-style CNN (two conv layers, a linear head) on generated 1 x 12 x 12 images: each class a
+    seeded random template, under noise."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(2), nn.Flatten(),
+            nn.Linear(64, OPTIONS.classes),
+        )  # fmt: skip
+
+    def forward(self, x):
+        return self.net(x)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = nn.functional.cross_entropy(self(x), y)
+        self.log("train_loss", loss, prog_bar=True)
+        return loss
+
+    def validation_step(self, batch, batch_idx) -> None:
+        x, y = batch
+        self.log("val_acc", (self(x).argmax(-1) == y).float().mean(), sync_dist=True, prog_bar=True)
+
+    def configure_optimizers(self):
+        return user_optimizer(self.parameters(), 0.05)
+
+
+class ImageData(L.LightningDataModule):
+    """Generated images for :class:`SmallCNN`: train and validation sets from the same class templates."""
+
+    def __init__(self, samples: int, batch_size: int) -> None:
+        super().__init__()
+        generator = torch.Generator().manual_seed(OPTIONS.seed)
+        templates = torch.randn(OPTIONS.classes, 1, 12, 12, generator=generator)
+        labels = torch.randint(OPTIONS.classes, (samples + samples // 2,), generator=generator)
+        images = templates[labels] + OPTIONS.noise * 2 * torch.randn(len(labels), 1, 12, 12, generator=generator)
+        self.train_set = TensorDataset(images[:samples], labels[:samples])
+        self.val_set = TensorDataset(images[samples:], labels[samples:])
+        self.batch_size = batch_size
+
+    def train_dataloader(self):
+        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True)
+
+    def val_dataloader(self):
+        return DataLoader(self.val_set, batch_size=64)
 
 
 def unpack(batch: tuple | dict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -146,7 +211,7 @@ class TinyTransformer(L.LightningModule):
         return nn.functional.nll_loss(output, target.view(-1))
 
     def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
+        return user_optimizer(self.parameters(), 0.1)
 
     def train_dataloader(self):
         tokens = torch.randint(0, 15, (OPTIONS.samples // 4, 8), generator=torch.Generator().manual_seed(0))
@@ -165,8 +230,8 @@ class Seen(Callback):
     def on_train_batch_start(self, *args, **kwargs) -> None:
         self.batches += 1
 
-    def on_validation_start(self, *args, **kwargs) -> None:
-        self.validations += 1
+    def on_validation_start(self, trainer, pl_module) -> None:
+        self.validations += not trainer.sanity_checking  # Lightning's default sanity check is not a validation
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if trainer.state.fn == "fit":
@@ -186,14 +251,17 @@ def strategy_and_callbacks(feature: str, unused: bool = False) -> tuple[object, 
         return ddp, [HeteroBatchCallback(adjust_every_n_steps=4, warmup_steps=1, verbose=False)]
     if feature == "hybrid":
         return AsyncPSStrategy(mode="bsp", fault_timeout_s=30), [SyncSwitchCallback("bsp:0-0,asp:1-", verbose=False)]
-    return AsyncPSStrategy(mode=feature, fault_timeout_s=30), []
+    import os
+
+    extra = eval(os.environ.get("ASP_EXTRA", "{}"))
+    return AsyncPSStrategy(mode=feature, fault_timeout_s=30, **extra), []
 
 
 def cell_setup(cell: str) -> tuple[L.LightningModule, L.LightningDataModule | None, dict]:
     samples, noise, classes = OPTIONS.samples, OPTIONS.noise, OPTIONS.classes
     data = SyntheticClassificationDataModule(samples, BATCH // 2, num_classes=classes, seed=OPTIONS.seed, noise=noise)
     kwargs: dict = {"max_epochs": OPTIONS.epochs}
-    model: L.LightningModule = MLPClassifier(lr=0.1, num_classes=classes)
+    model: L.LightningModule = UserMLP(lr=0.1, num_classes=classes)
     if cell == "max_steps":  # two updates before an epoch's end
         kwargs.update(max_epochs=10, max_steps=samples // BATCH - 2)
     elif cell == "max_time":
@@ -212,6 +280,8 @@ def cell_setup(cell: str) -> tuple[L.LightningModule, L.LightningDataModule | No
         kwargs["val_check_interval"] = 8
     elif cell == "accumulate":
         kwargs["accumulate_grad_batches"] = 2
+    elif cell == "cnn":
+        model, data = SmallCNN(), ImageData(samples, BATCH // 2)
     elif cell in ("manual", "boring", "transformer"):
         model = {"manual": ManualOptimBoringModel, "boring": BoringModel, "transformer": TinyTransformer}[cell]()
         data, kwargs = None, {"max_epochs": 2, "limit_val_batches": 4}
@@ -294,10 +364,9 @@ def run_cell(feature: str, cell: str) -> dict:
     def trainer_for(**settings) -> L.Trainer:
         strategy, callbacks = strategy_and_callbacks(feature, unused=cell == "frozen_unused")
         slow = SlowdownEmulator({1: 3.0}, throttle=OPTIONS.throttle)
-        defaults = dict(
-            logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-            num_sanity_val_steps=0,
-        )  # fmt: skip
+        # Lightning's defaults as users run them (progress bar, model summary, default logger and checkpointing),
+        # writing under the cell's own folder
+        defaults = dict(default_root_dir=OPTIONS.out / f"{cell}-{feature}-root")
         return L.Trainer(
             accelerator="cpu", devices=2, strategy=strategy, callbacks=[*callbacks, slow, seen, *more],
             **{**defaults, **kwargs, **settings},
@@ -314,7 +383,13 @@ def run_cell(feature: str, cell: str) -> dict:
         if cell in MORE_CELLS:
             outcome["checks"] = more_checks(cell, trainer, model, data, more)
     except Exception as err:  # a refusal names the setting; anything after the first batch is an error
-        outcome = {"status": "refused" if seen.batches == 0 else "error", "message": f"{type(err).__name__}: {err}"}
+        import traceback
+
+        outcome = {
+            "status": "refused" if seen.batches == 0 else "error",
+            "message": f"{type(err).__name__}: {err}",
+            "tb": traceback.format_exc(),
+        }
     unvalidated = outcome["status"] == "pass" and "val_acc" not in trainer.callback_metrics
     if OPTIONS.final_validate and unvalidated and data is not None:
         trainer.validate(model, datamodule=data, verbose=False)
@@ -348,6 +423,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--final-validate", action="store_true", help="validate after fit if the fit did not")
     parser.add_argument("--compile-backend", default="inductor", help="torch.compile's backend in the compile cell")
     parser.add_argument("--throttle", choices=("sleep", "cfs"), default="sleep", help="how rank 1 is slowed")
+    parser.add_argument("--optimizer", choices=("sgd", "adam", "adamw"), default="sgd", help="the models' optimizer")
     return parser.parse_args(argv)
 
 

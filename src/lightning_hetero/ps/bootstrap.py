@@ -29,7 +29,7 @@ from lightning_hetero._lightning_internals import forget_train_dataloader, launc
 from lightning_hetero.ps.asp_client import AsynchronousClient
 from lightning_hetero.ps.claiming import DataClaiming
 from lightning_hetero.ps.collectives import CollectiveGate
-from lightning_hetero.ps.compensation import unsupported_reason
+from lightning_hetero.ps.compensation import overlaps
 from lightning_hetero.ps.context import PSContext
 from lightning_hetero.ps.fault_tolerance import FaultTolerance
 from lightning_hetero.ps.faults import FaultBoard, Membership
@@ -175,9 +175,6 @@ def start_server(
         model, optimizer, shard, world_size=world_size, max_staleness=max_staleness, lr_scaling=lr_scaling,
         compensator=compensator,
     )  # fmt: skip
-    reason = unsupported_reason(optimizer) if compensator is not None else None
-    if reason is not None:
-        rank_zero_warn(f"AsyncPSStrategy(asynchrony_compensation={compensator.mode!r}): {reason}.")
     server.max_updates = max_updates
     server.on_update = on_update
     server.tolerate_lost_workers = tolerate_lost_workers
@@ -306,7 +303,7 @@ def start_servers(
         lost_cause=fault.lost_cause,
         recorded_fault=fault.recorded_fault,
         pin_memory=ctx.root_device.type == "cuda",
-        overlap=settings.overlap_round_trip,
+        overlap=overlaps(settings.overlap_round_trip, ctx.optimizer),
         shards=servers.shards,
     )
 

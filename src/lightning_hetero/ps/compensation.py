@@ -27,12 +27,11 @@ has one gradient in flight; a worker of rate ``r_k`` sees ``sum_{j != k} r_j / r
 its steps), so ``N_eff = 1 + EWMA(staleness)``; it starts at the number of workers and follows workers that stop or
 wait (a staleness bound, the end of an epoch).
 
-Adam-type optimizers (``betas``): ``beta1`` is lowered by the same rule and the learning rate follows the same rule
-(so it is unchanged while ``beta1`` absorbs the asynchrony). Adam's ``beta1`` is an average of unit gain, so lowering
-it does not shorten a gradient's total step as it does for heavy-ball momentum: per sample, compensated ASP with
-Adam still steps up to ``N`` times as far as BSP (not benchmarked; lower the learning rate by hand if needed).
-Optimizers with neither ``momentum`` nor ``betas`` get only the learning-rate rule (as for ``mu = 0``:
-``lr / N_eff``), and a warning says so.
+The rules are derived for heavy-ball momentum, and apply to SGD (``torch.optim.SGD`` and its subclasses). Other
+optimizers, Adam and AdamW first, keep their own hyper-parameters: lowering Adam's ``beta1`` does not shorten a
+gradient's total step (``beta1`` averages with unit gain) and slowed or broke learning where it was measured; with
+``mode="dc"`` their gradients are still delay-compensated. Nor does their round trip overlap the next batch by default
+(:func:`overlaps`): the overlap's extra staleness is what broke Adam on a small CNN.
 
 ``mode="dc"`` adds delay-compensated gradients (Zheng et al., "Asynchronous stochastic gradient descent with delay
 compensation", ICML 2017, the adaptive variant): ``g + lambda_t * g * g * (w_now - w_stale)`` with
@@ -70,6 +69,34 @@ def check_compensation_mode(mode: str | None) -> None:
     """
     if mode is not None and mode not in COMPENSATION_MODES:
         raise ValueError(f"asynchrony_compensation must be one of {COMPENSATION_MODES} or None, got {mode!r}")
+
+
+def heavy_ball(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer`` is of the family the compensation's rules are derived for: SGD's heavy-ball momentum.
+
+    Example::
+
+        >>> p = [torch.nn.Parameter(torch.zeros(1))]
+        >>> heavy_ball(torch.optim.SGD(p, lr=0.1, momentum=0.9)), heavy_ball(torch.optim.AdamW(p))
+        (True, False)
+    """
+    return isinstance(optimizer, torch.optim.SGD)
+
+
+def overlaps(setting: bool | str, optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ASP's round trip overlaps the next batch: ``overlap_round_trip`` as given, or for ``"auto"`` by the
+    optimizer's family (SGD: yes; adaptive optimizers such as Adam: no, their training broke under the extra
+    staleness).
+
+    Example::
+
+        >>> p = [torch.nn.Parameter(torch.zeros(1))]
+        >>> overlaps("auto", torch.optim.SGD(p, lr=0.1)), overlaps("auto", torch.optim.Adam(p)), overlaps(True, None)
+        (True, False, True)
+    """
+    if setting == "auto":
+        return heavy_ball(optimizer)
+    return bool(setting)
 
 
 def compensated_momentum(momentum: float, n_eff: float) -> float:
@@ -126,6 +153,8 @@ class AsynchronyCompensator:
         dc_smoothing: EWMA weight of ``g * g`` in the adaptive ``lambda_t``, in (0, 1].
         averaged: the gradients one BSP update averages, the training workers (``None``: ``workers``); sets the
             learning rate (:func:`compensated_lr_factor`).
+        rewrite: rewrite the hyper-parameters (SGD); ``False``: leave them as they are (other optimizers, whose
+            gradients ``mode="dc"`` still compensates).
 
     Example::
 
@@ -150,6 +179,7 @@ class AsynchronyCompensator:
         dc_lambda: float = 2.0,
         dc_smoothing: float = 0.05,
         averaged: int | None = None,
+        rewrite: bool = True,
     ) -> None:
         check_compensation_mode(mode)
         if mode is None:
@@ -161,6 +191,7 @@ class AsynchronyCompensator:
         check_range("averaged", averaged, low=1, integer=True, optional=True)
         self.mode = mode
         self.averaged = averaged
+        self.rewrite = rewrite
         self.workers = workers
         self.smoothing = smoothing
         self.dc_lambda = dc_lambda
@@ -199,6 +230,9 @@ class AsynchronyCompensator:
         Args:
             groups: param groups' hyper-parameters (``lr``, and ``momentum`` or ``betas``).
         """
+        if not self.rewrite:
+            self.momentum_effective, self.lr_effective = momentum_of(groups[0]), float(groups[0]["lr"])
+            return
         for index, group in enumerate(groups):
             key = momentum_key(group)
             user = momentum_of(group) or 0.0
@@ -237,26 +271,22 @@ class AsynchronyCompensator:
 
 
 def unsupported_reason(optimizer: torch.optim.Optimizer) -> str | None:
-    """Why the compensation cannot fully handle ``optimizer`` (``None`` when it can): it needs ``lr``, and
-    ``momentum`` or ``betas``, in every param group.
+    """Why the compensation leaves ``optimizer``'s hyper-parameters as they are (``None`` when it rewrites them): its
+    rules are for SGD, with a plain float ``lr`` in every param group.
 
     Example::
 
         >>> p = [torch.nn.Parameter(torch.zeros(1))]
         >>> unsupported_reason(torch.optim.SGD(p, lr=0.1, momentum=0.9)) is None
         True
-        >>> unsupported_reason(torch.optim.Adagrad(p, lr=0.1))
-        "Adagrad has no 'momentum' or 'betas': only its learning rate is compensated (divided by the effective number of workers); everything else is left unchanged"
+        >>> unsupported_reason(torch.optim.Adam(p, lr=0.01))
+        "Adam's hyper-parameters are used as they are: the compensation's rules are for SGD's heavy-ball momentum"
     """
     name = type(optimizer).__name__
-    groups = optimizer.param_groups
-    if any("lr" not in group or isinstance(group["lr"], torch.Tensor) for group in groups):
+    if not heavy_ball(optimizer):
+        return f"{name}'s hyper-parameters are used as they are: the compensation's rules are for SGD's heavy-ball momentum"
+    if any(isinstance(group["lr"], torch.Tensor) for group in optimizer.param_groups):
         return f"{name} has no plain float 'lr': its hyper-parameters are left unchanged"
-    if any(momentum_key(group) is None for group in groups):
-        return (
-            f"{name} has no 'momentum' or 'betas': only its learning rate is compensated (divided by the effective "
-            "number of workers); everything else is left unchanged"
-        )
     return None
 
 
@@ -267,33 +297,38 @@ class Compensation:
         mode: ``"auto"``, ``"dc"`` or ``None``.
         workers: the training workers and the gradients in flight at once in ASP, twice as many with
             ``overlap_round_trip`` (read when a compensator is built; :func:`~lightning_hetero.ps.placement.concurrency`).
-        param_groups: the user's optimizer's param groups (the compensator starts from their hyper-parameters).
+        optimizer: the user's optimizer (the compensator starts from its hyper-parameters).
 
     Example::
 
-        >>> compensation = Compensation("auto", lambda: (2, 4), lambda: [{"lr": 0.1, "momentum": 0.9}])
-        >>> compensation.new().mode, compensation.new().n_eff, Compensation(None, lambda: (2, 2), lambda: []).new()
+        >>> sgd = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1, momentum=0.9)
+        >>> compensation = Compensation("auto", lambda: (2, 4), lambda: sgd)
+        >>> compensation.new().mode, compensation.new().n_eff, Compensation(None, lambda: (2, 2), lambda: sgd).new()
         ('auto', 4.0, None)
+        >>> Compensation("auto", lambda: (2, 2), lambda: torch.optim.Adam(sgd.param_groups[0]["params"])).new()
     """
 
     def __init__(
         self,
         mode: str | None,
         workers: Callable[[], tuple[int, int]],
-        param_groups: Callable[[], list[dict[str, Any]]],
+        optimizer: Callable[[], torch.optim.Optimizer],
     ) -> None:
         check_compensation_mode(mode)
         self.mode = mode
         self._workers = workers
-        self._param_groups = param_groups
+        self._optimizer = optimizer
 
     def new(self) -> AsynchronyCompensator | None:
-        """A compensator for the current mode (``None`` for none)."""
-        if self.mode is None:
+        """A compensator for the current mode (``None`` for none, and for ``"auto"`` with an optimizer that is not
+        SGD: :func:`unsupported_reason`)."""
+        optimizer = self._optimizer()
+        rewrite = unsupported_reason(optimizer) is None
+        if self.mode is None or (self.mode == "auto" and not rewrite):
             return None
         training, in_flight = self._workers()
-        compensator = AsynchronyCompensator(self.mode, workers=in_flight, averaged=training)
-        compensator.apply([hyperparameters(group) for group in self._param_groups()])
+        compensator = AsynchronyCompensator(self.mode, workers=in_flight, averaged=training, rewrite=rewrite)
+        compensator.apply([hyperparameters(group) for group in optimizer.param_groups])
         return compensator
 
     def set(self, mode: str | None, server: Any) -> None:

@@ -21,8 +21,6 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any
-
 from lightning_hetero.ps.protocol import SERVER_RANK
 
 #: the accepted values of ``AsyncPSStrategy(server_placement=...)``
@@ -73,20 +71,19 @@ def training_workers(world_size: int, placement: str) -> int:
     return world_size - 1 if placement == "dedicated" else world_size
 
 
-def concurrency(world_size: int, settings: Any) -> tuple[int, int]:
+def concurrency(world_size: int, placement: str, overlap: bool) -> tuple[int, int]:
     """The training workers (the gradients one BSP update averages) and the gradients on their way to the server at
-    once in ASP: one per training worker, two with ``settings.overlap_round_trip`` (the next batch computes while the
+    once in ASP: one per training worker, two when the round trip overlaps the next batch (it computes while the
     last push travels). The asynchrony compensation starts its effective number of workers from the second, before
     any staleness is measured, and sizes a gradient's step by the first.
 
     Example::
 
-        >>> from types import SimpleNamespace
-        >>> concurrency(4, SimpleNamespace(server_placement="worker", overlap_round_trip=True))
-        (4, 8)
+        >>> concurrency(4, "worker", overlap=True), concurrency(4, "dedicated", overlap=False)
+        ((4, 8), (3, 3))
     """
-    workers = training_workers(world_size, settings.server_placement)
-    return workers, 2 * workers if settings.overlap_round_trip else workers
+    workers = training_workers(world_size, placement)
+    return workers, 2 * workers if overlap else workers
 
 
 def reserved_only(placement: str, through_server: bool, rank: int) -> bool:

@@ -4,8 +4,11 @@ rate in force (``ps/momentum_effective``, ``ps/lr_effective``) and the staleness
 
 Example::
 
-    >>> print(compensation_message({"lr": 0.1, "momentum": 0.9}, None, None))
-    AsyncPSStrategy: ASP uses the optimizer's hyper-parameters as they are (lr 0.1, momentum 0.9); asynchrony_compensation=None
+    >>> sgd = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1, momentum=0.9)
+    >>> print(compensation_message(sgd, None, None))
+    AsyncPSStrategy: ASP uses the optimizer's hyper-parameters as they are (lr 0.1, momentum 0.9); asynchrony_compensation=None.
+    >>> print(compensation_message(torch.optim.Adam(sgd.param_groups[0]["params"], lr=0.01), None, None))
+    AsyncPSStrategy: ASP uses Adam's hyper-parameters as they are (lr 0.01, momentum 0.9): the compensation's rules are for SGD's heavy-ball momentum.
 """
 
 from __future__ import annotations
@@ -17,25 +20,34 @@ import torch
 from torch import Tensor
 from torchmetrics import Metric
 
-from lightning_hetero.ps.compensation import AsynchronyCompensator, momentum_of
+from lightning_hetero.ps.compensation import AsynchronyCompensator, heavy_ball, momentum_of
 
 
 def _rounded(value: float | None) -> str:
     return "None" if value is None else f"{value:.4g}"
 
 
-def compensation_message(user: dict[str, Any], compensator: AsynchronyCompensator | None, mode: str | None) -> str:
-    """Which hyper-parameters the server uses in ASP, given the user's first param group ``user``.
+def compensation_message(
+    optimizer: torch.optim.Optimizer, compensator: AsynchronyCompensator | None, mode: str | None
+) -> str:
+    """Which hyper-parameters the server uses in ASP, given the user's ``optimizer``.
 
     Args:
-        user: the user's first param group.
+        optimizer: the user's optimizer (its first param group is reported).
         compensator: the server's compensator (``None``: the user's values as they are).
-        mode: the strategy's ``asynchrony_compensation``.
+        mode: the server's compensation mode.
     """
+    user = optimizer.param_groups[0]
+    if not heavy_ball(optimizer):
+        return (
+            f"AsyncPSStrategy: ASP uses {type(optimizer).__name__}'s hyper-parameters as they are (lr {user['lr']:g}, "
+            f"momentum {momentum_of(user)}): the compensation's rules are for SGD's heavy-ball momentum"
+            + ("; its gradients are delay-compensated." if mode == "dc" else ".")
+        )
     if compensator is None:
         return (
             f"AsyncPSStrategy: ASP uses the optimizer's hyper-parameters as they are (lr {user['lr']:g}, "
-            f"momentum {momentum_of(user)}); asynchrony_compensation=None"
+            f"momentum {momentum_of(user)}); asynchrony_compensation=None."
         )
     return (
         f"AsyncPSStrategy: asynchrony_compensation={mode!r}: in ASP with "
@@ -46,20 +58,27 @@ def compensation_message(user: dict[str, Any], compensator: AsynchronyCompensato
     )
 
 
-def round_trip_message(overlap: bool) -> str:
+def round_trip_message(overlap: bool, setting: bool | str) -> str:
     """How ASP's workers wait for the server, appended to :func:`compensation_message` (one line at start).
+
+    Args:
+        overlap: whether the round trip overlaps the next batch.
+        setting: the strategy's ``overlap_round_trip`` (``"auto"``: chosen by the optimizer's family).
 
     Example::
 
-        >>> round_trip_message(True)[:60]
-        ' The round trip overlaps the next batch (overlap_round_trip='
+        >>> round_trip_message(True, "auto")[:67]
+        " The round trip overlaps the next batch (overlap_round_trip='auto':"
+        >>> round_trip_message(False, False)
+        " Each worker waits for the server's reply (overlap_round_trip=False: textbook ASP)."
     """
     if overlap:
         return (
-            " The round trip overlaps the next batch (overlap_round_trip=True, the default: off the critical path, "
-            "one own update of extra staleness, counted above); False: textbook ASP."
+            f" The round trip overlaps the next batch (overlap_round_trip={setting!r}: off the critical path, one own "
+            "update of extra staleness, counted above); False: textbook ASP."
         )
-    return " Each worker waits for the server's reply (overlap_round_trip=False: textbook ASP)."
+    why = ", as for every optimizer but SGD" if setting == "auto" else ""
+    return f" Each worker waits for the server's reply (overlap_round_trip={setting!r}: textbook ASP{why})."
 
 
 class EpochMean(Metric):

@@ -125,7 +125,7 @@ class AgreedStop:
 
 
 class StopAtEpochEnd(Callback):
-    """The Lightning glue of :class:`AgreedStop`, appended to the Trainer's callbacks by the strategy (so it runs
+    """The batch-end glue of :class:`AgreedStop`, appended to the Trainer's callbacks by the strategy (so it runs
     after ``Timer`` and the user's callbacks in each batch).
 
     Args:
@@ -138,11 +138,29 @@ class StopAtEpochEnd(Callback):
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any, **kwargs: Any) -> None:
         self.stop.batch_end(trainer)
 
+
+class MeetAtEpochEnd(Callback):
+    """The epoch-end glue of :class:`AgreedStop`, put first among the Trainer's callbacks by the strategy.
+
+    At an epoch's end Lightning computes each epoch metric, and with it a synchronised metric's collective, on the
+    first read of any rank: rank 0's progress bar reads them in its ``on_train_epoch_end``, where the other ranks'
+    disabled bars do not. The ranks' meeting is a collective too, so it must come before any callback's epoch end on
+    every rank: then each rank's metric collectives follow the meeting in the same order, as in DDP.
+
+    Args:
+        stop: the run's stop agreement.
+    """
+
+    def __init__(self, stop: AgreedStop) -> None:
+        self.stop = stop
+
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.state.fn == TrainerFn.FITTING:
             self.stop.epoch_end(trainer)
 
 
 def install(trainer: pl.Trainer, stop: AgreedStop) -> None:
-    """Put ``stop``'s callback last among ``trainer``'s callbacks (replacing an earlier fit's)."""
-    trainer.callbacks = [c for c in trainer.callbacks if not isinstance(c, StopAtEpochEnd)] + [StopAtEpochEnd(stop)]
+    """Put ``stop``'s epoch-end meeting first and its batch-end glue last among ``trainer``'s callbacks (replacing
+    an earlier fit's)."""
+    kept = [c for c in trainer.callbacks if not isinstance(c, (StopAtEpochEnd, MeetAtEpochEnd))]
+    trainer.callbacks = [MeetAtEpochEnd(stop), *kept, StopAtEpochEnd(stop)]

@@ -28,7 +28,7 @@ from lightning_hetero.lr_schedules import CountedLRSchedulers
 from lightning_hetero.ps import bootstrap
 from lightning_hetero.ps.checkpointing import Checkpointing
 from lightning_hetero.ps.collectives import broadcast_object
-from lightning_hetero.ps.compensation import Compensation
+from lightning_hetero.ps.compensation import Compensation, overlaps
 from lightning_hetero.ps.context import BatchWeighting, StepCounter
 from lightning_hetero.ps.engines import ENGINES, Engine, switch
 from lightning_hetero.ps.fault_tolerance import kill_launched
@@ -54,9 +54,10 @@ class AsyncPSStrategy(DDPStrategy):
         mode: ``"asp"``, ``"bsp"`` or ``"local"``; can be changed later with :meth:`set_mode`.
         max_staleness: a worker this many own updates ahead of the slowest waits (``None``: no bound, pure ASP).
         lr_scaling: ``"none"``, or ``"inverse"`` to divide the learning rate of each update by its staleness.
-        asynchrony_compensation: ``"auto"``: in ASP the server lowers momentum (then the learning rate) by the
-            measured staleness (:mod:`~lightning_hetero.ps.compensation`); ``"dc"``: also delay-compensated
-            gradients (Zheng et al., 2017); ``None``: the user's hyper-parameters as they are (as BSP always uses).
+        asynchrony_compensation: ``"auto"``: in ASP the server lowers SGD's momentum (then the learning rate) by the
+            measured staleness; other optimizers (Adam, AdamW, ...) keep theirs
+            (:mod:`~lightning_hetero.ps.compensation`); ``"dc"``: also delay-compensated gradients (Zheng et al.,
+            2017); ``None``: the user's hyper-parameters as they are (as BSP always uses).
         fault_timeout_s: how long any rank waits for a peer before failing with an error naming it.
         startup_timeout_s: how long the ranks wait for each other at start-up (the process group's rendezvous).
         on_worker_lost: ``"fail"`` ends the job when any rank is lost; ``"continue"`` (elastic ASP): the others
@@ -68,8 +69,9 @@ class AsyncPSStrategy(DDPStrategy):
         outer_optimizer: local SGD: the outer optimizer's class (default ``torch.optim.SGD``).
         outer_optimizer_kwargs: its arguments (default ``lr=1.0``: plain averaging; DiLoCo's: 0.7, Nesterov 0.9).
         pseudo_gradient_weighting: local SGD: ``"mean"`` over the ranks that trained, or by their ``"samples"``.
-        overlap_round_trip: ``True`` (default): the push and the reply travel while the next batch is computed (a
-            bounded extra staleness of one own update, which the compensation counts); ``False``: textbook ASP.
+        overlap_round_trip: ``True``: the push and the reply travel while the next batch is computed (a bounded
+            extra staleness of one own update, which the compensation counts); ``False``: textbook ASP; ``"auto"``
+            (default): ``True`` with SGD, ``False`` with other optimizers (Adam's training broke under the overlap).
         server_shards: split the server into this many shards of whole tensors, hosted by ranks
             ``0 .. server_shards - 1`` (``docs/async_ps.md``, Sharding); not with ``on_worker_lost="continue"``.
         server_placement: ``"worker"``: rank 0 hosts the server and trains like the others; ``"dedicated"``: in ASP
@@ -103,7 +105,7 @@ class AsyncPSStrategy(DDPStrategy):
         on_worker_lost: str = "fail", round_samples: int | None = None, round_s: float | None = None,
         local_steps: str = "proportional", outer_optimizer: Callable[..., torch.optim.Optimizer] | None = None,
         outer_optimizer_kwargs: dict[str, Any] | None = None, pseudo_gradient_weighting: str = "mean",
-        overlap_round_trip: bool = True, server_shards: int = 1, server_placement: str = "worker",
+        overlap_round_trip: bool | str = "auto", server_shards: int = 1, server_placement: str = "worker",
         accelerator: pl.accelerators.Accelerator | None = None, parallel_devices: list[torch.device] | None = None,
         cluster_environment: Any = None, checkpoint_io: Any = None, precision_plugin: Any = None,
         process_group_backend: str | None = None,
@@ -121,8 +123,12 @@ class AsyncPSStrategy(DDPStrategy):
         self._settings = settings
         for name in PUBLIC_SETTINGS:  # max_staleness, fault_timeout_s, server_shards, ...: readable attributes
             setattr(self, name, getattr(settings, name))
-        workers = lambda: concurrency(self.world_size, settings)  # noqa: E731
-        self._compensation = Compensation(asynchrony_compensation, workers, lambda: self.optimizers[0].param_groups)
+
+        def workers() -> tuple[int, int]:
+            overlap = overlaps(settings.overlap_round_trip, self.optimizers[0])
+            return concurrency(self.world_size, settings.server_placement, overlap)
+
+        self._compensation = Compensation(asynchrony_compensation, workers, lambda: self.optimizers[0])
         #: seconds the last effective :meth:`set_mode` took (``None`` before any switch)
         self.last_switch_s: float | None = None
         #: rank 0, after fitting: the server's updates, staleness and costs (:meth:`.ShardHosting.summary`)
