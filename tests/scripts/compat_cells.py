@@ -405,6 +405,7 @@ def run_cell(feature: str, cell: str) -> dict:
         checksum=checksum(model),
         val_acc=None if acc is None else float(acc),
         epochs=trainer.current_epoch,
+        lr=trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else None,
     )
     return outcome
 

@@ -174,6 +174,24 @@ class LocalRounds:
         self._slack = 0.0  # half the fastest rank's step: how far past the deadline a rank's last step may end
         self._message: Tensor | None = None  # the round-end message's buffer (see message)
 
+    def progress(self) -> int:
+        """The local steps all ranks took so far, as this rank can tell mid-round: the count at the round's start plus
+        its own steps in the round scaled by the round's plan (every rank's planned steps over its own); exact at a
+        round's end. A step-interval learning-rate schedule stepped by it follows the job, not the rank.
+
+        Example::
+
+            >>> rounds = LocalRounds(RoundBudget(samples=8), rank=0, world_size=2)
+            >>> rounds.steps_total, rounds.plans, rounds.target_steps, rounds.steps_in_round = 10, [[6, 2]], 6, 3
+            >>> rounds.progress()  # half of this rank's 6 steps: half of the round's 8
+            14
+        """
+        plan = self.plans[-1] if self.plans else None
+        if not plan or self.target_steps <= 0:
+            return self.steps_total
+        total = sum(plan)
+        return self.steps_total + min(total, self.steps_in_round * total // self.target_steps)
+
     def begin(self, flat: Tensor, batch_size: int) -> None:
         """Start a round from ``flat`` (this rank's flat parameters, the same on every rank here)."""
         check_range("batch_size", batch_size, low=0, low_open=True)

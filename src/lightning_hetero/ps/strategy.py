@@ -164,6 +164,12 @@ class AsyncPSStrategy(DDPStrategy):
         return self._engines["local"].rounds  # type: ignore[attr-defined]
 
     @property
+    def estimated_steps_per_epoch(self) -> int | None:
+        """The steps per epoch in Lightning's ``trainer.estimated_stepping_batches`` (``None`` until it was read):
+        what a step-interval schedule written with that estimate expects an epoch to advance it by."""
+        return self._limits.steps_per_epoch
+
+    @property
     @override
     def is_distributed(self) -> bool:
         return True

@@ -184,6 +184,8 @@ class TrainerLimits:
         self._trainer: pl.Trainer | None = None
         self._mode = "asp"
         self._world_size = 1
+        #: the steps per epoch Lightning's ``estimated_stepping_batches`` counted (``None`` before it was read)
+        self.steps_per_epoch: int | None = None
 
     def check(self, module: pl.LightningModule, trainer: pl.Trainer, mode: str, world_size: int) -> None:
         """:func:`check_trainer` when fitting starts.
@@ -214,4 +216,7 @@ class TrainerLimits:
         """:func:`estimating_loader` once :meth:`check` ran (``dataloader`` itself before)."""
         if self._trainer is None:
             return dataloader
-        return estimating_loader(dataloader, self._trainer, self._mode, self._world_size, self.limit)
+        loader = estimating_loader(dataloader, self._trainer, self._mode, self._world_size, self.limit)
+        if loader is not dataloader and isinstance(loader.sampler, EstimateSampler):  # type: ignore[attr-defined]
+            self.steps_per_epoch = len(loader.sampler) // loader.batch_size  # type: ignore[attr-defined]
+        return loader

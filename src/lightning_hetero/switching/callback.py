@@ -267,8 +267,10 @@ class SyncSwitchCallback(Callback):
         self._epoch_steps = 0
         batches = trainer.num_training_batches
         known = int(batches) if isinstance(batches, (int, float)) and math.isfinite(batches) and batches > 0 else None
-        if mode == "bsp" and known is not None and self.lr_schedule_clock.steps_per_epoch is None:
-            self.lr_schedule_clock.steps_per_epoch = known
+        if self.lr_schedule_clock.steps_per_epoch is None:
+            # a schedule sized by `estimated_stepping_batches` advances by the strategy's estimate per epoch
+            estimate = getattr(trainer.strategy, "estimated_steps_per_epoch", None)
+            self.lr_schedule_clock.steps_per_epoch = estimate or (known if mode == "bsp" else None)
         self.lr_schedule_clock.begin_epoch(epoch, self._local_steps.get(mode, known))
 
     @override

@@ -76,6 +76,8 @@ class LocalSGDEngine:
         self._fault: FaultTolerance | None = None
         self._gate: CollectiveGate | None = None
         self._clipping: ClippingStep | None = None
+        self._schedule_count = 0  # the job's steps the taken-over LR schedulers were stepped for
+        self._schedule_limit = (-1, -1)  # (epoch, the job's steps at its end): the schedulers never pass them
 
     def setup(self, ctx: PSContext, fault: FaultTolerance, gate: CollectiveGate) -> None:
         self._ctx, self._fault, self._gate = ctx, fault, gate
@@ -112,6 +114,10 @@ class LocalSGDEngine:
                 "trains at its own speed (local_steps='proportional'); remove the callback or use BSP/ASP."
             )
         self._round_open = False
+        ctx, _, _ = self._parts()
+        # each rank's step-interval schedulers follow the job's steps (every rank's), not the rank's own
+        ctx.schedules.take_over(ctx.trainer.lr_scheduler_configs)
+        self._schedule_count = ctx.counter.version
         self._announce()
 
     def _announce(self) -> None:
@@ -137,6 +143,7 @@ class LocalSGDEngine:
         ctx, _, gate = self._parts()
         self._round_open = False
         self._announced = False
+        ctx.schedules.release()
         self._set_claim_chunks(1, rates=None)
         optimizer = ctx.optimizer
         state = gate.broadcast(copy.deepcopy(optimizer.state_dict()) if ctx.rank == SERVER_RANK else None, SERVER_RANK)
@@ -158,6 +165,9 @@ class LocalSGDEngine:
             self.rounds = self._build_rounds(self._loader_batch_size())
         if not self._round_open:
             self.rounds.steps_total = ctx.counter.version  # global_step goes on from the previous mode's count
+            sampler, epoch = ctx.claim_sampler, ctx.trainer.current_epoch
+            if sampler is not None and self._schedule_limit[0] != epoch:  # the epoch's first round
+                self._schedule_limit = (epoch, ctx.counter.version + -(-sampler.epoch_samples // sampler.chunk_size))
             self.rounds.begin(ctx.flat.flat, self._loader_batch_size() or 1)
             self._round_open = True
             self._busy_timer.skip()
@@ -197,6 +207,10 @@ class LocalSGDEngine:
                 self._busy_timer.skip()
                 self._round_open = False
         ctx.counter.set(rounds.steps_total, in_step=True)
+        progress = rounds.progress() if self._schedule_limit[1] < 0 else min(rounds.progress(), self._schedule_limit[1])
+        for count in range(self._schedule_count + 1, progress + 1):
+            ctx.schedules.step_at(count)
+            self._schedule_count = count
         return output
 
     def _end_round(self, done: bool) -> RoundOutcome:
