@@ -140,7 +140,7 @@ def draw_elastic(out: Path) -> Path:
         labels.append(name)
         ratios.append(churn["samples_per_s"] / summary["undisturbed"]["samples_per_s"])
         notes.append(f"{churn['lost']} lost, {churn['duplicated']} duplicated")
-    fig, ax = plt.subplots(figsize=(5.5, 3.0))
+    fig, ax = plt.subplots(figsize=(6.5, 3.2))
     bars = ax.bar(labels, ratios, color="C4", width=0.5)
     for bar, note in zip(bars, notes, strict=True):
         ax.annotate(
@@ -149,7 +149,7 @@ def draw_elastic(out: Path) -> Path:
     ax.axhline(1, color="grey", linewidth=1, linestyle="--")
     ax.set_ylim(0, 1.2)
     ax.set_ylabel("throughput under churn,\nx the undisturbed job's")
-    ax.set_title("ElasticLocalSGDStrategy, 4 workers, one killed and restarted each epoch", fontsize="medium")
+    ax.set_title("ElasticLocalSGDStrategy, 4 workers: one killed and restarted each epoch", fontsize="medium")
     path = out / "elastic_churn.png"
     _save(fig, path)
     return path
