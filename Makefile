@@ -23,9 +23,11 @@ format: venv
 	$(PY) -m ruff format .
 	$(PY) -m ruff check --fix .
 
-# The API reference from the docstrings, warnings as errors (-W); HTML in build/docs/html (git-ignored).
+# The figures redrawn from committed JSON (docs/figures), then the API reference from the docstrings with those
+# figures, warnings as errors (-W); HTML in build/docs/html (git-ignored).
 docs:
 	VENV=$(VENV) EXTRAS=dev,docs,elastic bash scripts/bootstrap.sh
+	$(PY) scripts/draw_figures.py
 	$(PY) -m sphinx -W --keep-going -E -q -b html docs/api build/docs/html
 
 # The fast tests against the oldest Lightning pyproject declares and the newest release (their own venvs).

@@ -4,8 +4,9 @@ Rank 1 is made 4x slower with :class:`~lightning_hetero.SlowdownEmulator`. The d
 same generated data twice, with plain DDP and with :class:`~lightning_hetero.HeteroBatchCallback`, then times a few
 steps at each of several fixed splits (a sweep) to find the best split for this workload, and prints one table:
 measured throughput, validation accuracy and split of each. It writes the numbers (``demo.json``), a plot of both
-runs' throughput over time (``throughput.png``, with matplotlib) and the training processes' full log
-(``train.log``) to ``--out``.
+runs' throughput over time (``throughput.png``), a plot of each rank's batch size over time in both runs
+(``batch_sizes.png``; both plots with matplotlib) and the training processes' full log (``train.log``) to ``--out``.
+``scripts/draw_figures.py`` draws the same two plots for the docs from a committed ``demo.json``.
 
 All training runs in one pair of processes (``python examples/demo.py --train``; Lightning's launcher starts rank 1
 from the same command), so the runs share their conditions; the driver shows only the demo's own progress lines.
@@ -63,16 +64,20 @@ def train_all(out: Path) -> None:
             print(PROGRESS + message, flush=True)
 
     class StepClock(Callback):
-        """The wall-clock time at the end of every training step, with its epoch (rank 0's are reported)."""
+        """The wall-clock time at the end of every training step, with its epoch, and this rank's batch size at each
+        step (rank 0's are reported; rank 1's batch is the global batch minus rank 0's)."""
 
         def __init__(self) -> None:
             self.steps: list[tuple[int, float]] = []
+            self.batches: list[tuple[float, int]] = []
 
         def on_train_epoch_start(self, trainer, pl_module):
             self.steps.append((trainer.current_epoch, time.perf_counter()))  # the epoch's start counts as a step end
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            self.steps.append((trainer.current_epoch, time.perf_counter()))
+            now = time.perf_counter()
+            self.steps.append((trainer.current_epoch, now))
+            self.batches.append((now, len(batch[0])))
 
     class Data(L.LightningDataModule):
         """Noisy Gaussian clusters: an MLP gets most of it right within a few epochs, and not all of it."""
@@ -141,6 +146,7 @@ def train_all(out: Path) -> None:
             "split": list(hetero.batch_sizes) if hetero else [GLOBAL_BATCH // 2] * 2,
             "val_acc": float(trainer.callback_metrics["val_acc"]),
             "steps": clock.steps,
+            "rank0_batches": clock.batches,
         }
 
     learned = results["runs"]["hetero"]["split"][1]
@@ -249,6 +255,44 @@ def plot(results: dict, path: Path) -> str:
     return f"plot of both runs' throughput over time: {path}"
 
 
+def plot_batch_sizes(results: dict, path: Path) -> str:
+    """Each rank's batch size at every step of both runs, against training time; returns a line saying what was
+    written. Runs without recorded batch sizes (a ``demo.json`` from before they were recorded) are left out."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return f"{path.name} not written: matplotlib is not installed (pip install matplotlib)"
+    global_batch = results.get("global_batch", GLOBAL_BATCH)
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    for method, label, style in (("ddp", "plain DDP", ":"), ("hetero", "HeteroBatchCallback", "-")):
+        batches = results["runs"][method].get("rank0_batches", [])
+        if not batches:
+            continue
+        start = results["runs"][method]["steps"][0][1]
+        xs = [t - start for t, _ in batches]
+        ax.step(xs, [b for _, b in batches], style, where="post", color="C0", label=f"rank 0 (fast), {label}")
+        ax.step(
+            xs,
+            [global_batch - b for _, b in batches],
+            style,
+            where="post",
+            color="C1",
+            label=f"rank 1 ({results['slow_factor']:g}x slower), {label}",
+        )
+    ax.set_xlabel("seconds since the start of each run's training")
+    ax.set_ylabel("samples per step")
+    ax.set_title(f"each rank's share of the global batch of {global_batch}")
+    ax.set_ylim(bottom=0, top=global_batch)
+    ax.legend(loc="center right", fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return f"plot of each rank's batch size over time: {path}"
+
+
 def drive(out: Path) -> int:
     out.mkdir(parents=True, exist_ok=True)
     print(f"lightning-hetero demo: 2 CPU processes, rank 1 emulated {SLOW_FACTOR:g}x slower", flush=True)
@@ -279,6 +323,7 @@ def drive(out: Path) -> int:
     print("\n".join(report(results)))
     print()
     print(plot(results, out / "throughput.png"))
+    print(plot_batch_sizes(results, out / "batch_sizes.png"))
     print(f"numbers: {out / 'demo.json'}; full training log: {log_path}")
     return 0
 

@@ -36,7 +36,8 @@ def sweep_of(step_s: dict[int, float]) -> dict:
 def results(ddp_step_s: float, hetero_step_s: float, learned: list[int], sweep: dict) -> dict:
     def run(step_s: float, split: list[int]) -> dict:
         steps = [s for epoch in range(demo.EPOCHS) for s in steps_every(step_s, 5, epoch, start=100.0 * epoch)]
-        return {"split": split, "val_acc": 0.8125, "steps": steps}
+        batches = [[t, split[0]] for _, t in steps[1:]]
+        return {"split": split, "val_acc": 0.8125, "steps": steps, "rank0_batches": batches}
 
     return {
         "slow_factor": 4.0,
@@ -78,6 +79,16 @@ def test_plot_writes_a_png_of_both_runs(tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_batch_size_plot_writes_a_png_and_skips_without_matplotlib(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed (the plots extra)")
+    measured = results(2.0, 0.5, [B - 100, 100], sweep_of({B // 2: 1.0, 100: 0.25}))
+    path = tmp_path / "batch_sizes.png"
+    assert demo.plot_batch_sizes(measured, path) == f"plot of each rank's batch size over time: {path}"
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    assert "matplotlib is not installed" in demo.plot_batch_sizes(measured, tmp_path / "other.png")
+
+
 @pytest.mark.multiprocess
 def test_demo_prints_only_its_own_lines(tmp_path):
     env = {key: value for key, value in os.environ.items() if key not in ("MASTER_PORT", "PYTHONPATH")}
@@ -99,4 +110,7 @@ def test_demo_prints_only_its_own_lines(tmp_path):
     accuracies = [measured["runs"][method]["val_acc"] for method in ("ddp", "hetero")]
     assert all(0.5 < acc < 1.0 for acc in accuracies), accuracies
     assert abs(accuracies[0] - accuracies[1]) < 0.05, accuracies
+    for method in ("ddp", "hetero"):
+        sizes = {size for _, size in measured["runs"][method]["rank0_batches"]}
+        assert sizes and all(0 < size < demo.GLOBAL_BATCH for size in sizes), sizes
     assert any(line.startswith("best fixed split (sweep)") for line in lines)

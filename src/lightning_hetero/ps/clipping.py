@@ -5,7 +5,7 @@ Why. Under DDP (and BSP) ``gradient_clip_val`` limits the norm of the gradient o
 mean. In ASP and local SGD each update is made from one rank's gradient, of a batch ``1/N`` the size: clipped alone,
 its norm carries the noise of the smaller batch (``E|g_k|^2 = |G|^2 + s^2/b_k`` against ``|G|^2 + s^2/B``), so a
 binding limit cuts it further and shortens the step along the true gradient ``G``. With ``gradient_clip_val=0.05``
-(binding at every step) ASP reached 22% where DDP reached 41% (docs/results.md).
+(binding at every step) ASP reached 22% where DDP reached 41% before this (the lab log).
 
 What. The norm the clipping sees is an estimate of the global batch's, from this rank's gradient ``g`` and its
 previous one ``g'`` (two independent batches, so ``<g', g>`` estimates ``|G|^2``, and ``share = b_k / B``)::
