@@ -1,9 +1,12 @@
 """Everyday Lightning usages under each feature, two CPU ranks on gloo with rank 1 slowed 3 x
-(``tests/scripts/compat_cells.py`` runs one feature's cells one after another in the same two processes).
+(``tests/scripts/compat_cells.py`` runs one feature's cells one after another in the same two processes), with
+Lightning's defaults on as users run it: progress bar, model summary, default logger and checkpointing.
 
 Every cell passes, with the ranks agreeing on the step count and the parameters at the end, or is refused before
 the first training batch with a message naming the setting; :data:`REFUSED` is the whole list of refusals (each is
-in the docs' limits).
+in the docs' limits). The cells users meet first (an MLP, a small CNN and a transformer with SGD, Adam and AdamW,
+a OneCycle schedule, validation inside an epoch, resuming) run in every test run; the whole matrix and the
+accuracy against DDP over two seeds run under the ``compat_full`` marker, which ``.ci/run`` runs.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ pytestmark = pytest.mark.multiprocess
 FEATURES = ("ddp_hetero", "asp", "hybrid", "local", "bsp")
 CELLS = (
     "plain", "max_steps", "max_time", "onecycle", "batchnorm", "sync_batchnorm", "limit_train_batches",
-    "val_check_interval", "val_check_batches", "accumulate", "manual", "boring", "transformer",
+    "val_check_interval", "val_check_batches", "accumulate", "manual", "boring", "transformer", "cnn",
     "resume", "early_stopping", "steplr", "plateau", "clip", "bf16", "torchmetrics", "evaluate", "csv_logger",
     "fast_dev_run", "workers", "dict_batch", "frozen_unused", "swa", "compile",
 )  # fmt: skip
@@ -31,6 +34,34 @@ REFUSED = {
 MAX_STEPS = 22  # compat_cells.py: an epoch is 24 updates in ASP, so 22 falls in an epoch's last updates
 
 
+#: the cells every test run runs, each with SGD unless it names its optimizer ("cell:optimizer")
+FIRST_CELLS = (
+    "plain", "plain:adam", "cnn:adam", "cnn:adamw", "transformer:adam", "onecycle", "val_check_interval", "resume",
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("feature", FEATURES)
+def test_the_first_cells_users_meet_pass_with_lightnings_defaults(run_script, tmp_path, feature):
+    run_script("compat_cells.py", str(tmp_path), feature, *FIRST_CELLS, timeout_s=240)
+    ranks = [read_json(tmp_path / f"rank{rank}.json") for rank in (0, 1)]
+    for cell in FIRST_CELLS:
+        first, second = (rank[cell] for rank in ranks)
+        assert first["status"] == second["status"] == "pass", (cell, first, second)
+        assert first["global_step"] == second["global_step"], (cell, first, second)
+        assert first["checksum"] == pytest.approx(second["checksum"], rel=1e-6), (cell, first, second)
+    outcomes = ranks[0]
+    for cell in ("plain", "plain:adam", "cnn:adam", "cnn:adamw"):  # Adam and AdamW learn in every mode
+        assert outcomes[cell]["val_acc"] > 0.85, (cell, outcomes[cell])
+    assert outcomes["transformer:adam"]["train_loss"] < 1.0, outcomes["transformer:adam"]
+    # the per-step schedule follows the job's progress: it ends annealed where DDP's ends (4.4e-4: both under 1e-3;
+    # rank 0's optimizer, which ASP's server follows)
+    assert outcomes["onecycle"]["lr"] < 1e-3, outcomes["onecycle"]
+    assert outcomes["val_check_interval"]["validations"] == 4
+    resume = outcomes["resume"]
+    assert resume["fit_starts"] == [0, resume["first_fit_steps"]] and resume["epochs"] == 2
+
+
+@pytest.mark.compat_full
 @pytest.mark.parametrize("feature", FEATURES)
 def test_every_cell_passes_or_is_refused_before_the_first_batch(run_script, tmp_path, feature):
     # aot_eager: dynamo's tracing, guards and recompiles and AOTAutograd without inductor's C++ build (seconds a rank)
@@ -112,3 +143,26 @@ def check_more_cells(feature: str, outcomes: dict) -> None:
     swa = checks["swa"]
     assert swa["n_averaged"] >= 2  # the fit ends with SWA's average (ASP: no server update after the ranks met)
     assert swa["averaged"] == pytest.approx(outcomes["swa"]["checksum"], rel=1e-6)
+
+
+#: the models judged against DDP with an adaptive optimizer, each over two seeds
+ADAPTIVE_CELLS = ("plain", "cnn", "transformer")
+
+
+@pytest.mark.compat_full
+@pytest.mark.parametrize("optimizer", ["adam", "adamw"])
+def test_adaptive_optimizers_train_as_under_ddp_in_every_mode(run_script, tmp_path, optimizer):
+    cells = [f"{cell}@{seed}" for cell in ADAPTIVE_CELLS for seed in (0, 1)]
+    results = {}
+    for feature in ("ddp", *FEATURES):
+        run_script("compat_cells.py", str(tmp_path / feature), feature, *cells, "--optimizer", optimizer, timeout_s=240)
+        results[feature] = read_json(tmp_path / feature / "rank0.json")
+
+    def mean(feature: str, cell: str, key: str) -> float:
+        return sum(results[feature][f"{cell}@{seed}"][key] for seed in (0, 1)) / 2
+
+    for feature in FEATURES:  # within 5 points of DDP's accuracy, and the transformer's loss near DDP's
+        for cell in ("plain", "cnn"):
+            assert mean(feature, cell, "val_acc") > mean("ddp", cell, "val_acc") - 0.05, (feature, cell, results)
+        ddp_loss = mean("ddp", "transformer", "train_loss")
+        assert mean(feature, "transformer", "train_loss") < max(2 * ddp_loss, ddp_loss + 0.2), (feature, results)

@@ -12,7 +12,6 @@ from lightning_hetero.ps.compensation import (
     compensated_lr_factor,
     compensated_momentum,
     momentum_of,
-    overlaps,
     unsupported_reason,
 )
 
@@ -152,13 +151,6 @@ def test_auto_leaves_adaptive_optimizers_alone_and_dc_only_corrects_their_gradie
         compensator.apply([group])
     assert group == {"lr": 0.01, "betas": (0.9, 0.99)} and compensator.delay_compensation
     assert (compensator.momentum_effective, compensator.lr_effective) == (0.9, 0.01)
-
-
-def test_the_round_trip_overlaps_by_default_for_sgd_only():
-    params = [torch.nn.Parameter(torch.zeros(2))]
-    assert overlaps("auto", torch.optim.SGD(params, lr=0.1, momentum=0.9))
-    assert not overlaps("auto", torch.optim.Adam(params)) and not overlaps("auto", torch.optim.AdamW(params))
-    assert overlaps(True, torch.optim.Adam(params)) and not overlaps(False, torch.optim.SGD(params, lr=0.1))
 
 
 def test_momentum_of_reads_momentum_or_beta1():

@@ -29,7 +29,7 @@ def test_registered_and_exported():
         ({"server_shards": "auto"}, r"server_shards=\.\.\.\) must be an integer >= 1, got 'auto'"),
         ({"server_placement": "auto"}, r"server_placement=\.\.\.\) must be one of \('worker', 'dedicated'\)"),
         ({"asynchrony_compensation": "Auto"}, "asynchrony_compensation must be one of"),
-        ({"overlap_round_trip": "Auto"}, "overlap_round_trip must be True, False or 'auto'"),
+        ({"overlap_round_trip": "auto"}, "overlap_round_trip must be True or False"),
         ({"local_steps": "auto"}, "local_steps must be one of"),
     ],
 )

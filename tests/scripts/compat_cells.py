@@ -3,8 +3,9 @@
 its outcome (``"pass"``, ``"refused"`` with the message, or ``"error"``), the training batches it ran, its final
 ``global_step``, a checksum of its parameters and the validation accuracy.
 
-Usage: python compat_cells.py OUT_DIR FEATURE [CELL ...] [--samples N --noise X --seed S --throttle cfs]
-(FEATURE: one of FEATURES; no cells: all of CELLS and MORE_CELLS). ``benchmarks/bench_compat.py`` runs it on harder data to compare
+Usage: python compat_cells.py OUT_DIR FEATURE [CELL ...] [--samples N --noise X --seed S --throttle cfs --optimizer adam]
+(FEATURE: one of FEATURES; no cells: all of CELLS and MORE_CELLS; ``CELL:OPTIMIZER@SEED`` runs a cell with another
+optimizer or seed). Lightning's defaults are on (progress bar, model summary, logger, checkpointing). ``benchmarks/bench_compat.py`` runs it on harder data to compare
 the features' accuracy on each usage.
 """
 
@@ -14,6 +15,7 @@ import logging
 import math
 import sys
 import time
+import traceback
 import warnings
 from pathlib import Path
 
@@ -64,13 +66,14 @@ class OneCycleClassifier(MLPClassifier):
         return [optimizer], [{"scheduler": scheduler, "interval": "step"}]
 
 
-def user_optimizer(params, lr_sgd: float = 0.1) -> torch.optim.Optimizer:
-    """The cell's optimizer as a user would write it: ``--optimizer`` SGD (``lr_sgd``), Adam or AdamW (lr 1e-2)."""
+def user_optimizer(params, lr_sgd: float = 0.1, momentum: float = 0.0) -> torch.optim.Optimizer:
+    """The cell's optimizer as a user would write it: ``--optimizer`` SGD (``lr_sgd``, ``momentum``), Adam or AdamW
+    (lr 1e-2)."""
     if OPTIONS.optimizer == "adam":
         return torch.optim.Adam(params, lr=1e-2)
     if OPTIONS.optimizer == "adamw":
         return torch.optim.AdamW(params, lr=1e-2)
-    return torch.optim.SGD(params, lr=lr_sgd)
+    return torch.optim.SGD(params, lr=lr_sgd, momentum=momentum)
 
 
 class UserMLP(MLPClassifier):
@@ -106,7 +109,7 @@ class SmallCNN(L.LightningModule):
         self.log("val_acc", (self(x).argmax(-1) == y).float().mean(), sync_dist=True, prog_bar=True)
 
     def configure_optimizers(self):
-        return user_optimizer(self.parameters(), 0.05)
+        return user_optimizer(self.parameters(), 0.05, momentum=0.9)
 
 
 class ImageData(L.LightningDataModule):
@@ -208,7 +211,9 @@ class TinyTransformer(L.LightningModule):
     def training_step(self, batch, batch_idx):
         inputs, target = batch
         output = self.model(inputs, target)
-        return nn.functional.nll_loss(output, target.view(-1))
+        loss = nn.functional.nll_loss(output, target.view(-1))
+        self.log("train_loss", loss, prog_bar=True)
+        return loss
 
     def configure_optimizers(self):
         return user_optimizer(self.parameters(), 0.1)
@@ -282,6 +287,7 @@ def cell_setup(cell: str) -> tuple[L.LightningModule, L.LightningDataModule | No
         kwargs["accumulate_grad_batches"] = 2
     elif cell == "cnn":
         model, data = SmallCNN(), ImageData(samples, BATCH // 2)
+        kwargs["max_epochs"] = 3
     elif cell in ("manual", "boring", "transformer"):
         model = {"manual": ManualOptimBoringModel, "boring": BoringModel, "transformer": TinyTransformer}[cell]()
         data, kwargs = None, {"max_epochs": 2, "limit_val_batches": 4}
@@ -383,17 +389,15 @@ def run_cell(feature: str, cell: str) -> dict:
         if cell in MORE_CELLS:
             outcome["checks"] = more_checks(cell, trainer, model, data, more)
     except Exception as err:  # a refusal names the setting; anything after the first batch is an error
-        import traceback
-
         outcome = {
             "status": "refused" if seen.batches == 0 else "error",
             "message": f"{type(err).__name__}: {err}",
-            "tb": traceback.format_exc(),
+            "traceback": traceback.format_exc(),
         }
     unvalidated = outcome["status"] == "pass" and "val_acc" not in trainer.callback_metrics
     if OPTIONS.final_validate and unvalidated and data is not None:
         trainer.validate(model, datamodule=data, verbose=False)
-    acc = trainer.callback_metrics.get("val_acc")
+    acc, loss = (trainer.callback_metrics.get(name) for name in ("val_acc", "train_loss"))
     hetero = next((c for c in trainer.callbacks if isinstance(c, HeteroBatchCallback)), None)
     outcome.update(
         split=None if hetero is None or hetero.tuner is None else list(hetero.tuner.plan.current),
@@ -404,6 +408,7 @@ def run_cell(feature: str, cell: str) -> dict:
         global_step=trainer.global_step,
         checksum=checksum(model),
         val_acc=None if acc is None else float(acc),
+        train_loss=None if loss is None else float(loss),
         epochs=trainer.current_epoch,
         lr=trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else None,
     )
@@ -414,7 +419,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path)
     parser.add_argument("feature", choices=FEATURES)
-    parser.add_argument("cells", nargs="*", help=f"some of {CELLS + MORE_CELLS} (default: all)")
+    parser.add_argument(
+        "cells", nargs="*", help=f"some of {CELLS + MORE_CELLS}, 'cell@seed' for another seed (default: all)"
+    )
     parser.add_argument("--samples", type=int, default=384)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--noise", type=float, default=0.5)
@@ -435,10 +442,14 @@ def main() -> None:
     out, feature, cells = OPTIONS.out, OPTIONS.feature, OPTIONS.cells or [*CELLS, *MORE_CELLS]
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore")
-    results = {}
-    for cell in cells:
+    results, base_seed, base_optimizer = {}, OPTIONS.seed, OPTIONS.optimizer
+    for cell in cells:  # "cnn:adam@1": the cell with Adam and seed 1
         started = time.perf_counter()
-        results[cell] = run_cell(feature, cell)
+        name, _, seed = cell.partition("@")
+        name, _, optimizer = name.partition(":")
+        OPTIONS.seed = int(seed) if seed else base_seed
+        OPTIONS.optimizer = optimizer or base_optimizer
+        results[cell] = run_cell(feature, name)
         results[cell]["seconds"] = round(time.perf_counter() - started, 2)
         print(f"{feature} {cell}: {results[cell]['status']}", file=sys.stderr, flush=True)  # where a crash happened
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0

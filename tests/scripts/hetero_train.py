@@ -94,9 +94,7 @@ def trainer_for(args, callbacks, **kwargs):
         accelerator=args.accelerator,
         devices=2,
         strategy=strategy,
-        callbacks=callbacks,
-        enable_progress_bar=False,
-        enable_model_summary=False,
+        callbacks=callbacks,  # Lightning's progress bar and model summary on, as users run it
         **kwargs,
     )
 

@@ -229,10 +229,8 @@ def main() -> None:
         max_epochs=args.epochs,
         max_steps=args.max_steps,
         callbacks=callbacks,
-        logger=False,
+        default_root_dir=args.out,  # Lightning's defaults otherwise: progress bar, model summary, logger
         enable_checkpointing=bool(args.ckpt_dir),
-        enable_progress_bar=False,
-        enable_model_summary=False,
         num_sanity_val_steps=0,
     )
     strategy = trainer.strategy

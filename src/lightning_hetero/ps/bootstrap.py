@@ -29,7 +29,6 @@ from lightning_hetero._lightning_internals import forget_train_dataloader, launc
 from lightning_hetero.ps.asp_client import AsynchronousClient
 from lightning_hetero.ps.claiming import DataClaiming
 from lightning_hetero.ps.collectives import CollectiveGate
-from lightning_hetero.ps.compensation import overlaps
 from lightning_hetero.ps.context import PSContext
 from lightning_hetero.ps.fault_tolerance import FaultTolerance
 from lightning_hetero.ps.faults import FaultBoard, Membership
@@ -303,7 +302,7 @@ def start_servers(
         lost_cause=fault.lost_cause,
         recorded_fault=fault.recorded_fault,
         pin_memory=ctx.root_device.type == "cuda",
-        overlap=overlaps(settings.overlap_round_trip, ctx.optimizer),
+        overlap=settings.overlap_round_trip,
         shards=servers.shards,
     )
 

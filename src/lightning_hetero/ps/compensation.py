@@ -83,22 +83,6 @@ def heavy_ball(optimizer: torch.optim.Optimizer) -> bool:
     return isinstance(optimizer, torch.optim.SGD)
 
 
-def overlaps(setting: bool | str, optimizer: torch.optim.Optimizer) -> bool:
-    """Whether ASP's round trip overlaps the next batch: ``overlap_round_trip`` as given, or for ``"auto"`` by the
-    optimizer's family (SGD: yes; adaptive optimizers such as Adam: no, their training broke under the extra
-    staleness).
-
-    Example::
-
-        >>> p = [torch.nn.Parameter(torch.zeros(1))]
-        >>> overlaps("auto", torch.optim.SGD(p, lr=0.1)), overlaps("auto", torch.optim.Adam(p)), overlaps(True, None)
-        (True, False, True)
-    """
-    if setting == "auto":
-        return heavy_ball(optimizer)
-    return bool(setting)
-
-
 def compensated_momentum(momentum: float, n_eff: float) -> float:
     """The explicit momentum that, composed with asynchrony's implicit ``1 - 1/n_eff``, gives ``momentum``.
 

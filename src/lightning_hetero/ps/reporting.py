@@ -58,27 +58,20 @@ def compensation_message(
     )
 
 
-def round_trip_message(overlap: bool, setting: bool | str) -> str:
+def round_trip_message(overlap: bool) -> str:
     """How ASP's workers wait for the server, appended to :func:`compensation_message` (one line at start).
-
-    Args:
-        overlap: whether the round trip overlaps the next batch.
-        setting: the strategy's ``overlap_round_trip`` (``"auto"``: chosen by the optimizer's family).
 
     Example::
 
-        >>> round_trip_message(True, "auto")[:67]
-        " The round trip overlaps the next batch (overlap_round_trip='auto':"
-        >>> round_trip_message(False, False)
+        >>> round_trip_message(False)
         " Each worker waits for the server's reply (overlap_round_trip=False: textbook ASP)."
     """
     if overlap:
         return (
-            f" The round trip overlaps the next batch (overlap_round_trip={setting!r}: off the critical path, one own "
-            "update of extra staleness, counted above); False: textbook ASP."
+            " The round trip overlaps the next batch (overlap_round_trip=True: off the critical path, one own update "
+            "of extra staleness, counted above); False, the default: textbook ASP."
         )
-    why = ", as for every optimizer but SGD" if setting == "auto" else ""
-    return f" Each worker waits for the server's reply (overlap_round_trip={setting!r}: textbook ASP{why})."
+    return " Each worker waits for the server's reply (overlap_round_trip=False: textbook ASP)."
 
 
 class EpochMean(Metric):

@@ -57,7 +57,7 @@ class PSSettings:
     outer_optimizer: Callable[..., torch.optim.Optimizer] | None = None
     outer_optimizer_kwargs: dict[str, Any] | None = None
     pseudo_gradient_weighting: str = "mean"
-    overlap_round_trip: bool | str = "auto"
+    overlap_round_trip: bool = False
     server_shards: int = 1
     server_placement: str = "worker"
     outer: OuterOptimizer = field(init=False)
@@ -83,7 +83,7 @@ class PSSettings:
         no_budget = self.round_samples is None and self.round_s is None
         self.round_budget = None if no_budget else RoundBudget(samples=self.round_samples, seconds=self.round_s)
         self.outer = OuterOptimizer(self.outer_optimizer, self.outer_optimizer_kwargs)
-        if not isinstance(self.overlap_round_trip, bool) and self.overlap_round_trip != "auto":
-            raise ValueError(f"overlap_round_trip must be True, False or 'auto', got {self.overlap_round_trip!r}")
+        if not isinstance(self.overlap_round_trip, bool):
+            raise ValueError(f"overlap_round_trip must be True or False, got {self.overlap_round_trip!r}")
         check_server_shards(self.server_shards, on_worker_lost=self.on_worker_lost)
         check_server_placement(self.server_placement, self.server_shards, self.on_worker_lost)

@@ -28,7 +28,7 @@ from lightning_hetero.lr_schedules import CountedLRSchedulers
 from lightning_hetero.ps import bootstrap
 from lightning_hetero.ps.checkpointing import Checkpointing
 from lightning_hetero.ps.collectives import broadcast_object
-from lightning_hetero.ps.compensation import Compensation, overlaps
+from lightning_hetero.ps.compensation import Compensation
 from lightning_hetero.ps.context import BatchWeighting, StepCounter
 from lightning_hetero.ps.engines import ENGINES, Engine, switch
 from lightning_hetero.ps.fault_tolerance import kill_launched
@@ -69,9 +69,9 @@ class AsyncPSStrategy(DDPStrategy):
         outer_optimizer: local SGD: the outer optimizer's class (default ``torch.optim.SGD``).
         outer_optimizer_kwargs: its arguments (default ``lr=1.0``: plain averaging; DiLoCo's: 0.7, Nesterov 0.9).
         pseudo_gradient_weighting: local SGD: ``"mean"`` over the ranks that trained, or by their ``"samples"``.
-        overlap_round_trip: ``True``: the push and the reply travel while the next batch is computed (a bounded
-            extra staleness of one own update, which the compensation counts); ``False``: textbook ASP; ``"auto"``
-            (default): ``True`` with SGD, ``False`` with other optimizers (Adam's training broke under the overlap).
+        overlap_round_trip: ``False`` (default): textbook ASP, each worker waits for its reply; ``True``: the push
+            and the reply travel while the next batch is computed, faster where the round trip is long next to a step,
+            at one own update of extra staleness (which broke training of small CNNs with Adam and with SGD).
         server_shards: split the server into this many shards of whole tensors, hosted by ranks
             ``0 .. server_shards - 1`` (``docs/async_ps.md``, Sharding); not with ``on_worker_lost="continue"``.
         server_placement: ``"worker"``: rank 0 hosts the server and trains like the others; ``"dedicated"``: in ASP
@@ -105,7 +105,7 @@ class AsyncPSStrategy(DDPStrategy):
         on_worker_lost: str = "fail", round_samples: int | None = None, round_s: float | None = None,
         local_steps: str = "proportional", outer_optimizer: Callable[..., torch.optim.Optimizer] | None = None,
         outer_optimizer_kwargs: dict[str, Any] | None = None, pseudo_gradient_weighting: str = "mean",
-        overlap_round_trip: bool | str = "auto", server_shards: int = 1, server_placement: str = "worker",
+        overlap_round_trip: bool = False, server_shards: int = 1, server_placement: str = "worker",
         accelerator: pl.accelerators.Accelerator | None = None, parallel_devices: list[torch.device] | None = None,
         cluster_environment: Any = None, checkpoint_io: Any = None, precision_plugin: Any = None,
         process_group_backend: str | None = None,
@@ -125,8 +125,7 @@ class AsyncPSStrategy(DDPStrategy):
             setattr(self, name, getattr(settings, name))
 
         def workers() -> tuple[int, int]:
-            overlap = overlaps(settings.overlap_round_trip, self.optimizers[0])
-            return concurrency(self.world_size, settings.server_placement, overlap)
+            return concurrency(self.world_size, settings.server_placement, settings.overlap_round_trip)
 
         self._compensation = Compensation(asynchrony_compensation, workers, lambda: self.optimizers[0])
         #: seconds the last effective :meth:`set_mode` took (``None`` before any switch)

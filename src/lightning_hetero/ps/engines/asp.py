@@ -110,7 +110,7 @@ class AsynchronousEngine:
         mode = compensator.mode if compensator is not None else None
         overlap = ctx.servers.client is not None and ctx.servers.client.overlap
         message = compensation_message(ctx.optimizer, compensator, mode)
-        rank_zero_info(message + round_trip_message(overlap, ctx.settings.overlap_round_trip) + claim_size_message())
+        rank_zero_info(message + round_trip_message(overlap) + claim_size_message())
 
     def leave(self) -> None:
         """Every rank takes the server's parameters, optimizer state and version, and rank 0's hyper-parameters and
