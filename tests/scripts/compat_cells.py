@@ -90,9 +90,9 @@ class SmallCNN(L.LightningModule):
     def __init__(self) -> None:
         super().__init__()
         self.net = nn.Sequential(
-            nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(2), nn.Flatten(),
-            nn.Linear(64, OPTIONS.classes),
+            nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+            nn.Linear(64 * 3 * 3, 128), nn.ReLU(), nn.Linear(128, OPTIONS.classes),
         )  # fmt: skip
 
     def forward(self, x):

@@ -178,14 +178,17 @@ def test_greedy_switches_to_asp_on_an_injected_straggler_and_back():
     assert [record["epoch"] for record in callback.epochs] == list(range(6))
 
 
-def test_greedy_reuses_hetero_batch_measurements():
+@pytest.mark.parametrize("wired", [False, True], ids=["found", "given"])
+def test_greedy_reuses_hetero_batch_measurements(wired):
     from lightning_hetero.hetero_batch import HeteroBatchCallback
 
     hetero = HeteroBatchCallback(verbose=False, smoothing=1.0, warmup_steps=1)
     clock = FakeClock()
     hetero.timer = ComputeTimer(clock=clock)
     detector = StragglerDetector(threshold=0.5, k=3, baseline_measurements=4)
-    callback = SyncSwitchCallback(GreedyPolicy(), detector=detector, throughput_meter=hetero.meter)
+    # without throughput_meter the callback finds the HeteroBatchCallback's meter by itself
+    meter = {"throughput_meter": hetero.meter} if wired else {}
+    callback = SyncSwitchCallback(GreedyPolicy(), detector=detector, **meter)
     model = RecordingModel(clock=clock, slow_epochs=(1,), slowdown=4.0)
     make_trainer(callback, 3, limit_val_batches=0, callbacks=[hetero]).fit(model, datamodule=datamodule(256))
     assert [model.modes[e] for e in range(3)] == ["bsp", "bsp", "asp"]

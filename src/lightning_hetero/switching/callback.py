@@ -22,6 +22,7 @@ from typing_extensions import override
 from lightning_hetero._deprecation import renamed_argument
 from lightning_hetero._validation import check_finite
 from lightning_hetero.contracts import MODES, CompensatedStrategy, Mode, SwitchableStrategy
+from lightning_hetero.hetero_batch import HeteroBatchCallback
 from lightning_hetero.lr_schedules import CountedLRSchedulers
 from lightning_hetero.measurement import ComputeTimer, ThroughputMeter, close_compute_window
 from lightning_hetero.switching.hyperparams import LRScheduleClock, PhaseHyperparamController, PhaseHyperparams
@@ -100,9 +101,9 @@ class SyncSwitchCallback(Callback):
         smoothing: EWMA weight of the newest throughput measurement fed to the detector.
         warmup_steps: throughput measurements discarded at the start and after each switch.
         throughput_meter: a :class:`~lightning_hetero.measurement.ThroughputMeter` that another callback feeds, read
-            after every batch instead of this callback's own (pass ``HeteroBatchCallback``'s ``meter`` when both
-            are in the Trainer: its compute window ends before the gradient all-reduce, this callback's own after
-            it). Default: this callback measures batch start to the end of backward itself.
+            after every batch instead of this callback's own. Default: a ``HeteroBatchCallback``'s ``meter`` when
+            one is in the Trainer (its compute window ends before the gradient all-reduce), else this callback
+            measures batch start to the end of backward itself.
         verbose: print the end-of-fit phase summary on rank 0.
         schedule_steps_per_epoch: deprecated old name of ``lr_schedule_steps_per_epoch``; removed in the next
             release.
@@ -111,8 +112,8 @@ class SyncSwitchCallback(Callback):
         - The strategy must offer :class:`~lightning_hetero.contracts.SwitchableStrategy` (``mode``,
           ``set_mode(mode)``, ``last_switch_s``; :class:`~lightning_hetero.AsyncPSStrategy` does); setup fails
           otherwise.
-        - Throughput comes from ``throughput_meter`` when given, otherwise from this callback's own compute window
-          (batch start to the end of backward).
+        - Throughput comes from ``throughput_meter`` when given, else from a ``HeteroBatchCallback``'s meter in the
+          Trainer, else from this callback's own compute window (batch start to the end of backward).
         - Each epoch's mode is logged one-hot as ``sync_switch/bsp``, ``sync_switch/asp`` and ``sync_switch/local``
           (1 for the epoch's mode, 0 for the others), with ``sync_switch/epoch_time_s``
           (training only, validation excluded) and ``sync_switch/throughput`` (samples/s over all ranks).
@@ -164,6 +165,7 @@ class SyncSwitchCallback(Callback):
         self.straggler = False
         self._max_epochs: int | None = None
         self._shared_meter = throughput_meter
+        self._meter_given = throughput_meter is not None
         self._shared_count = 0
         self._epoch_start_s = 0.0
         self._validation_start_s = 0.0
@@ -191,6 +193,9 @@ class SyncSwitchCallback(Callback):
                 "False`) to ASP or local SGD, where the server or the round's outer step applies the optimizer; train "
                 "it with AsyncPSStrategy(mode='bsp') alone, or use automatic optimization."
             )
+        if not self._meter_given:  # a HeteroBatchCallback measures the compute window already: read its meter
+            hetero = next((c for c in trainer.callbacks if isinstance(c, HeteroBatchCallback)), None)
+            self._shared_meter = hetero.meter if hetero is not None else None
         max_epochs = trainer.max_epochs
         self._max_epochs = None if max_epochs is None or max_epochs < 0 else max_epochs
         self.policy.check_max_epochs(self._max_epochs)
