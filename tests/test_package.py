@@ -19,10 +19,9 @@ def test_import_does_not_pull_torchvision_or_docker():
 
 
 def test_public_names_resolve():
+    assert len(lightning_hetero.__all__) <= 12  # the user-facing classes and policies only
     for name in lightning_hetero.__all__:
         value = getattr(lightning_hetero, name)
-        if name == "__version__":
-            continue
         assert value.__name__ == name
         assert value.__module__.startswith(lightning_hetero._MODULES[name]), (name, value.__module__)
     importlib.reload(lightning_hetero)
@@ -78,3 +77,11 @@ def test_every_callback_hook_in_the_package_is_marked_override():
         assert overridden, callback
         unmarked = sorted(name for name in overridden if not getattr(vars(callback)[name], "__override__", False))
         assert unmarked == [], f"{callback.__name__}: hooks without @override: {unmarked}"
+
+
+@pytest.mark.parametrize("name", sorted(lightning_hetero._MOVED))
+def test_internals_once_exported_still_import_for_a_release_with_a_warning(name):
+    with pytest.warns(DeprecationWarning, match=f"lightning_hetero.{name} is deprecated"):
+        value = getattr(lightning_hetero, name)
+    assert value is getattr(importlib.import_module(lightning_hetero._MOVED[name]), name)
+    assert name not in lightning_hetero.__all__
