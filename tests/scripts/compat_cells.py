@@ -120,7 +120,7 @@ class ImageData(L.LightningDataModule):
         generator = torch.Generator().manual_seed(OPTIONS.seed)
         templates = torch.randn(OPTIONS.classes, 1, 12, 12, generator=generator)
         labels = torch.randint(OPTIONS.classes, (samples + samples // 2,), generator=generator)
-        images = templates[labels] + OPTIONS.noise * 2 * torch.randn(len(labels), 1, 12, 12, generator=generator)
+        images = templates[labels] + torch.randn(len(labels), 1, 12, 12, generator=generator)
         self.train_set = TensorDataset(images[:samples], labels[:samples])
         self.val_set = TensorDataset(images[samples:], labels[samples:])
         self.batch_size = batch_size
