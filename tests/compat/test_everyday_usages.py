@@ -150,7 +150,7 @@ ADAPTIVE_CELLS = ("plain", "cnn", "transformer")
 
 
 @pytest.mark.compat_full
-@pytest.mark.parametrize("optimizer", ["adam", "adamw"])
+@pytest.mark.parametrize("optimizer", ["adam"])  # AdamW: the first cells, and benchmarks/results/compat_adaptive_asp.json
 def test_adaptive_optimizers_train_as_under_ddp_in_every_mode(run_script, tmp_path, optimizer):
     cells = [f"{cell}@{seed}" for cell in ADAPTIVE_CELLS for seed in (0, 1)]
     results = {}
