@@ -216,7 +216,7 @@ class HeteroBatchCallback(Callback):
         if stage != "fit":
             return
         self._rank, self._world_size = trainer.global_rank, trainer.world_size
-        check_trainer(trainer, pl_module)
+        check_trainer(trainer, pl_module, self.memory_caps)
         if self.initial_batch_sizes is not None and len(self.initial_batch_sizes) != self._world_size:
             n = len(self.initial_batch_sizes)
             raise ValueError(f"initial_batch_sizes has {n} entries but the world size is {self._world_size}")

@@ -58,7 +58,9 @@ def check_trainer(module: pl.LightningModule, trainer: pl.Trainer, mode: str) ->
             "in BSP only: in ASP the parameter server applies the optimizer and in local SGD the round's outer step "
             "does, which a hand-written training_step cannot drive"
             + (" (SyncSwitchCallback would switch this run to ASP)" if mode == "bsp" else "")
-            + "; use AsyncPSStrategy(mode='bsp') without SyncSwitchCallback, or automatic optimization."
+            + "; use automatic optimization, AsyncPSStrategy(mode='bsp') without SyncSwitchCallback, or "
+            "strategy='ddp' with HeteroBatchCallback (which gives a slow rank a smaller batch and weights its "
+            "manual_backward by its share)."
         )
     if layer_sync_requested(trainer.strategy):
         raise ValueError(

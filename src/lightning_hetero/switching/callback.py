@@ -189,7 +189,8 @@ class SyncSwitchCallback(Callback):
             raise ValueError(
                 "SyncSwitchCallback cannot switch a model with manual optimization (`self.automatic_optimization = "
                 "False`) to ASP or local SGD, where the server or the round's outer step applies the optimizer; train "
-                "it with AsyncPSStrategy(mode='bsp') alone, or use automatic optimization."
+                "it with AsyncPSStrategy(mode='bsp') alone or with strategy='ddp' and HeteroBatchCallback, or use automatic "
+                "optimization."
             )
         max_epochs = trainer.max_epochs
         self._max_epochs = None if max_epochs is None or max_epochs < 0 else max_epochs
