@@ -117,6 +117,9 @@ class HeteroBatchCallback(Callback):
           count as the rank's own busy time.
         - With ``accumulate_grad_batches`` each micro-batch's loss is weighted so that a step's gradient is the big
           batch's over all its micro-batches (:mod:`~lightning_hetero.hetero_batch.accumulation`).
+        - With manual optimization (``self.automatic_optimization = False``) each ``manual_backward`` is weighted
+          as the automatic backward is, so each loss must be a mean over the rank's batch; ``memory_caps="auto"``
+          is refused there.
         - While a strategy trains asynchronously (``AsyncPSStrategy`` in ASP) ranks are not in lock-step, so
           ``adjust_every_n_steps`` is ignored there and the split changes at epoch ends only.
         - The split in force is part of the callback's checkpoint state; a resumed run continues with it.
