@@ -35,7 +35,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 WORKER = HERE.parent / "tests" / "scripts" / "compat_cells.py"
 FEATURES = ("ddp", "ddp_hetero", "asp", "hybrid", "local", "bsp")
-#: the cells that train the classifier and validate it (the others run Lightning's demos or are refused)
+#: the cells that train the classifier and validate it under every feature (the others run Lightning's demos, or are
+#: refused by some: manual optimization in ASP and local SGD)
 USAGES = (
     "plain", "max_steps", "max_time", "onecycle", "batchnorm", "limit_train_batches", "val_check_interval",
     "val_check_batches", "accumulate",

@@ -102,6 +102,60 @@ def test_loss_weighting_gives_the_big_batch_gradient_across_a_split_change(run_s
         torch.testing.assert_close(params_after, stepped, atol=1e-12, rtol=0)
 
 
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_manual_optimization_steps_as_one_process_on_the_big_batch(run_script, tmp_path, optimizer):
+    """``self.automatic_optimization = False`` (``zero_grad``, ``manual_backward``, ``step``) under DDP with shares
+    [3, 13] then [11, 5], Lightning's defaults on: each rank's ``manual_backward`` is weighted as the automatic one
+    is, so in float64 the gradient is the big batch's at every step, and the user's optimizer (SGD, Adam) moves the
+    parameters as it does in one process on the same global batches."""
+    run_script("hetero_train.py", str(tmp_path), "manual", "--optimizer", optimizer)
+    traces = [torch.load(tmp_path / f"trace_rank{r}.pt") for r in range(2)]
+    sizes = [[len(step["y"]) for step in trace["steps"]] for trace in traces]
+    assert sizes[0][0] == 3 and sizes[0][-1] == 11 and [a + b for a, b in zip(*sizes, strict=True)] == [16] * 4
+    assert read_json(tmp_path / "manual_rank0.json")["global_step"] == 4
+    reference = MLPClassifier(num_features=8, num_classes=3).double()
+    reference.load_state_dict(traces[0]["steps"][0]["params"], strict=False)
+    params = dict(reference.named_parameters())
+    if optimizer == "adam":
+        stepper = torch.optim.Adam(reference.parameters(), lr=0.05)
+    else:
+        stepper = torch.optim.SGD(reference.parameters(), lr=0.5)
+    plain_gaps = []
+    for s0, s1 in zip(traces[0]["steps"], traces[1]["steps"], strict=True):
+        torch.testing.assert_close(s1["params"], s0["params"], atol=0, rtol=0)  # the ranks stay in lock-step
+        torch.testing.assert_close(s0["params"], {n: p.detach() for n, p in params.items()}, atol=1e-10, rtol=0)
+        x, y = torch.cat([s0["x"], s1["x"]]), torch.cat([s0["y"], s1["y"]])
+        stepper.zero_grad()
+        nn.functional.cross_entropy(reference(x), y).backward()
+        expected = {name: p.grad for name, p in params.items()}
+        for rank_step in (s0, s1):
+            torch.testing.assert_close(rank_step["grads"], expected, atol=1e-12, rtol=0)
+        plain = big_batch_gradient(s0["params"], [s0["x"], s1["x"]], [s0["y"], s1["y"]], weights=[0.5, 0.5])
+        plain_gaps.append(max(float((plain[n] - expected[n]).abs().max()) for n in expected))
+        stepper.step()
+    assert max(plain_gaps) > 1e-3  # the check can fail: DDP's plain mean of the local means lands measurably elsewhere
+    torch.testing.assert_close(traces[0]["final"], {n: p.detach() for n, p in params.items()}, atol=1e-10, rtol=0)
+
+
+def test_a_loss_back_propagated_twice_is_weighted_once_each_time():
+    # manual optimization may call manual_backward(loss, retain_graph=True) on the same loss again
+    model, x = nn.Linear(4, 2), torch.randn(5, 4)
+    loss = nn.functional.mse_loss(model(x), torch.zeros(5, 2))
+    marks = []
+    grads = []
+    for _ in range(2):
+        weight_backward(loss, 0.375, lambda: marks.append("end"))
+        loss.backward(retain_graph=True)
+        grads.append(model.weight.grad.clone())
+        model.zero_grad()
+    torch.testing.assert_close(grads[1], grads[0])
+    assert marks == ["end", "end"]
+    model.zero_grad()
+    loss.backward(retain_graph=True)  # the hook stays on the loss
+    torch.testing.assert_close(model.weight.grad, grads[0])
+
+
 def test_the_end_of_compute_is_marked_before_ddps_final_callback():
     """DDP queues its final callback (which waits for the all-reduce) from a gradient hook during backward; the
     loss's hook queues the mark earlier, so the engine runs it first: the wait is not counted as compute."""

@@ -1,6 +1,8 @@
+import lightning as L
 import pytest
 
-from lightning_hetero.hetero_batch.settings import check_settings
+from lightning_hetero.hetero_batch.settings import check_settings, check_trainer
+from lightning_hetero.synthetic import MLPClassifier
 
 GOOD = dict(
     global_batch_size=64,
@@ -35,3 +37,21 @@ def test_each_bad_setting_is_named(bad, named):
     check_settings(**GOOD)
     with pytest.raises(ValueError, match=named):
         check_settings(**GOOD | bad)
+
+
+class _Manual(MLPClassifier):
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
+
+
+def _trainer() -> L.Trainer:
+    return L.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False)
+
+
+def test_manual_optimization_is_accepted_but_not_with_automatic_memory_caps():
+    check_trainer(_trainer(), _Manual())  # its manual_backward is weighted by the rank's share
+    check_trainer(_trainer(), _Manual(), memory_caps=[16])
+    with pytest.raises(ValueError, match=r"memory_caps='auto'\) needs automatic optimization.*one size per rank"):
+        check_trainer(_trainer(), _Manual(), memory_caps="auto")
+    check_trainer(_trainer(), MLPClassifier(), memory_caps="auto")

@@ -5,12 +5,15 @@ import pytest
 from packaging.version import Version
 from torch.utils.data import DataLoader
 
+from lightning_hetero.hetero_batch import HeteroBatchCallback
 from lightning_hetero.ps.trainer_limits import (
     EstimateSampler,
     TrainerLimits,
     check_trainer,
     estimating_loader,
     lock_step_interval,
+    mode_switcher,
+    only_lock_step,
     pool_chunks,
     steps_per_epoch,
 )
@@ -37,7 +40,7 @@ TIME_BASED = pytest.mark.skipif(
     ("module", "mode", "trainer_kwargs", "match"),
     [
         (_Manual(), "asp", {}, r"mode='asp'\) supports manual optimization .* in BSP only"),
-        (_Manual(), "local", {}, "in BSP only"),
+        (_Manual(), "local", {}, r"in BSP only.*strategy='ddp' with HeteroBatchCallback"),
         (_Manual(), "bsp", {"callbacks": [SyncSwitchCallback("bsp:0-0,asp:1-")]}, "SyncSwitchCallback would switch"),
         pytest.param(
             MLPClassifier(), "asp", {"val_check_interval": timedelta(seconds=5)}, "as a duration", marks=TIME_BASED
@@ -58,6 +61,16 @@ def test_sync_batchnorm_is_refused_rather_than_ignored():
 @pytest.mark.parametrize("interval", [10, 0.5])
 def test_bsp_alone_takes_manual_optimization_and_mid_epoch_validation(interval):
     check_trainer(_Manual(), _trainer(val_check_interval=interval), "bsp")
+
+
+def test_heterobatch_is_no_mode_switcher(recwarn):
+    # its deprecated `policy` (served by __getattr__) once made BSP with HeteroBatchCallback look switched to ASP
+    trainer = _trainer(callbacks=[HeteroBatchCallback()])
+    assert mode_switcher(trainer) is None and only_lock_step(trainer, "bsp")
+    check_trainer(_Manual(), trainer, "bsp")
+    assert not [w for w in recwarn if "deprecated" in str(w.message)]
+    switcher = SyncSwitchCallback("bsp:0-0,asp:1-")
+    assert mode_switcher(_trainer(callbacks=[HeteroBatchCallback(), switcher])) is switcher
 
 
 def test_a_fractional_interval_becomes_the_batch_count_it_means_in_bsp():

@@ -269,3 +269,21 @@ def test_heterogeneous_batches_in_bsp_give_the_batch_weighted_mean_with_or_witho
     assert [len(r["seen"]["1"]) for r in uneven_reports] == [768, 256]
     assert uneven_reports[0]["checksum"] == uneven_reports[1]["checksum"]
     assert uneven_reports[0]["checksum"] == pytest.approx(even_reports[0]["checksum"], rel=1e-4, abs=1e-5)
+
+
+def test_manual_optimization_in_bsp_with_heterogeneous_batches_gives_the_batch_weighted_mean(run_script, tmp_path):
+    """Manual optimization (``zero_grad``, ``manual_backward``, ``step``) under BSP with HeteroBatchCallback: the
+    user's ``step`` goes through the strategy, which weights each rank's gradient by its share, so a 48/16 split
+    trains as a 32/32 one."""
+    uneven, even = tmp_path / "uneven", tmp_path / "even"
+    for out, sizes in ((uneven, "48,16"), (even, "32,32")):
+        run_script(
+            "ps_train.py", str(out), "--mode", "bsp", "--hetero", sizes, "--epochs", "2", "--momentum", "0.9",
+            "--manual",
+            timeout_s=120,
+        )  # fmt: skip
+    uneven_reports, even_reports = _reports(uneven), _reports(even)
+    assert [len(r["seen"]["1"]) for r in uneven_reports] == [768, 256]
+    assert uneven_reports[0]["global_step"] == even_reports[0]["global_step"] == 32
+    assert uneven_reports[0]["checksum"] == uneven_reports[1]["checksum"]
+    assert uneven_reports[0]["checksum"] == pytest.approx(even_reports[0]["checksum"], rel=1e-4, abs=1e-5)

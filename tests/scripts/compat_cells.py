@@ -23,7 +23,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback, EarlyStopping, ModelCheckpoint, StochasticWeightAveraging
 from lightning.pytorch.demos import Transformer
-from lightning.pytorch.demos.boring_classes import BoringModel, ManualOptimBoringModel
+from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning.pytorch.loggers import CSVLogger
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -81,6 +81,22 @@ class UserMLP(MLPClassifier):
 
     def configure_optimizers(self):
         return user_optimizer(self.parameters(), self.hparams.lr)
+
+
+class ManualMLP(UserMLP):
+    """The MLP with manual optimization as Lightning's docs write it: ``zero_grad``, ``manual_backward``, ``step``."""
+
+    def __init__(self) -> None:
+        super().__init__(lr=0.1, num_classes=OPTIONS.classes)
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        opt = self.optimizers()
+        loss = nn.functional.cross_entropy(self(batch[0]), batch[1])
+        opt.zero_grad()
+        self.manual_backward(loss)
+        opt.step()
+        self.log("train_loss", loss, prog_bar=True)
 
 
 class SmallCNN(L.LightningModule):
@@ -288,8 +304,10 @@ def cell_setup(cell: str) -> tuple[L.LightningModule, L.LightningDataModule | No
     elif cell == "cnn":
         model, data = SmallCNN(), ImageData(samples, BATCH // 2)
         kwargs["max_epochs"] = 3
-    elif cell in ("manual", "boring", "transformer"):
-        model = {"manual": ManualOptimBoringModel, "boring": BoringModel, "transformer": TinyTransformer}[cell]()
+    elif cell == "manual":
+        model = ManualMLP()
+    elif cell in ("boring", "transformer"):
+        model = {"boring": BoringModel, "transformer": TinyTransformer}[cell]()
         data, kwargs = None, {"max_epochs": 2, "limit_val_batches": 4}
     return model, data, kwargs
 

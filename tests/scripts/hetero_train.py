@@ -4,6 +4,8 @@ Usage: python hetero_train.py OUT_DIR MODE [options]; modes:
   grad    one optimizer step with initial split [3, 13] on 16 samples; rank 0 saves the parameters
   exact   4 steps in float64 (precision="64-true") with gradient clipping, split [3, 13] changed to [11, 5] after the
           first step; every rank saves its batches, parameters and (pre-clipping) gradients per step
+  manual  as exact, with manual optimization (``--optimizer`` SGD or Adam), no clipping, and Lightning's defaults on
+          (progress bar, model summary, logger and checkpointing under OUT_DIR)
   slow    rank 1 is 4x slower (a per-sample sleep); the callback should shift samples to rank 0
   resume  like slow, but resumes from OUT_DIR/last.ckpt when it exists and records the split it starts with
   cfs     rank 1 under an emulated CFS quota of 1/4 CPU (SlowdownEmulator(throttle="cfs")); the model has BatchNorm
@@ -149,6 +151,52 @@ def run_exact(args):
     return {"local_sizes": [len(step["y"]) for step in trace.steps]}
 
 
+class ManualMLP(MLPClassifier):
+    """Manual optimization as Lightning's docs write it: ``zero_grad``, ``manual_backward``, ``step``."""
+
+    def __init__(self, optimizer: str) -> None:
+        super().__init__(num_features=8, num_classes=3, lr=0.5)
+        self.automatic_optimization = False
+        self.optimizer_name = optimizer
+
+    def training_step(self, batch, batch_idx):
+        opt = self.optimizers()
+        x, y = batch
+        loss = torch.nn.functional.cross_entropy(self(x), y)
+        opt.zero_grad()
+        self.manual_backward(loss)
+        opt.step()
+        self.log("train_loss", loss, prog_bar=True)
+
+    def configure_optimizers(self):
+        if self.optimizer_name == "adam":
+            return torch.optim.Adam(self.parameters(), lr=0.05)
+        return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+
+
+def run_manual(args):
+    torch.manual_seed(0)
+    model = ManualMLP(args.optimizer)
+    x, y = make_classification(64, num_features=8, num_classes=3, seed=1).tensors
+    loader = DataLoader(torch.utils.data.TensorDataset(x.double(), y), batch_size=8)
+    hetero = HeteroBatchCallback(initial_batch_sizes=[3, 13], verbose=False)
+    trace = StepTrace(hetero, [11, 5])
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy=DDPStrategy(process_group_backend="gloo", timeout=timedelta(seconds=60)),
+        callbacks=[hetero, trace],
+        max_steps=4,
+        precision="64-true",
+        default_root_dir=args.out / "root",
+        log_every_n_steps=1,
+    )
+    trainer.fit(model, train_dataloaders=loader)
+    final = {name: p.detach().clone() for name, p in model.named_parameters()}
+    torch.save({"steps": trace.steps, "final": final}, args.out / f"trace_rank{trainer.global_rank}.pt")
+    return {"local_sizes": [len(step["y"]) for step in trace.steps], "global_step": trainer.global_step}
+
+
 def run_slow(args, resume: bool = False):
     # quiet on every supported Lightning: seed_everything(verbose=False) is Lightning 2.4+
     logging.getLogger("lightning.fabric.utilities.seed").setLevel(logging.WARNING)
@@ -197,7 +245,7 @@ def run_slow(args, resume: bool = False):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path)
-    parser.add_argument("mode", choices=["grad", "exact", "slow", "resume", "cfs"])
+    parser.add_argument("mode", choices=["grad", "exact", "manual", "slow", "resume", "cfs"])
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--samples", type=int, default=1024)
     parser.add_argument("--adjust-every", type=int, default=None)
@@ -208,12 +256,13 @@ def main():
     parser.add_argument("--ckpt-every", type=int, default=0, help="also checkpoint every n training steps")
     parser.add_argument("--strategy", choices=["ddp", "asp", "fsdp"], default="ddp")
     parser.add_argument("--accelerator", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd", help="manual mode's optimizer")
     args = parser.parse_args()
     args.backend = "nccl" if args.accelerator == "cuda" else "gloo"
     torch.set_num_threads(1)
     args.out.mkdir(parents=True, exist_ok=True)
-    if args.mode in ("grad", "exact"):
-        result = run_grad(args) if args.mode == "grad" else run_exact(args)
+    if args.mode in ("grad", "exact", "manual"):
+        result = {"grad": run_grad, "exact": run_exact, "manual": run_manual}[args.mode](args)
     else:
         result = run_slow(args, resume=args.mode == "resume")
     rank = int(torch.distributed.get_rank())

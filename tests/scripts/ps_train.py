@@ -107,9 +107,18 @@ class PSTestModel(MLPClassifier):
 
 
 class ManualModel(PSTestModel):
+    """Manual optimization: ``zero_grad``, ``manual_backward`` of the step's loss, ``step``."""
+
     def __init__(self, config: dict) -> None:
         super().__init__(config)
         self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        opt = self.optimizers()
+        opt.zero_grad()
+        loss = super().training_step(batch, batch_idx)
+        self.manual_backward(loss)
+        opt.step()
 
 
 class Recorder(Callback):

@@ -36,9 +36,12 @@ from torch.autograd import Variable
 def weight_backward(loss: torch.Tensor, weight: float, on_compute_end: Callable[[], None]) -> None:
     """Make the coming ``backward`` from ``loss`` start from ``weight`` instead of 1, and call ``on_compute_end``
     once the backward pass has computed every gradient (before the engine's later final callbacks, such as DDP's
-    wait for its all-reduce). A ``loss`` that does not require gradients is left alone."""
-    if not loss.requires_grad:
+    wait for its all-reduce). A ``loss`` that does not require gradients is left alone, and so is one already
+    weighted: its hook stays on it and weights a second backward through a retained graph too (manual
+    optimization's ``manual_backward(loss, retain_graph=True)`` twice)."""
+    if not loss.requires_grad or getattr(loss, "_hetero_weighted", False):
         return
+    loss._hetero_weighted = True  # type: ignore[attr-defined]
 
     def hook(grad: torch.Tensor) -> torch.Tensor | None:
         Variable._execution_engine.queue_callback(on_compute_end)  # type: ignore[attr-defined]

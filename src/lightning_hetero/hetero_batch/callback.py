@@ -117,6 +117,9 @@ class HeteroBatchCallback(Callback):
           count as the rank's own busy time.
         - With ``accumulate_grad_batches`` each micro-batch's loss is weighted so that a step's gradient is the big
           batch's over all its micro-batches (:mod:`~lightning_hetero.hetero_batch.accumulation`).
+        - With manual optimization (``self.automatic_optimization = False``) each ``manual_backward`` is weighted
+          as the automatic backward is, so each loss must be a mean over the rank's batch; ``memory_caps="auto"``
+          is refused there.
         - While a strategy trains asynchronously (``AsyncPSStrategy`` in ASP) ranks are not in lock-step, so
           ``adjust_every_n_steps`` is ignored there and the split changes at epoch ends only.
         - The split in force is part of the callback's checkpoint state; a resumed run continues with it.
@@ -216,7 +219,7 @@ class HeteroBatchCallback(Callback):
         if stage != "fit":
             return
         self._rank, self._world_size = trainer.global_rank, trainer.world_size
-        check_trainer(trainer, pl_module)
+        check_trainer(trainer, pl_module, self.memory_caps)
         if self.initial_batch_sizes is not None and len(self.initial_batch_sizes) != self._world_size:
             n = len(self.initial_batch_sizes)
             raise ValueError(f"initial_batch_sizes has {n} entries but the world size is {self._world_size}")

@@ -125,19 +125,23 @@ def new_tuner(settings: Any, global_batch: int, rank: int, world_size: int, devi
     )
 
 
-def check_trainer(trainer: pl.Trainer, module: pl.LightningModule) -> None:
-    """Fail at setup, naming the setting, the reason and the alternative, for manual optimization and for a strategy
-    that is neither DDP nor FSDP nor offers :class:`~lightning_hetero.contracts.HeteroBatchStrategy`.
+def check_trainer(trainer: pl.Trainer, module: pl.LightningModule, memory_caps: Any = None) -> None:
+    """Fail at setup, naming the setting, the reason and the alternative, for a strategy that is neither DDP nor FSDP
+    nor offers :class:`~lightning_hetero.contracts.HeteroBatchStrategy`, and for ``memory_caps="auto"`` with manual
+    optimization. Manual optimization itself is accepted: ``manual_backward`` calls the same ``on_before_backward``
+    hook the automatic backward does, where the rank's loss is weighted by its share.
 
     Args:
         trainer: the Trainer.
         module: the LightningModule.
+        memory_caps: the callback's ``memory_caps``.
     """
-    if not module.automatic_optimization:
+    if not module.automatic_optimization and memory_caps == "auto":
         raise ValueError(
-            "HeteroBatchCallback needs automatic optimization (`self.automatic_optimization = False` found): it "
-            "weights each rank's loss in Lightning's automatic backward, whose steps it also times; use automatic "
-            "optimization, or train without the callback."
+            "HeteroBatchCallback(memory_caps='auto') needs automatic optimization (`self.automatic_optimization = "
+            "False` found): a step that runs out of memory is redone in chunks under Lightning's automatic backward, "
+            "and a hand-written training_step steps its optimizers itself; give memory_caps as one size per rank, or "
+            "use automatic optimization."
         )
     strategy = trainer.strategy
     if trainer.world_size > 1 and not isinstance(strategy, (DDPStrategy, FSDPStrategy, HeteroBatchStrategy)):

@@ -13,6 +13,7 @@ Example::
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Iterator
 
@@ -31,10 +32,16 @@ from lightning_hetero.contracts import ModeSwitcher
 from lightning_hetero.ps.sampler import sampler_order
 from lightning_hetero.ps.validation_points import ValidationPoints, check_interval
 
+_ABSENT = object()
+
 
 def mode_switcher(trainer: pl.Trainer) -> ModeSwitcher | None:
-    """The callback that switches the strategy's mode during training (``SyncSwitchCallback``), if any."""
-    return next((c for c in trainer.callbacks if isinstance(c, ModeSwitcher)), None)  # type: ignore[arg-type]
+    """The callback that switches the strategy's mode during training (``SyncSwitchCallback``), if any.
+
+    Its ``policy`` is looked up statically: before Python 3.12 ``isinstance`` on the protocol calls ``__getattr__``,
+    through which ``HeteroBatchCallback`` still serves a deprecated ``policy`` (it would pass for a switcher)."""
+    switchers = (c for c in trainer.callbacks if inspect.getattr_static(c, "policy", _ABSENT) is not _ABSENT)
+    return next(switchers, None)  # type: ignore[arg-type]
 
 
 def only_lock_step(trainer: pl.Trainer, mode: str) -> bool:
@@ -58,7 +65,9 @@ def check_trainer(module: pl.LightningModule, trainer: pl.Trainer, mode: str) ->
             "in BSP only: in ASP the parameter server applies the optimizer and in local SGD the round's outer step "
             "does, which a hand-written training_step cannot drive"
             + (" (SyncSwitchCallback would switch this run to ASP)" if mode == "bsp" else "")
-            + "; use AsyncPSStrategy(mode='bsp') without SyncSwitchCallback, or automatic optimization."
+            + "; use automatic optimization, AsyncPSStrategy(mode='bsp') without SyncSwitchCallback, or "
+            "strategy='ddp' with HeteroBatchCallback (which gives a slow rank a smaller batch and weights its "
+            "manual_backward by its share)."
         )
     if layer_sync_requested(trainer.strategy):
         raise ValueError(

@@ -191,7 +191,8 @@ class SyncSwitchCallback(Callback):
             raise ValueError(
                 "SyncSwitchCallback cannot switch a model with manual optimization (`self.automatic_optimization = "
                 "False`) to ASP or local SGD, where the server or the round's outer step applies the optimizer; train "
-                "it with AsyncPSStrategy(mode='bsp') alone, or use automatic optimization."
+                "it with AsyncPSStrategy(mode='bsp') alone or with strategy='ddp' and HeteroBatchCallback, or use automatic "
+                "optimization."
             )
         if not self._meter_given:  # a HeteroBatchCallback measures the compute window already: read its meter
             hetero = next((c for c in trainer.callbacks if isinstance(c, HeteroBatchCallback)), None)
