@@ -134,9 +134,9 @@ def check_more_cells(feature: str, outcomes: dict) -> None:
     assert fast["batches"] == 1 and fast["validations"] == 1
     if "workers" in checks:
         assert checks["workers"]["workers"] == 1
-        # beside a parameter server's threads the workers start from a fork server; elsewhere as the user chose
-        server = feature in ("asp", "hybrid")
-        assert checks["workers"]["start_method"] == ("forkserver" if server else None), checks["workers"]
+        # beside AsyncPSStrategy's threads the workers start from a fork server; under DDP as the user chose
+        strategy_threads = feature in ASYNC_PS
+        assert checks["workers"]["start_method"] == ("forkserver" if strategy_threads else None), checks["workers"]
     if "frozen_unused" in checks:  # the frozen layer and the unused parameter did not move
         frozen = checks["frozen_unused"]
         assert frozen["frozen"] == frozen["frozen_before"] and frozen["unused"] == frozen["unused_before"]

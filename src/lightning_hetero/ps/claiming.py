@@ -104,8 +104,9 @@ def claiming_loader(
 
 def thread_safe_workers(loader: DataLoader) -> bool:
     """Make the loader start its worker processes from a fork server rather than by forking this process, whose
-    parameter-server threads (ASP) make a forked worker crash at random ("DataLoader worker exited unexpectedly",
-    a segmentation fault); ``True`` when changed (worker processes and no start method of the user's own).
+    threads (the parameter server's in ASP, the claims' store, Lightning's progress bar) make a forked worker crash at
+    random ("DataLoader worker exited unexpectedly", a segmentation fault, seen in every mode); ``True`` when changed
+    (worker processes and no start method of the user's own).
 
     Example::
 
@@ -142,11 +143,10 @@ class DataClaiming:
         once. Loaders with a custom sampler or batch sampler are left alone."""
         ctx = self.ctx
         trainer = ctx.trainer
-        server = ctx.active and (self._engine().through_server or mode_switcher(trainer) is not None)
-        if server and isinstance(dataloader, DataLoader) and thread_safe_workers(dataloader):
+        if ctx.active and isinstance(dataloader, DataLoader) and thread_safe_workers(dataloader):
             rank_zero_info(
                 "lightning-hetero: a loader's worker processes start from a fork server "
-                "(multiprocessing_context='forkserver'): forked beside the parameter server's threads they can crash"
+                "(multiprocessing_context='forkserver'): forked beside the strategy's threads they can crash"
             )
         if (
             not ctx.active
