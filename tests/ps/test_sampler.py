@@ -287,7 +287,7 @@ def test_the_position_at_a_validation_point_resumes_the_epoch_at_the_next_segmen
         held[rank] = list(itertools.islice(iterators[rank], 2))
         ranks[rank].next_chunk()
         positions.append(ranks[rank].position())
-    assert positions[:2] == [None, None] and positions[2:] == [{"epoch": 3, "chunk": 4}] * 2
+    assert positions[:2] == [None, None] and positions[2:] == [{"epoch": 3, "sample": 8}] * 2
     resumed = samplers(Counter())
     for sampler, position in zip(resumed, positions[2:], strict=True):
         sampler.resume_from(position)
@@ -296,16 +296,19 @@ def test_the_position_at_a_validation_point_resumes_the_epoch_at_the_next_segmen
     assert resumed[1].position() is None  # at the epoch's end
     restarted = samplers(Counter())
     for sampler in restarted:
-        sampler.resume_from({"epoch": 2, "chunk": 4})  # another epoch's position: this one starts from its beginning
+        sampler.resume_from({"epoch": 2, "sample": 8})  # another epoch's position: this one starts from its beginning
     assert sorted(list(restarted[0]) + list(restarted[1])) == list(range(24))
 
 
 def test_a_position_that_is_no_segments_start_starts_the_epoch_again():
     sampler = ClaimSampler(24, 2, Counter().claim, lambda: 0, lambda: True, rank=0, world_size=1)
     sampler.segments = lambda epoch: [6]  # another val_check_interval than the checkpoint's
-    sampler.resume_from({"epoch": 0, "chunk": 4})
+    sampler.resume_from({"epoch": 0, "sample": 8})
     with pytest.warns(UserWarning, match="starts again"):
         assert list(sampler) == list(range(24))
+    sampler.resume_from({"epoch": 0, "sample": 13})  # another batch size than the checkpoint's
+    with pytest.warns(UserWarning, match="starts again"):
+        assert list(iter(sampler))[:2] == [0, 1]
 
 
 def test_samples_left_follow_the_counter_as_this_rank_saw_it():

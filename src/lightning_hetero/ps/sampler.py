@@ -276,31 +276,34 @@ class ClaimSampler(Sampler[int]):
 
     def position(self) -> dict[str, int] | None:
         """Asynchronous mode, at a validation point inside an epoch (the batch last taken ends this rank's part of a
-        segment, so every chunk before the next segment was claimed): ``{"epoch": epoch, "chunk": chunk}``, the next
-        segment's first chunk; ``None`` elsewhere. Every rank reports the same position at a validation point, where
-        all ranks meet."""
+        segment, so every chunk before the next segment was claimed): ``{"epoch": epoch, "sample": position}``, the
+        position in the epoch's order where the next segment starts; ``None`` elsewhere. Every rank reports the same
+        position at a validation point, where all ranks meet."""
         epoch, asynchronous = self._iterating
         if not asynchronous or not self.segment_ended():
             return None
-        return {"epoch": epoch, "chunk": self._starts[bisect_right(self._starts, self.current_chunk)]}
+        start = self._starts[bisect_right(self._starts, self.current_chunk)]
+        return {"epoch": epoch, "sample": start * self.chunk_size}
 
     def resume_from(self, position: Mapping[str, int] | None) -> None:
-        """Make the next asynchronous iteration of ``position["epoch"]`` start at the segment whose first chunk is
-        ``position["chunk"]`` (a :meth:`position` saved in a checkpoint), leaving out the chunks before it; ``None``:
-        start at the epoch's beginning. A position that is not a segment's start this time (another world size or
-        ``val_check_interval``) is ignored with a warning: the epoch then starts again."""
-        self._resume = None if position is None else (int(position["epoch"]), int(position["chunk"]))
+        """Make the next asynchronous iteration of ``position["epoch"]`` start at the segment that starts at
+        ``position["sample"]`` (a :meth:`position` saved in a checkpoint), leaving out the chunks before it; ``None``:
+        start at the epoch's beginning. A position where no segment starts this time (another world size, batch size
+        or ``val_check_interval``) is ignored with a warning: the epoch then starts again."""
+        self._resume = None if position is None else (int(position["epoch"]), int(position["sample"]))
 
     def _resumed_segment(self, epoch: int) -> int:
         """The segment this iteration of ``epoch`` starts at (see :meth:`resume_from`; once)."""
         resume, self._resume = self._resume, None
         if resume is None or resume[0] != epoch:
             return 0
-        if resume[1] in self._starts:
-            return self._starts.index(resume[1])
+        chunk, offset = divmod(resume[1], self.chunk_size)
+        if offset == 0 and chunk in self._starts:
+            return self._starts.index(chunk)
         rank_zero_warn(
-            f"lightning-hetero: the checkpoint's position in epoch {epoch} (chunk {resume[1]}) is not a validation "
-            "point of this run (another world size, batch size or val_check_interval), so the epoch starts again"
+            f"lightning-hetero: the checkpoint's position in epoch {epoch} (sample {resume[1]} of its order) is not a "
+            "validation point of this run (another world size, batch size or val_check_interval): the epoch starts "
+            "again"
         )
         return 0
 
