@@ -4,7 +4,7 @@ at a validation point inside an epoch resumes where the epoch's claim pool stood
 The fixtures ``asp``, ``bsp`` and ``local`` in ``tests/ps/fixtures`` were written by the code at commit ce12dbb (see
 ``make_checkpoints.py``): one epoch of 256 samples on 2 CPU ranks in each mode, without a claim pool position. Each
 is resumed for one more epoch on 2 ranks, and loaded in process to check the strategy restores the state the file
-holds. ``asp_mid_epoch`` was written at the first of an epoch's two validation points (commit 3ac8b5d).
+holds. ``asp_mid_epoch`` was written at the first of an epoch's two validation points (commit 6c252ff).
 """
 
 from pathlib import Path
@@ -114,7 +114,7 @@ def test_a_fixture_restores_its_claim_pool_position_and_one_without_starts_the_e
     path, saved = _fixture(name)
     strategy = AsyncPSStrategy()
     strategy.load_checkpoint(path)
-    expected = {"epoch": 0, "chunk": SAMPLES // 16 // 2} if name == "asp_mid_epoch" else None
+    expected = {"epoch": 0, "sample": SAMPLES // 2} if name == "asp_mid_epoch" else None
     assert saved[CHECKPOINT_KEY].get(POOL_KEY) == strategy._checkpointing.pool_position == expected
 
 
@@ -127,8 +127,8 @@ def test_a_checkpoint_at_a_validation_point_inside_an_epoch_resumes_the_rest_of_
         timeout_s=180,
     )  # fmt: skip
     reports = [read_json(tmp_path / f"rank{rank}.json") for rank in (0, 1)]
-    # the epoch's second half (batches of 16 of the epoch's order after the point), each sample once
-    rest = epoch_order(SAMPLES, 0, shuffle=True, seed=0)[saved[CHECKPOINT_KEY][POOL_KEY]["chunk"] * 16 :]
+    # the epoch's second half (its order after the point), each sample once
+    rest = epoch_order(SAMPLES, 0, shuffle=True, seed=0)[saved[CHECKPOINT_KEY][POOL_KEY]["sample"] :]
     assert sorted(reports[0]["seen"]["0"] + reports[1]["seen"]["0"]) == sorted(rest)
     for report in reports:
         assert report["global_step"] == report["epoch_end_steps"]["0"] == SAMPLES // 16
