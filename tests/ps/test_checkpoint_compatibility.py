@@ -1,8 +1,10 @@
-"""A checkpoint written before ``AsyncPSStrategy`` was rebuilt from engines (issue 24) still resumes.
+"""A checkpoint written before ``AsyncPSStrategy`` was rebuilt from engines (issue 24) still resumes, and one written
+at a validation point inside an epoch resumes where the epoch's claim pool stood.
 
-The fixtures in ``tests/ps/fixtures`` were written by the code at commit ce12dbb (see ``make_checkpoints.py``): one
-epoch of 256 samples on 2 CPU ranks in each mode. Each is resumed for one more epoch on 2 ranks, and loaded in
-process to check the strategy restores the state the file holds.
+The fixtures ``asp``, ``bsp`` and ``local`` in ``tests/ps/fixtures`` were written by the code at commit ce12dbb (see
+``make_checkpoints.py``): one epoch of 256 samples on 2 CPU ranks in each mode, without a claim pool position. Each
+is resumed for one more epoch on 2 ranks, and loaded in process to check the strategy restores the state the file
+holds. ``asp_mid_epoch`` was written at the first of an epoch's two validation points (commit 6c252ff).
 """
 
 from pathlib import Path
@@ -10,8 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from lightning_hetero.epoch_order import epoch_order
 from lightning_hetero.ps import AsyncPSStrategy
-from lightning_hetero.ps.checkpointing import CHECKPOINT_KEY
+from lightning_hetero.ps.checkpointing import CHECKPOINT_KEY, POOL_KEY
 from tests.helpers import read_json
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -104,3 +107,28 @@ def test_a_local_sgd_checkpoint_of_the_previous_release_resumes(run_script, tmp_
         assert report["rounds"] > saved[CHECKPOINT_KEY]["local_sgd"]["rounds"]
     assert sorted(reports[0]["seen"]["1"] + reports[1]["seen"]["1"]) == list(range(SAMPLES))
     assert reports[0]["checksum"] == reports[1]["checksum"]
+
+
+@pytest.mark.parametrize("name", ["asp", "bsp", "local", "asp_mid_epoch"])
+def test_a_fixture_restores_its_claim_pool_position_and_one_without_starts_the_epoch_again(name):
+    path, saved = _fixture(name)
+    strategy = AsyncPSStrategy()
+    strategy.load_checkpoint(path)
+    expected = {"epoch": 0, "sample": SAMPLES // 2} if name == "asp_mid_epoch" else None
+    assert saved[CHECKPOINT_KEY].get(POOL_KEY) == strategy._checkpointing.pool_position == expected
+
+
+@pytest.mark.multiprocess
+def test_a_checkpoint_at_a_validation_point_inside_an_epoch_resumes_the_rest_of_its_epoch(run_script, tmp_path):
+    path, saved = _fixture("asp_mid_epoch")
+    run_script(
+        "mid_epoch_resume.py", str(tmp_path), "--mode", "asp", "--samples", str(SAMPLES), "--epochs", "1",
+        "--resume", str(path),
+        timeout_s=180,
+    )  # fmt: skip
+    reports = [read_json(tmp_path / f"rank{rank}.json") for rank in (0, 1)]
+    # the epoch's second half (its order after the point), each sample once
+    rest = epoch_order(SAMPLES, 0, shuffle=True, seed=0)[saved[CHECKPOINT_KEY][POOL_KEY]["sample"] :]
+    assert sorted(reports[0]["seen"]["0"] + reports[1]["seen"]["0"]) == sorted(rest)
+    for report in reports:
+        assert report["global_step"] == report["epoch_end_steps"]["0"] == SAMPLES // 16

@@ -269,6 +269,48 @@ def test_closing_the_pool_claims_every_segment_and_leaves_each_rank_its_reserved
     assert list(iterator) == [10, 11, 18, 19]  # the reserved chunks of the other two, nothing claimed
 
 
+def test_the_position_at_a_validation_point_resumes_the_epoch_at_the_next_segment_and_nothing_else():
+    def samplers(counter):
+        made = [ClaimSampler(24, 2, counter.claim, lambda: 3, lambda: True, rank, world_size=2) for rank in (0, 1)]
+        for sampler in made:
+            sampler.segments = lambda epoch: [4, 8]  # three segments of 4 chunks
+        return made
+
+    counter = Counter()
+    ranks = samplers(counter)
+    iterators = [iter(sampler) for sampler in ranks]
+    held = [list(itertools.islice(iterator, 2)) for iterator in iterators]  # the loader holds the next batch
+    trained: list[int] = []
+    positions = []
+    for rank in [0, 1, 0, 1]:  # the first segment, then each rank's last batch of it: a validation point
+        trained += held[rank]
+        held[rank] = list(itertools.islice(iterators[rank], 2))
+        ranks[rank].next_chunk()
+        positions.append(ranks[rank].position())
+    assert positions[:2] == [None, None] and positions[2:] == [{"epoch": 3, "sample": 8}] * 2
+    resumed = samplers(Counter())
+    for sampler, position in zip(resumed, positions[2:], strict=True):
+        sampler.resume_from(position)
+    again = [list(sampler) for sampler in resumed]
+    assert sorted(trained + again[0] + again[1]) == list(range(24))  # every index once
+    assert resumed[1].position() is None  # at the epoch's end
+    restarted = samplers(Counter())
+    for sampler in restarted:
+        sampler.resume_from({"epoch": 2, "sample": 8})  # another epoch's position: this one starts from its beginning
+    assert sorted(list(restarted[0]) + list(restarted[1])) == list(range(24))
+
+
+def test_a_position_that_is_no_segments_start_starts_the_epoch_again():
+    sampler = ClaimSampler(24, 2, Counter().claim, lambda: 0, lambda: True, rank=0, world_size=1)
+    sampler.segments = lambda epoch: [6]  # another val_check_interval than the checkpoint's
+    sampler.resume_from({"epoch": 0, "sample": 8})
+    with pytest.warns(UserWarning, match="starts again"):
+        assert list(sampler) == list(range(24))
+    sampler.resume_from({"epoch": 0, "sample": 13})  # another batch size than the checkpoint's
+    with pytest.warns(UserWarning, match="starts again"):
+        assert list(iter(sampler))[:2] == [0, 1]
+
+
 def test_samples_left_follow_the_counter_as_this_rank_saw_it():
     counter = Counter()
     sampler = ClaimSampler(100, 10, counter.claim, lambda: 0, lambda: True, rank=0, world_size=2)

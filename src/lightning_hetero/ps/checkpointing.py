@@ -35,6 +35,8 @@ if TYPE_CHECKING:
 
 #: the key of the strategy's own state in a checkpoint
 CHECKPOINT_KEY = "async_ps"
+#: the key of the claim pool's position in the strategy's entry (a checkpoint at a validation point inside an epoch)
+POOL_KEY = "claim_pool"
 
 
 @dataclass
@@ -65,6 +67,8 @@ class Checkpointing:
         self.engines = engines
         self.counter = counter
         self._saved: SavedState | None = None  # what the checkpoint being saved holds in place of this rank's model
+        #: the claim pool's position in the checkpoint restored last (``None``: none, or not inside an epoch)
+        self.pool_position: dict[str, int] | None = None
 
     def model_state(self, state: dict[str, Any], engine: Engine, ctx: PSContext | None) -> dict[str, Any]:
         """The model's state to save: ``state``, with the parameters ``engine`` saves in their place (the server's in
@@ -88,11 +92,14 @@ class Checkpointing:
             saved.update(hyperparameters(group))
         return state
 
-    def save_into(self, checkpoint: dict[str, Any], mode: Mode) -> None:
-        """Add the strategy's entry: the model's version, the mode and each engine's own state."""
+    def save_into(self, checkpoint: dict[str, Any], mode: Mode, pool_position: dict[str, int] | None = None) -> None:
+        """Add the strategy's entry: the model's version, the mode, each engine's own state and, at a validation
+        point inside an epoch, the claim pool's ``pool_position`` (see :meth:`.ClaimSampler.position`)."""
         saved, self._saved = self._saved, None
         version = saved.version if saved is not None and saved.version is not None else self.counter.version
         entry: dict[str, Any] = {"version": version, "mode": mode}
+        if pool_position is not None:
+            entry[POOL_KEY] = pool_position
         for engine in self.engines.values():
             state = engine.state_dict() if engine.state_key is not None else None
             if state is not None:
@@ -100,12 +107,14 @@ class Checkpointing:
         checkpoint[CHECKPOINT_KEY] = entry
 
     def restore(self, checkpoint: dict[str, Any]) -> Mode | None:
-        """Restore the version and each engine's state from a loaded checkpoint; the mode it was saved in (``None``
-        for a checkpoint of another strategy)."""
+        """Restore the version and each engine's state from a loaded checkpoint, and keep its claim pool position
+        (:attr:`pool_position`; ``None`` in a checkpoint without one: its epoch starts again); the mode it was saved
+        in (``None`` for a checkpoint of another strategy)."""
         restored = checkpoint.get(CHECKPOINT_KEY)
         if restored is None:
             return None
         self.counter.version = int(restored["version"])
+        self.pool_position = restored.get(POOL_KEY)
         for engine in self.engines.values():
             if engine.state_key is not None:
                 engine.load_state_dict(restored.get(engine.state_key))

@@ -136,6 +136,17 @@ class DataClaiming:
         self.ctx = ctx
         self.fault = fault
         self._engine = engine
+        #: a restored checkpoint's position in its epoch's claim pool (:meth:`ClaimSampler.position`), handed to the
+        #: next claim sampler built
+        self.resume: dict[str, int] | None = None
+
+    def position(self) -> dict[str, int] | None:
+        """The claim pool's position to checkpoint: while validating at a point inside an epoch, where the epoch's
+        next segment starts (every rank has trained the chunks before it); ``None`` elsewhere."""
+        sampler = self.ctx.claim_sampler
+        if sampler is None or not self.ctx.active or not self.ctx.trainer.validating:
+            return None
+        return sampler.position()
 
     def process(self, dataloader: object) -> object:
         """Give the training loader a :class:`~lightning_hetero.ps.sampler.ClaimSampler` (in place of Lightning's
@@ -175,6 +186,8 @@ class DataClaiming:
             trainer.limit_train_batches = ctx.train_limit
             return dataloader
         loader, ctx.claim_sampler = claiming  # a copy of the loader: its start method is the one set above
+        ctx.claim_sampler.resume_from(self.resume)
+        self.resume = None
         points = ctx.val_points
         if points is not None:  # the pool is cut at the validation points (every rank alike)
             pool = -(-ctx.claim_sampler.epoch_samples // loader.batch_size)

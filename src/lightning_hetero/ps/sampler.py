@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
+from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DistributedSampler, RandomSampler, Sampler, SequentialSampler
 
 from lightning_hetero._validation import check_range
@@ -216,6 +217,8 @@ class ClaimSampler(Sampler[int]):
         self.segments: Callable[[int], list[int]] = lambda epoch: []
         self._starts = [0]
         self._closed_epoch = -1  # the epoch whose pool this rank closed (see :meth:`close`)
+        self._iterating = (-1, False)  # the epoch of the iteration in progress, and whether its chunks are claimed
+        self._resume: tuple[int, int] | None = None  # see :meth:`resume_from`
 
     @property
     def samples_left(self) -> int:
@@ -231,7 +234,8 @@ class ClaimSampler(Sampler[int]):
     def __iter__(self) -> Iterator[int]:
         epoch = self.epoch()
         order = epoch_order(self.num_samples, epoch, self.shuffle, self.seed)
-        if not self.asynchronous():
+        self._iterating = (epoch, self.asynchronous())
+        if not self._iterating[1]:
             self._starts = [0]
             for start, stop in round_robin_chunks(self.epoch_samples, self.chunk_size, self.rank, self.world_size):
                 yield from order[start:stop]
@@ -245,7 +249,8 @@ class ClaimSampler(Sampler[int]):
         claims = not self.reserved_only()
         chunks = -(-self.epoch_samples // self.chunk_size)
         self._starts = [0, *self.segments(epoch)]
-        for segment, first in enumerate(self._starts):
+        for segment in range(self._resumed_segment(epoch), len(self._starts)):
+            first = self._starts[segment]
             end = self._starts[segment + 1] if segment + 1 < len(self._starts) else chunks
             self.segment_end = min(end * self.chunk_size, self.epoch_samples)
             pool = (first + self.world_size) * self.chunk_size  # the segment's claims' first position
@@ -268,6 +273,39 @@ class ClaimSampler(Sampler[int]):
         if self.tail is not None:
             for chunk in self.tail(epoch, own):
                 yield from self._chunk(order, chunk, own)
+
+    def position(self) -> dict[str, int] | None:
+        """Asynchronous mode, at a validation point inside an epoch (the batch last taken ends this rank's part of a
+        segment, so every chunk before the next segment was claimed): ``{"epoch": epoch, "sample": position}``, the
+        position in the epoch's order where the next segment starts; ``None`` elsewhere. Every rank reports the same
+        position at a validation point, where all ranks meet."""
+        epoch, asynchronous = self._iterating
+        if not asynchronous or not self.segment_ended():
+            return None
+        start = self._starts[bisect_right(self._starts, self.current_chunk)]
+        return {"epoch": epoch, "sample": start * self.chunk_size}
+
+    def resume_from(self, position: Mapping[str, int] | None) -> None:
+        """Make the next asynchronous iteration of ``position["epoch"]`` start at the segment that starts at
+        ``position["sample"]`` (a :meth:`position` saved in a checkpoint), leaving out the chunks before it; ``None``:
+        start at the epoch's beginning. A position where no segment starts this time (another world size, batch size
+        or ``val_check_interval``) is ignored with a warning: the epoch then starts again."""
+        self._resume = None if position is None else (int(position["epoch"]), int(position["sample"]))
+
+    def _resumed_segment(self, epoch: int) -> int:
+        """The segment this iteration of ``epoch`` starts at (see :meth:`resume_from`; once)."""
+        resume, self._resume = self._resume, None
+        if resume is None or resume[0] != epoch:
+            return 0
+        chunk, offset = divmod(resume[1], self.chunk_size)
+        if offset == 0 and chunk in self._starts:
+            return self._starts.index(chunk)
+        rank_zero_warn(
+            f"lightning-hetero: the checkpoint's position in epoch {epoch} (sample {resume[1]} of its order) is not a "
+            "validation point of this run (another world size, batch size or val_check_interval): the epoch starts "
+            "again"
+        )
+        return 0
 
     def _stops(self, epoch: int, segment: int, pool: int) -> bool:
         """Whether this rank stops claiming from ``segment`` (see :func:`stops_claiming`); near the decision it first

@@ -379,7 +379,8 @@ class AsyncPSStrategy(DDPStrategy):
 
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
-        self._checkpointing.save_into(checkpoint, self._mode)
+        position = self._run.claiming.position() if self._run is not None else None
+        self._checkpointing.save_into(checkpoint, self._mode, position)
         super().save_checkpoint(checkpoint, filepath, storage_options)
 
     @property
@@ -394,6 +395,8 @@ class AsyncPSStrategy(DDPStrategy):
         if mode is not None:
             self._restored = True
             self._mode = mode
+        if self._run is not None:  # after setup (restore_checkpoint_after_setup): the loader is built after this
+            self._run.claiming.resume = self._checkpointing.pool_position
         return checkpoint
 
     @override
