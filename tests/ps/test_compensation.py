@@ -128,29 +128,28 @@ def test_check_mode_accepts_none_and_names_the_setting():
         check_compensation_mode("on")
 
 
-def test_only_sgd_hyperparameters_are_rewritten_other_optimizers_keep_theirs():
+def test_only_a_learning_rate_that_is_not_a_float_is_left_unchanged():
     params = [torch.nn.Parameter(torch.zeros(2))]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        assert unsupported_reason(torch.optim.SGD(params, lr=0.1)) is None
-        for optimizer in (torch.optim.AdamW(params), torch.optim.Adam(params), torch.optim.RMSprop(params)):
-            reason = unsupported_reason(optimizer)
-            assert reason.startswith(f"{type(optimizer).__name__}'s hyper-parameters are used as they are"), reason
+        for optimizer in (torch.optim.SGD(params, lr=0.1), torch.optim.AdamW(params), torch.optim.RMSprop(params)):
+            assert unsupported_reason(optimizer) is None
         reason = unsupported_reason(torch.optim.SGD(params, lr=torch.tensor(0.1)))
         assert reason == "SGD has no plain float 'lr': its hyper-parameters are left unchanged"
 
 
 @pytest.mark.parametrize("optimizer", [torch.optim.Adam, torch.optim.AdamW])
-def test_auto_leaves_adaptive_optimizers_alone_and_dc_only_corrects_their_gradients(optimizer):
+@pytest.mark.parametrize("mode", ["auto", "dc"])
+def test_adaptive_optimizers_keep_their_betas_and_take_the_square_root_learning_rate(optimizer, mode):
     adam = optimizer([torch.nn.Parameter(torch.zeros(2))], lr=0.01, betas=(0.9, 0.99))
-    assert Compensation("auto", lambda: (2, 4), lambda: adam).new() is None
-    compensator = Compensation("dc", lambda: (2, 4), lambda: adam).new()
-    group = {"lr": 0.01, "betas": (0.9, 0.99)}
-    for staleness in (3, 3, 3):
+    compensator = Compensation(mode, lambda: (4, 8), lambda: adam).new()
+    for staleness in (3, 7, 7):  # whatever the staleness: the rule depends on the training workers only
+        group = {"lr": 0.01, "betas": (0.9, 0.99)}
         compensator.observe(staleness)
         compensator.apply([group])
-    assert group == {"lr": 0.01, "betas": (0.9, 0.99)} and compensator.delay_compensation
-    assert (compensator.momentum_effective, compensator.lr_effective) == (0.9, 0.01)
+        assert group == {"lr": pytest.approx(0.005), "betas": (0.9, 0.99)}
+    assert compensator.delay_compensation == (mode == "dc")
+    assert (compensator.momentum_effective, compensator.lr_effective) == (0.9, pytest.approx(0.005))
 
 
 def test_momentum_of_reads_momentum_or_beta1():

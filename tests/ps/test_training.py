@@ -171,13 +171,13 @@ def test_batchnorm_statistics_are_averaged_where_workers_meet_and_unhandled_opti
     # the workers trained on different batches, so only averaging makes their running statistics agree
     assert reports[0]["buffers"] == pytest.approx(reports[1]["buffers"], rel=1e-6)
     assert all(report["val_acc"] > 0.9 for report in reports)
-    # Adagrad, an adaptive optimizer: the compensation leaves its hyper-parameters alone and says so, once, and the
-    # round trip does not overlap the next batch
+    # Adagrad, an adaptive optimizer: the compensation scales its learning rate by 1 / sqrt(2 workers) only, and says
+    # so once
     output = result.stdout + result.stderr
-    assert output.count("AsyncPSStrategy: ASP uses Adagrad's hyper-parameters as they are (lr 0.1") == 1
-    assert "Each worker waits for the server's reply (overlap_round_trip=False" in output
+    assert output.count("asynchrony_compensation='auto': in ASP the server uses Adagrad's own momentum None") == 1
+    assert "lr 0.07071 (yours 0.1, over the square root of the training workers" in output
     logged = reports[0]["logged_hyper"]["0"]
-    assert "ps/momentum_effective" not in logged and logged["ps/lr_effective"] == pytest.approx(0.1)
+    assert "ps/momentum_effective" not in logged and logged["ps/lr_effective"] == pytest.approx(0.1 / 2**0.5)
 
 
 def test_early_stopping_ends_every_worker_at_the_same_epoch(run_script, tmp_path):

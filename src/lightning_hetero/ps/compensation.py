@@ -28,10 +28,9 @@ its steps), so ``N_eff = 1 + EWMA(staleness)``; it starts at the number of worke
 wait (a staleness bound, the end of an epoch).
 
 The rules are derived for heavy-ball momentum, and apply to SGD (``torch.optim.SGD`` and its subclasses). Other
-optimizers, Adam and AdamW first, keep their own hyper-parameters: lowering Adam's ``beta1`` does not shorten a
-gradient's total step (``beta1`` averages with unit gain) and slowed or broke learning where it was measured; with
-``mode="dc"`` their gradients are still delay-compensated. Nor does their round trip overlap the next batch by default
-(:func:`overlaps`): the overlap's extra staleness is what broke Adam on a small CNN.
+optimizers, adaptive ones such as Adam and AdamW first, keep their momentum (lowering Adam's ``beta1`` does not
+shorten a gradient's total step, as ``beta1`` averages with unit gain, and it slowed or broke learning where
+measured); only their learning rate is scaled, by :func:`adaptive_lr_factor`.
 
 ``mode="dc"`` adds delay-compensated gradients (Zheng et al., "Asynchronous stochastic gradient descent with delay
 compensation", ICML 2017, the adaptive variant): ``g + lambda_t * g * g * (w_now - w_stale)`` with
@@ -43,6 +42,7 @@ Pure logic: no threads, no torch.distributed.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -81,6 +81,21 @@ def heavy_ball(optimizer: torch.optim.Optimizer) -> bool:
         (True, False)
     """
     return isinstance(optimizer, torch.optim.SGD)
+
+
+def adaptive_lr_factor(workers: int) -> float:
+    """The learning-rate multiplier for an adaptive optimizer (Adam, AdamW, ...) in ASP with ``workers`` training
+    workers: ``1 / sqrt(workers)``. Each update takes one worker's batch, ``workers`` times as many updates as BSP
+    makes, and an adaptive step's length does not shrink with its batch; the square-root rule for adaptive
+    optimizers (Malladi et al., 2022) sizes the step to the smaller batch. Measured: it kept a small CNN trained with
+    AdamW at lr 1e-2 from collapsing in ASP (docs/results.md).
+
+    Example::
+
+        >>> adaptive_lr_factor(1), adaptive_lr_factor(4)
+        (1.0, 0.5)
+    """
+    return 1.0 / math.sqrt(workers)
 
 
 def compensated_momentum(momentum: float, n_eff: float) -> float:
@@ -137,8 +152,8 @@ class AsynchronyCompensator:
         dc_smoothing: EWMA weight of ``g * g`` in the adaptive ``lambda_t``, in (0, 1].
         averaged: the gradients one BSP update averages, the training workers (``None``: ``workers``); sets the
             learning rate (:func:`compensated_lr_factor`).
-        rewrite: rewrite the hyper-parameters (SGD); ``False``: leave them as they are (other optimizers, whose
-            gradients ``mode="dc"`` still compensates).
+        heavy_ball: SGD's rules (momentum and learning rate); ``False``: an adaptive optimizer's, the learning rate
+            times :func:`adaptive_lr_factor` and nothing else.
 
     Example::
 
@@ -163,7 +178,7 @@ class AsynchronyCompensator:
         dc_lambda: float = 2.0,
         dc_smoothing: float = 0.05,
         averaged: int | None = None,
-        rewrite: bool = True,
+        heavy_ball: bool = True,
     ) -> None:
         check_compensation_mode(mode)
         if mode is None:
@@ -175,7 +190,7 @@ class AsynchronyCompensator:
         check_range("averaged", averaged, low=1, integer=True, optional=True)
         self.mode = mode
         self.averaged = averaged
-        self.rewrite = rewrite
+        self.heavy_ball = heavy_ball
         self.workers = workers
         self.smoothing = smoothing
         self.dc_lambda = dc_lambda
@@ -214,7 +229,10 @@ class AsynchronyCompensator:
         Args:
             groups: param groups' hyper-parameters (``lr``, and ``momentum`` or ``betas``).
         """
-        if not self.rewrite:
+        if not self.heavy_ball:
+            factor = adaptive_lr_factor(self.averaged or self.workers)
+            for group in groups:
+                group["lr"] = group["lr"] * factor
             self.momentum_effective, self.lr_effective = momentum_of(groups[0]), float(groups[0]["lr"])
             return
         for index, group in enumerate(groups):
@@ -255,22 +273,19 @@ class AsynchronyCompensator:
 
 
 def unsupported_reason(optimizer: torch.optim.Optimizer) -> str | None:
-    """Why the compensation leaves ``optimizer``'s hyper-parameters as they are (``None`` when it rewrites them): its
-    rules are for SGD, with a plain float ``lr`` in every param group.
+    """Why the compensation leaves ``optimizer``'s hyper-parameters as they are (``None`` when it adapts them): a
+    learning rate that is not a plain float.
 
     Example::
 
         >>> p = [torch.nn.Parameter(torch.zeros(1))]
         >>> unsupported_reason(torch.optim.SGD(p, lr=0.1, momentum=0.9)) is None
         True
-        >>> unsupported_reason(torch.optim.Adam(p, lr=0.01))
-        "Adam's hyper-parameters are used as they are: the compensation's rules are for SGD's heavy-ball momentum"
+        >>> unsupported_reason(torch.optim.SGD(p, lr=torch.tensor(0.1)))
+        "SGD has no plain float 'lr': its hyper-parameters are left unchanged"
     """
-    name = type(optimizer).__name__
-    if not heavy_ball(optimizer):
-        return f"{name}'s hyper-parameters are used as they are: the compensation's rules are for SGD's heavy-ball momentum"
     if any(isinstance(group["lr"], torch.Tensor) for group in optimizer.param_groups):
-        return f"{name} has no plain float 'lr': its hyper-parameters are left unchanged"
+        return f"{type(optimizer).__name__} has no plain float 'lr': its hyper-parameters are left unchanged"
     return None
 
 
@@ -289,7 +304,9 @@ class Compensation:
         >>> compensation = Compensation("auto", lambda: (2, 4), lambda: sgd)
         >>> compensation.new().mode, compensation.new().n_eff, Compensation(None, lambda: (2, 2), lambda: sgd).new()
         ('auto', 4.0, None)
-        >>> Compensation("auto", lambda: (2, 2), lambda: torch.optim.Adam(sgd.param_groups[0]["params"])).new()
+        >>> adam = torch.optim.Adam(sgd.param_groups[0]["params"], lr=0.01)
+        >>> Compensation("auto", lambda: (4, 4), lambda: adam).new().heavy_ball
+        False
     """
 
     def __init__(
@@ -307,11 +324,12 @@ class Compensation:
         """A compensator for the current mode (``None`` for none, and for ``"auto"`` with an optimizer that is not
         SGD: :func:`unsupported_reason`)."""
         optimizer = self._optimizer()
-        rewrite = unsupported_reason(optimizer) is None
-        if self.mode is None or (self.mode == "auto" and not rewrite):
+        if self.mode is None or unsupported_reason(optimizer) is not None:
             return None
         training, in_flight = self._workers()
-        compensator = AsynchronyCompensator(self.mode, workers=in_flight, averaged=training, rewrite=rewrite)
+        compensator = AsynchronyCompensator(
+            self.mode, workers=in_flight, averaged=training, heavy_ball=heavy_ball(optimizer)
+        )
         compensator.apply([hyperparameters(group) for group in optimizer.param_groups])
         return compensator
 

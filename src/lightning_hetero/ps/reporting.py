@@ -7,8 +7,6 @@ Example::
     >>> sgd = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1, momentum=0.9)
     >>> print(compensation_message(sgd, None, None))
     AsyncPSStrategy: ASP uses the optimizer's hyper-parameters as they are (lr 0.1, momentum 0.9); asynchrony_compensation=None.
-    >>> print(compensation_message(torch.optim.Adam(sgd.param_groups[0]["params"], lr=0.01), None, None))
-    AsyncPSStrategy: ASP uses Adam's hyper-parameters as they are (lr 0.01, momentum 0.9): the compensation's rules are for SGD's heavy-ball momentum.
 """
 
 from __future__ import annotations
@@ -20,7 +18,7 @@ import torch
 from torch import Tensor
 from torchmetrics import Metric
 
-from lightning_hetero.ps.compensation import AsynchronyCompensator, heavy_ball, momentum_of
+from lightning_hetero.ps.compensation import AsynchronyCompensator, momentum_of
 
 
 def _rounded(value: float | None) -> str:
@@ -38,11 +36,11 @@ def compensation_message(
         mode: the server's compensation mode.
     """
     user = optimizer.param_groups[0]
-    if not heavy_ball(optimizer):
+    if compensator is not None and not compensator.heavy_ball:
         return (
-            f"AsyncPSStrategy: ASP uses {type(optimizer).__name__}'s hyper-parameters as they are (lr {user['lr']:g}, "
-            f"momentum {momentum_of(user)}): the compensation's rules are for SGD's heavy-ball momentum"
-            + ("; its gradients are delay-compensated." if mode == "dc" else ".")
+            f"AsyncPSStrategy: asynchrony_compensation={mode!r}: in ASP the server uses {type(optimizer).__name__}'s "
+            f"own momentum {momentum_of(user)} and lr {_rounded(compensator.lr_effective)} (yours {user['lr']:g}, "
+            "over the square root of the training workers: each update takes one worker's batch); BSP uses yours."
         )
     if compensator is None:
         return (
