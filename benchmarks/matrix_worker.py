@@ -23,7 +23,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.strategies import DDPStrategy
 from torch.utils.data import DataLoader
 
-from _common import EpochWindows, ReluMLP, classification_split, quiet_trainer
+from benchmarks.harness.models import EpochWindows, ReluMLP, classification_split, quiet_trainer
 from lightning_hetero import (
     AsyncPSStrategy,
     HeteroBatchCallback,

@@ -8,7 +8,7 @@ at once. Prints and writes, per kill, the restarted worker's start-up (imports, 
 host's commit times around the kill (a gap of more than a round: the kill broke a round end), and the batches lost
 and duplicated per epoch in the job's history up to the host's last commit (the last epoch is cut short by the stop).
 
-Usage: python benchmarks/elastic_round_end_kills.py [OFFSET,...] [--out NAME.json]
+Usage: python -m benchmarks run elastic_round_end_kills [OFFSET,...] [--out NAME.json]
 (offsets default 2.3,2.4,2.45,2.5,2.55,2.6; the JSON default elastic_28b_round_end_kills.json)
 """
 
@@ -20,21 +20,22 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from elastic_job import ElasticJob, wait_for
+from benchmarks.elastic_job import ElasticJob, wait_for
+from benchmarks.harness.launch import RESULTS as RESULTS_DIR
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = RESULTS_DIR
 SPEEDS = {"a": 1.0, "b": 1.0, "c": 2.0, "d": 4.0}
 COMMON = ["--epochs", "1000", "--samples", "6400", "--batch-size", "16", "--noise", "2.0", "--classes", "8"]
 COMMON += ["--seed", "0", "--hidden", "64", "--steps-per-round", "16"]
 
 
-def main() -> None:
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a timeout's TERM still stops the workers
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("offsets", nargs="?", default="2.3,2.4,2.45,2.5,2.55,2.6")
     parser.add_argument("--out", default="elastic_28b_round_end_kills.json", help="the JSON's name in results/")
-    args = parser.parse_args()
+
+
+def main(args: argparse.Namespace) -> None:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a timeout's TERM still stops the workers
     offsets = [float(x) for x in args.offsets.split(",")]
     job = ElasticJob(Path(tempfile.mkdtemp(prefix="elastic-round-end-")), COMMON)
     speed = {name: ["--step-sleep-s", f"{0.3 / s:g}"] for name, s in SPEEDS.items()}
@@ -67,7 +68,3 @@ def main() -> None:
     conditions = {"offsets": offsets, "speeds": SPEEDS, "worker_args": COMMON, "errors": job.errors()}
     out = {"conditions": conditions, "kills": kills, "coverage_per_epoch": coverage}
     (RESULTS / args.out).write_text(json.dumps(out))
-
-
-if __name__ == "__main__":
-    main()

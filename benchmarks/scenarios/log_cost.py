@@ -11,7 +11,7 @@ repeated ``--repeats`` times with the variants interleaved. Variants:
 
 Usage::
 
-    python benchmarks/bench_log_cost.py [--steps 400] [--repeats 3] [--json benchmarks/results/log_cost.json]
+    python -m benchmarks run log_cost [--steps 400] [--repeats 3] [--json benchmarks/results/log_cost.json]
 
 Prints a table (µs per step for the two calls, median of repeats, and each repeat) and writes the JSON.
 """
@@ -23,7 +23,6 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -32,8 +31,8 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import quiet_trainer
+from benchmarks.harness.launch import RESULTS as RESULTS_DIR
+from benchmarks.harness.models import quiet_trainer
 from lightning_hetero.ps.reporting import EpochLog
 
 VARIANTS = ("log_float", "log_float_sync", "epoch_log")
@@ -93,12 +92,13 @@ def summarise(each: dict[str, list[float]]) -> dict[str, dict[str, Any]]:
     return summary
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=400, help="timed steps per run (after a warm-up)")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--json", type=Path, default=Path(__file__).resolve().parent / "results" / "log_cost.json")
-    args = parser.parse_args()
+    parser.add_argument("--json", type=Path, default=RESULTS_DIR / "log_cost.json")
+
+
+def main(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     load_before = os.getloadavg()
     each: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
@@ -129,7 +129,3 @@ def main() -> None:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2))
     print(f"wrote {args.json}")
-
-
-if __name__ == "__main__":
-    main()

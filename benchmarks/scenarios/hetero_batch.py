@@ -14,7 +14,7 @@ HeteroBatch adjusts every ``--adjust-every`` steps (default 8, 2 warm-up steps);
 ``HeteroBatchCallback()`` with every setting at its default instead (early adjustments in the first epoch, then at
 epoch ends).
 
-Usage: python benchmarks/bench_hetero_batch.py [--repeats 1] [--cost-s 0.0003] [--defaults]
+Usage: python -m benchmarks run hetero_batch [--repeats 1] [--cost-s 0.0003] [--defaults]
 """
 
 from __future__ import annotations
@@ -24,26 +24,23 @@ import json
 import os
 import platform
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).parent
-WORKER = HERE / "hetero_batch_worker.py"
+from benchmarks.harness.grid import Cell
+from benchmarks.harness.launch import RESULTS, child_env, module_command, run_job
+from benchmarks.harness.record import write_json
 
 
 def run(method: str, factors: str, cost_s: float, epochs: int = 4, **extra: object) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
-        cmd = [sys.executable, str(WORKER), str(out), "--method", method, "--factors", factors, "--cost-s", str(cost_s)]
+        cmd = module_command("hetero_batch_worker", out, "--method", method, "--factors", factors, "--cost-s", cost_s)
         cmd += ["--epochs", str(epochs)]
         for key, value in extra.items():
             cmd += [f"--{key.replace('_', '-')}", str(value)]
-        env = dict(os.environ, PYTHONWARNINGS="ignore")
-        env.pop("MASTER_PORT", None)
-        subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600, env=env)
+        run_job(cmd, timeout_s=600, env=child_env(PYTHONWARNINGS="ignore"))
         return json.loads(out.read_text())
 
 
@@ -65,8 +62,7 @@ def recovery_steps(result: dict, switch_step: int, ideal: float, window: int = 4
     return None
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cost-s", type=float, default=0.0003, help="emulated compute per sample at factor 1")
     parser.add_argument("--samples", type=int, default=2048)
     parser.add_argument("--adjust-every", type=int, default=8)
@@ -74,8 +70,29 @@ def main() -> None:
         "--defaults", action="store_true", help="HeteroBatchCallback() at its defaults (replaces --adjust-every)"
     )
     parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats; medians are reported")
-    parser.add_argument("--out", type=Path, default=HERE / "results" / "hetero_batch.json")
-    args = parser.parse_args()
+    parser.add_argument("--out", type=Path, default=RESULTS / "hetero_batch.json")
+
+
+def default_out(args: argparse.Namespace) -> Path:
+    return args.out
+
+
+def grid_axes(args: argparse.Namespace) -> dict[str, list[Cell] | str]:
+    """From the command line's point: HeteroBatch over the ideal with one rank 4x slower."""
+    return {
+        "emulation": "sleeps only (the worker has no quota); the controller scenario's grid covers quotas",
+        "cost": [Cell("cost", f"x{k:g}", {"cost_s": args.cost_s * k}) for k in (0.5, 2)],
+        "epoch": [Cell("epoch", f"x{k:g}", {"samples": round(args.samples * k)}) for k in (0.25, 4)],
+        "workers": "two ranks only (the slow rank's swap is defined for two)",
+        "quota": "sleeps only",
+    }
+
+
+def figures(payload: dict) -> dict[str, float]:
+    return {"HeteroBatch / ideal, one rank 4x slower": payload["ratios"]["hetero_vs_ideal"]}
+
+
+def main(args: argparse.Namespace) -> None:
     if args.defaults:
         args.adjust_every = 0  # the worker's HeteroBatchCallback() with every setting at its default
     cost, batch = args.cost_s, 32
@@ -145,47 +162,41 @@ def main() -> None:
         f"({periods}{cadence}; {adjustments_needed} adjustment(s) after the change)"
     )
 
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps(
-            {
-                "conditions": {
-                    "machine": platform.platform(),
-                    "cpu_count": os.cpu_count(),
-                    "python": platform.python_version(),
-                    "cost_s_per_sample": cost,
-                    "global_batch": 2 * batch,
-                    "samples_per_epoch": args.samples,
-                    "adjust_every_n_steps": args.adjust_every or None,
-                    "hetero_settings": "HeteroBatchCallback() at its defaults"
-                    if args.defaults
-                    else f"HeteroBatchCallback(adjust_every_n_steps={args.adjust_every}, warmup_steps=2)",
-                    "epochs": 4,
-                    "statistic": "median of per-step samples/s, first epoch skipped",
-                    "wall_s": round(time.time() - started, 1),
-                },
-                "standalone": {"factor_1": fast_alone, "factor_4": slow_alone, "ideal": ideal},
-                "throughput": throughput,
-                "per_repeat": samples,
-                "final_splits": {name: split for name, _, split in rows},
-                "ratios": {
-                    "hetero_vs_ideal": hetero_ratio,
-                    "ddp_vs_ideal": ddp_ratio,
-                    "hetero_vs_ddp_equal": equal_ratio,
-                },
-                "dynamic": {
-                    "switch_step": switch_step,
-                    "recovery_steps": recovery,
-                    "recovery_periods": periods,
-                    "adjustments_until_recovered": adjustments_needed,
-                    "history": dynamic["history"],
-                },
+    write_json(
+        args.out,
+        {
+            "conditions": {
+                "machine": platform.platform(),
+                "cpu_count": os.cpu_count(),
+                "python": platform.python_version(),
+                "cost_s_per_sample": cost,
+                "global_batch": 2 * batch,
+                "samples_per_epoch": args.samples,
+                "adjust_every_n_steps": args.adjust_every or None,
+                "hetero_settings": "HeteroBatchCallback() at its defaults"
+                if args.defaults
+                else f"HeteroBatchCallback(adjust_every_n_steps={args.adjust_every}, warmup_steps=2)",
+                "epochs": 4,
+                "statistic": "median of per-step samples/s, first epoch skipped",
+                "wall_s": round(time.time() - started, 1),
             },
-            indent=2,
-        )
+            "standalone": {"factor_1": fast_alone, "factor_4": slow_alone, "ideal": ideal},
+            "throughput": throughput,
+            "per_repeat": samples,
+            "final_splits": {name: split for name, _, split in rows},
+            "ratios": {
+                "hetero_vs_ideal": hetero_ratio,
+                "ddp_vs_ideal": ddp_ratio,
+                "hetero_vs_ddp_equal": equal_ratio,
+            },
+            "dynamic": {
+                "switch_step": switch_step,
+                "recovery_steps": recovery,
+                "recovery_periods": periods,
+                "adjustments_until_recovered": adjustments_needed,
+                "history": dynamic["history"],
+            },
+        },
+        indent=2,
     )
     print(f"wrote {args.out}")
-
-
-if __name__ == "__main__":
-    main()

@@ -8,7 +8,7 @@ over the whole validation set), whether every epoch covered every training sampl
 index, counting what the lost worker pushed before dying), the server's update count and the wall time.
 Prints a table and writes ``benchmarks/results/faults.json``.
 
-Usage: python benchmarks/bench_faults.py [--quick] [--seeds 3] [--epochs 6]
+Usage: python -m benchmarks run faults [--quick] [--seeds 3] [--epochs 6]
 """
 
 from __future__ import annotations
@@ -18,15 +18,16 @@ import json
 import os
 import platform
 import signal
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-RESULTS = Path(__file__).parent / "results" / "faults.json"
+from benchmarks.harness.launch import RESULTS as RESULTS_DIR
+from benchmarks.harness.launch import run_ranks, scenario_command
+from benchmarks.harness.record import write_json
+
+RESULTS = RESULTS_DIR / "faults.json"
 WORLD_SIZE, KILLED_RANK, BATCH_SIZE, NUM_CLASSES, FEATURES, NOISE = 3, 2, 32, 10, 32, 2.5
 
 
@@ -37,7 +38,7 @@ def worker(args: argparse.Namespace) -> None:
     from torch import nn
     from torch.utils.data import DataLoader, Dataset
 
-    from _common import quiet_trainer
+    from benchmarks.harness.models import quiet_trainer
     from lightning_hetero.ps import AsyncPSStrategy
     from lightning_hetero.synthetic import MLPClassifier, make_classification
 
@@ -110,26 +111,14 @@ def worker(args: argparse.Namespace) -> None:
 
 def run(seed: int, epochs: int, samples: int, disturbed: bool, out: Path) -> dict:
     out.mkdir(parents=True, exist_ok=True)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     # rank 2 dies a third of the way through its share of epoch 1
     kill_after = max(2, samples // BATCH_SIZE // WORLD_SIZE // 3)
-    command = [sys.executable, __file__, "worker", str(out), "--seed", str(seed), "--epochs", str(epochs)]
-    command += ["--samples", str(samples), "--kill-rank", str(KILLED_RANK if disturbed else -1)]
-    command += ["--kill-after", str(kill_after)]
+    command = scenario_command("faults", "worker", out, "--seed", seed, "--epochs", epochs, "--samples", samples)
+    command += ["--kill-rank", str(KILLED_RANK if disturbed else -1), "--kill-after", str(kill_after)]
     start = time.perf_counter()
-    procs = []
-    for rank in range(WORLD_SIZE):
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), NODE_RANK=str(rank))
-        env.update(LOCAL_RANK="0", WORLD_SIZE=str(WORLD_SIZE), PYTHONUNBUFFERED="1")
-        procs.append(subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
-    errors = [proc.communicate()[1] for proc in procs]
+    logs = run_ranks(command, WORLD_SIZE, may_fail=[KILLED_RANK] if disturbed else [])
     wall_s = time.perf_counter() - start
     survivors = [rank for rank in range(WORLD_SIZE) if not (disturbed and rank == KILLED_RANK)]
-    for rank in survivors:
-        if procs[rank].returncode != 0:
-            raise RuntimeError(f"rank {rank} failed ({procs[rank].returncode}):\n{errors[rank][-3000:]}")
     reports = [json.loads((out / f"rank{rank}.json").read_text()) for rank in survivors]
     lost = json.loads((out / "lost.json").read_text()) if disturbed else {}
     coverage = []
@@ -144,12 +133,11 @@ def run(seed: int, epochs: int, samples: int, disturbed: bool, out: Path) -> dic
         "every_epoch_covered_once": all(coverage),
         "updates": reports[0]["updates"],
         "wall_s": round(wall_s, 1),
-        "warned": "continuing with 2 workers" in errors[0],
+        "warned": "continuing with 2 workers" in logs[0].read_text(),
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="command")
     parser.add_argument("--quick", action="store_true", help="1 seed, 3 epochs, 2048 samples")
     parser.add_argument("--seeds", type=int, default=3)
@@ -160,7 +148,9 @@ def main() -> None:
     for name, kind in (("--seed", int), ("--epochs", int), ("--samples", int), ("--kill-rank", int)):
         work.add_argument(name, type=kind, required=True)
     work.add_argument("--kill-after", type=int, default=5)
-    args = parser.parse_args()
+
+
+def main(args: argparse.Namespace) -> None:
     if args.command == "worker":
         worker(args)
         return
@@ -204,10 +194,5 @@ def main() -> None:
         "median_val_acc": accuracy,
         "gap_points_per_seed": [100 * g for g in gaps],
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=1))
+    write_json(RESULTS, result)
     print(f"wrote {RESULTS}")
-
-
-if __name__ == "__main__":
-    main()

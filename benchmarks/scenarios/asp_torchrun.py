@@ -7,7 +7,7 @@ the next attempt resumed) and the time without training (from the stopped attemp
 first); for both runs the wall time, the final validation accuracy and whether every epoch of the final history
 trained every sample once. Prints a table and writes JSON.
 
-Usage: python benchmarks/bench_asp_torchrun.py [--epochs 10] [--samples 2048] [--out asp_torchrun.json]
+Usage: python -m benchmarks run asp_torchrun [--epochs 10] [--samples 2048] [--out asp_torchrun.json]
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from torchrun_job import TorchrunJob, join_and_leave
+from benchmarks.harness.launch import RESULTS as RESULTS_DIR
+from benchmarks.torchrun_job import TorchrunJob, join_and_leave
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = RESULTS_DIR
 
 
 def run(kind: str, args: argparse.Namespace, folder: Path) -> dict[str, Any]:
@@ -77,8 +78,7 @@ def changes(attempts: list[dict], steps: list[dict]) -> list[dict[str, Any]]:
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--samples", type=int, default=2048)
     parser.add_argument("--step-sleep-s", type=float, default=0.05)
@@ -87,7 +87,9 @@ def main() -> None:
     parser.add_argument("--leave-after-s", type=float, default=0.5, help="after the 3-node attempt's checkpoint")
     parser.add_argument("--timeout-s", type=float, default=300.0)
     parser.add_argument("--out", default="asp_torchrun.json")
-    args = parser.parse_args()
+
+
+def main(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         results = {kind: run(kind, args, Path(tmp)) for kind in ("undisturbed", "churn")}
     undisturbed, churn = results["undisturbed"], results["churn"]
@@ -105,7 +107,3 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / args.out).write_text(json.dumps(payload, indent=1))
     print(f"wrote {RESULTS / args.out}")
-
-
-if __name__ == "__main__":
-    main()

@@ -23,10 +23,10 @@ Plain DDP at the same HL and rank count is the reference for "vs DDP" and for th
 - 0.5 point).
 
 Usage:
-    python benchmarks/matrix.py                # the full matrix, ~10 minutes on 2 cores
-    python benchmarks/matrix.py --quick        # HL1 and HL8, 2 ranks, 3 short epochs (~2 minutes)
-    python benchmarks/matrix.py --replot       # table and plots again from the JSON, without training
-    python benchmarks/matrix.py --out benchmarks/results/matrix.json   # replace the committed results
+    python -m benchmarks run matrix                # the full matrix, ~10 minutes on 2 cores
+    python -m benchmarks run matrix --quick        # HL1 and HL8, 2 ranks, 3 short epochs (~2 minutes)
+    python -m benchmarks run matrix --replot       # table and plots again from the JSON, without training
+    python -m benchmarks run matrix --out benchmarks/results/matrix.json   # replace the committed results
 
 Writes ``benchmarks/results/local/matrix.json`` (``matrix_quick.json`` with ``--quick``; the folder is not tracked by
 git, so a run never overwrites the committed ``benchmarks/results/matrix.json`` unless ``--out`` names it) and, when
@@ -43,20 +43,16 @@ import importlib.util
 import json
 import os
 import platform
-import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness.launch import RESULTS, child_env, module_command, read_reports, run_job
 from lightning_hetero.emulation.presets import OMNILEARN_CORES
 
-HERE = Path(__file__).resolve().parent
-WORKER = HERE / "matrix_worker.py"
 METHODS = ("ddp", "hetero", "asp", "hybrid")
 METHOD_NAMES = {
     "ddp": "plain DDP",
@@ -211,11 +207,9 @@ def run_config(method: str, level: str, ranks: int, args: argparse.Namespace) ->
     factors = hl_factors(level, ranks)
     row: dict[str, Any] = {"method": method, "level": level, "ranks": ranks, "factors": factors}
     row["bound_samples_per_s"] = emulated_bound(factors, args.cost_s)
-    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_PORT", "MASTER_ADDR")}
-    env["PYTHONWARNINGS"] = "ignore"
     started = time.time()
     with tempfile.TemporaryDirectory() as out:
-        command = [sys.executable, str(WORKER), out, "--method", method, "--factors", ",".join(map(str, factors))]
+        command = [*module_command("matrix_worker"), out, "--method", method, "--factors", ",".join(map(str, factors))]
         for key in (
             "cost_s",
             "samples",
@@ -228,25 +222,14 @@ def run_config(method: str, level: str, ranks: int, args: argparse.Namespace) ->
             "hybrid_asp_momentum_ramp",
         ):
             command += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
-        log_path = Path(out, "log.txt")
-        with open(log_path, "w") as log:
-            # a session of its own, so that a timeout kills the ranks Lightning's launcher started as well
-            proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-            try:
-                code = proc.wait(timeout=args.timeout_s)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                code = None
+        env = child_env(drop=("MASTER_PORT", "MASTER_ADDR"), PYTHONWARNINGS="ignore")
+        try:
+            run_job(command, args.timeout_s, env)
+            row.update(status="ok", **summarise(read_reports(Path(out), ranks)))
+        except (RuntimeError, OSError) as error:  # a failure or timeout is recorded, not raised
+            row["status"] = "timeout" if "ran past" in str(error).splitlines()[0] else "failed"
+            row["error"] = str(error)[-3000:].strip()
         row["wall_s"] = time.time() - started
-        reports = [Path(out, f"rank{k}.json") for k in range(ranks)]
-        if code == 0 and all(p.exists() for p in reports):
-            row["status"] = "ok"
-            row.update(summarise([json.loads(p.read_text()) for p in reports]))
-        else:
-            row["status"] = "timeout" if code is None else "failed"
-            row["exit_code"] = code
-            row["error"] = log_path.read_text()[-3000:].strip() or "(no output)"
     return row
 
 
@@ -388,11 +371,10 @@ def write_outputs(report: dict[str, Any], out: Path, plots: bool) -> None:
 
 def default_out(quick: bool) -> Path:
     """Where a run writes unless ``--out`` says otherwise: a folder git ignores, never the committed results."""
-    return HERE / "results" / "local" / ("matrix_quick.json" if quick else "matrix.json")
+    return RESULTS / "local" / ("matrix_quick.json" if quick else "matrix.json")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="HL1 and HL8 on 2 ranks, 3 epochs of 1024 samples")
     parser.add_argument("--replot", action="store_true", help="print the table and plot from --out; no training")
     parser.add_argument("--methods", default=",".join(METHODS))
@@ -413,7 +395,9 @@ def main() -> None:
     parser.add_argument(
         "--out", type=Path, default=None, help="JSON path (default benchmarks/results/local/matrix[_quick].json)"
     )
-    args = parser.parse_args()
+
+
+def main(args: argparse.Namespace) -> None:
     if args.quick:
         args.levels, args.ranks, args.epochs, args.samples = "HL1,HL8", "2", 3, 1024
         args.hybrid_schedule = "bsp:0-1,asp:2-"
@@ -428,7 +412,7 @@ def main() -> None:
     args.ranks = [int(n) for n in args.ranks.split(",")]
     for method in args.methods:
         if method not in METHODS:
-            parser.error(f"--methods: unknown method {method!r} (known: {', '.join(METHODS)})")
+            raise SystemExit(f"error: --methods: unknown method {method!r} (known: {', '.join(METHODS)})")
     for ranks in args.ranks:
         for level in args.levels:
             hl_factors(level, ranks)  # fails here, naming the bad value, rather than mid-run
@@ -458,7 +442,3 @@ def main() -> None:
     if failed:
         print(f"{len(failed)} configuration(s) did not finish; their errors are in the JSON")
     print(f"matrix wall time {time.time() - started:.0f} s")
-
-
-if __name__ == "__main__":
-    main()

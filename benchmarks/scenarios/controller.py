@@ -32,7 +32,11 @@ final split, as a fraction of that rank's final batch).
 ``--defaults`` runs the static scenarios' controller at the callback's default cadence (after steps 10 and 18, then
 every 32 steps) instead of every 8 steps, its throughput counted after 24 steps instead of 16.
 
-Usage: python benchmarks/bench_controller.py [--quick] [--repeats 3] [--paired 5] [--ablate-refine] [--defaults];
+``--factors F1,F2[,...]`` (with ``--throttle``, ``--compute``, ``--cost-s``) runs one static scenario of those
+conditions instead ("custom"); it is the grid's base point (default: cfs cpu 1/4, 2 ranks, the callback's cadence
+as given by ``--defaults``), and its figure the fraction of the best static split.
+
+Usage: python -m benchmarks run controller [--quick] [--repeats 3] [--paired 5] [--ablate-refine] [--defaults];
 JSON to benchmarks/results/controller.json.
 """
 
@@ -43,16 +47,16 @@ import json
 import os
 import platform
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.harness.grid import Cell
+from benchmarks.harness.launch import RESULTS, child_env, module_command, run_job
+from benchmarks.harness.record import write_json
+from benchmarks.harness.stats import paired_ratios, rotating_order
 from lightning_hetero.hetero_batch.cadence import STEADY_PERIOD
 
-HERE = Path(__file__).parent
-WORKER = HERE / "controller_worker.py"
 GLOBAL_BATCH = 64
 PERIOD = 8
 #: the controller at the callback's default cadence (adjust_every_n_steps=None), as a worker's run
@@ -66,14 +70,12 @@ TWO_RANKS = {"HL2": [1.0, 2.0], "HL4": [1.0, 4.0], "HL8": [1.0, 8.0]}
 def launch(factors: list[float], runs: list[dict], throttle: str, steps: int, **extra: object) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
-        cmd = [sys.executable, str(WORKER), str(out), "--runs", json.dumps(runs), "--throttle", throttle]
+        cmd = module_command("controller_worker", out, "--runs", json.dumps(runs), "--throttle", throttle)
         cmd += ["--factors", ",".join(f"{f:.4g}" for f in factors), "--steps", str(steps)]
         cmd += ["--global-batch", str(GLOBAL_BATCH), "--adjust-every", str(PERIOD)]
         for key, value in extra.items():
             cmd += [f"--{key.replace('_', '-')}", str(value)]
-        env = dict(os.environ, PYTHONWARNINGS="ignore")
-        env.pop("MASTER_PORT", None)
-        subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=1200, env=env)
+        run_job(cmd, env=child_env(PYTHONWARNINGS="ignore"))
         return json.loads(out.read_text())
 
 
@@ -136,19 +138,9 @@ def static_candidates(factors: list[float]) -> list[list[int]]:
     return candidates
 
 
-def rotating_order(arms: list[dict], repeats: int) -> list[dict]:
-    """Each repeat runs every arm back to back; which arm goes first rotates from one repeat to the next."""
-    return [arms[(i + j) % len(arms)] for i in range(repeats) for j in range(len(arms))]
-
-
 def arm_runs(results: list[dict], arm: dict) -> list[dict]:
     """The results of ``arm``'s runs, in the order they ran (the i-th is repeat i)."""
     return [r for r in results if r["run"] == arm]
-
-
-def paired_ratios(ours: list[float], reference: list[float]) -> list[float]:
-    """Per-repeat ratios of two arms' throughputs (both lists in repeat order)."""
-    return [o / r for o, r in zip(ours, reference, strict=True)]
 
 
 def controller_arm(args: argparse.Namespace) -> dict:
@@ -164,7 +156,8 @@ def static_scenario(
     controller = controller_arm(args)
     runs = [controller] + [{"kind": "static", "split": split} for split in candidates]
     repeats = args.repeats if len(factors) == 2 else max(1, args.repeats - 1)  # 4 ranks: one repeat fewer (time)
-    results = launch(factors, runs * repeats, throttle, args.steps, compute=compute)
+    compute = {"compute": compute, "cost_s": args.cost_s}
+    results = launch(factors, runs * repeats, throttle, args.steps, **compute)
     skip = (3 if args.defaults else 2) * PERIOD  # the default cadence's early adjustments end at step 18
     static = {
         tuple(split): statistics.median(
@@ -192,7 +185,7 @@ def static_scenario(
         arms = [controller, {"kind": "static", "split": list(best_split)}]
         if args.ablate_refine:
             arms.append({"kind": "hetero", "refine": False})
-        paired = launch(factors, rotating_order(arms, args.paired), throttle, args.steps, compute=compute)
+        paired = launch(factors, rotating_order(arms, args.paired), throttle, args.steps, **compute)
         ours_runs, best_runs = ([throughput(r, skip) for r in arm_runs(paired, arm)] for arm in arms[:2])
         ratios = paired_ratios(ours_runs, best_runs)
         hetero = arm_runs(paired, arms[0])
@@ -400,11 +393,7 @@ def print_table(args: argparse.Namespace, results: list[dict]) -> None:
 
 
 def write(args: argparse.Namespace, results: list[dict], started: float) -> None:
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     conditions = {
-        "machine": platform.platform(),
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
         "global_batch": GLOBAL_BATCH,
         "adjust_every_n_steps": PERIOD,
         "defaults": args.defaults,
@@ -413,14 +402,14 @@ def write(args: argparse.Namespace, results: list[dict], started: float) -> None
         "paired_repeats": args.paired,
         "ablate_refine": args.ablate_refine,
         "quick": args.quick,
+        "cost_s": args.cost_s,
         "load_average": os.getloadavg(),
         "wall_s": time.time() - started,
     }
-    args.out.write_text(json.dumps({"conditions": conditions, "scenarios": results}, indent=1))
+    write_json(args.out, {"conditions": conditions, "scenarios": results})
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="2-rank scenarios only, 1 repeat, 1 pair, 64 steps")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=96)
@@ -436,12 +425,60 @@ def main() -> None:
         help="static scenarios: the controller at the callback's default cadence instead of every 8 steps",
     )
     parser.add_argument("--only", default="", help="semicolon-separated scenario titles to run (default: all)")
-    parser.add_argument("--out", type=Path, default=HERE / "results" / "controller.json")
-    args = parser.parse_args()
+    parser.add_argument("--factors", default="", help="only one static scenario of these slowdowns ('custom')")
+    parser.add_argument("--throttle", choices=["sleep", "cfs"], default="cfs", help="with --factors")
+    parser.add_argument("--compute", choices=["sleep", "spin"], default="spin", help="with --factors")
+    parser.add_argument("--cost-s", type=float, default=0.001, help="emulated compute per sample at factor 1")
+    parser.add_argument("--out", type=Path, default=RESULTS / "controller.json")
+
+
+def default_out(args: argparse.Namespace) -> Path:
+    return args.out
+
+
+def grid_axes(args: argparse.Namespace) -> dict[str, list[Cell] | str]:
+    """From the custom scenario of ``--factors`` (default ``1,4``: one rank at a quarter of the other's speed)."""
+    args.factors = args.factors or "1,4"
+    factors = [float(f) for f in args.factors.split(",")]
+    kinds = {("sleep", "sleep"): "sleep", ("cfs", "sleep"): "cfs quota, slept compute", ("cfs", "spin"): "cfs quota"}
+    slow = max(factors)
+    four = ",".join(f"{f:g}" for f in ([2, 2, 2, 8] if args.compute == "spin" else [1, 2, 2, 4]))
+    two = "1,4" if len(factors) != 2 else "1,4,4,4"
+    return {
+        "emulation": [
+            Cell("emulation", label, {"throttle": throttle, "compute": compute})
+            for (throttle, compute), label in kinds.items()
+            if (throttle, compute) != (args.throttle, args.compute)
+        ],
+        "cost": [Cell("cost", f"x{k:g}", {"cost_s": args.cost_s * k}) for k in (0.5, 2)],
+        "epoch": [Cell("epoch", f"x{k:g}", {"steps": round(args.steps * k)}) for k in (0.25, 4)],
+        "workers": [Cell("workers", f"{len((four if len(factors) == 2 else two).split(','))} ranks",
+                         {"factors": four if len(factors) == 2 else two})],
+        "quota": [
+            Cell("quota", f"slow rank 1/{k:g}", {"factors": ",".join(f"{k if f == slow else f:g}" for f in factors)})
+            for k in (2, 8)
+            if k != slow
+        ],
+    }  # fmt: skip
+
+
+def figures(payload: dict) -> dict[str, float]:
+    """Each scenario's fraction of the best static split."""
+    return {
+        row["title"]: row["fraction_of_best_static"] for row in payload["scenarios"] if "fraction_of_best_static" in row
+    }
+
+
+def main(args: argparse.Namespace) -> None:
     if args.quick:
         args.repeats, args.steps, args.paired = 1, 64, 1
     started = time.time()
     plan: list[tuple[str, object]] = []
+    if args.factors:
+        factors = [float(f) for f in args.factors.split(",")]
+        name = f"custom {args.throttle} {args.compute} {args.factors}"
+        plan.append(("custom", lambda f=factors, n=name: static_scenario(n, f, args.throttle, args, args.compute)))
+        args.only = "custom"
     for level, factors in TWO_RANKS.items():
         plan.append((f"sleep {level}, 2 ranks", lambda f=factors, n=level: static_scenario(n, f, "sleep", args)))
     plan.append(("cfs 1/4, 2 ranks", lambda: static_scenario("cfs 1/4", [1.0, 4.0], "cfs", args)))
@@ -497,7 +534,3 @@ def main() -> None:
         write(args, results, started)  # after every scenario, so a long run leaves its results so far
     print_table(args, results)
     print(f"\nwrote {args.out}")
-
-
-if __name__ == "__main__":
-    main()

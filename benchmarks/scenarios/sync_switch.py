@@ -18,7 +18,7 @@ Rank 0 records, per epoch, the training time (validation excluded) and the valid
 final accuracy, the total training time, the time to reach ``--target`` accuracy and the cost of each mode switch.
 
 Usage:
-    python benchmarks/bench_sync_switch.py [--workers 2] [--epochs 12] [--slowdown 4] [--bsp-fraction 0.25]
+    python -m benchmarks run sync_switch [--workers 2] [--epochs 12] [--slowdown 4] [--bsp-fraction 0.25]
         [--configs bsp,asp,hybrid,reverse,asp_hetero,switch_cost] [--tag NAME]
 
 ``--configs`` picks a subset (default: all). Results go to ``benchmarks/results/sync_switch_<N>workers.json``
@@ -32,7 +32,6 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -42,7 +41,9 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch.utils.data import DataLoader
 
-from _common import ReluMLP, TrainingTimes, classification_split, quiet_trainer
+from benchmarks.harness.launch import ROOT as ROOT_DIR
+from benchmarks.harness.launch import run_job, scenario_command
+from benchmarks.harness.models import ReluMLP, TrainingTimes, classification_split, quiet_trainer
 from lightning_hetero.emulation.slowdown import SlowdownEmulator
 from lightning_hetero.hetero_batch import HeteroBatchCallback
 from lightning_hetero.ps import AsyncPSStrategy
@@ -50,7 +51,7 @@ from lightning_hetero.switching import FixedFractionPolicy
 from lightning_hetero.switching.callback import SyncSwitchCallback
 from lightning_hetero.switching.policies import share_in_epochs
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = ROOT_DIR
 RESULTS = ROOT / "benchmarks" / "results"
 CONFIGS = ("bsp", "asp", "hybrid", "reverse", "asp_hetero")
 ALL = (*CONFIGS, "switch_cost")
@@ -175,10 +176,9 @@ def run_config(args: argparse.Namespace) -> None:
 def launch(config: str) -> dict:
     """Run one configuration in a child process (Lightning's launcher starts its other ranks from it)."""
     out = RESULTS / f".sync_switch_{config}.json"
-    command = [sys.executable, __file__, *sys.argv[1:], "--config", config, "--out", str(out)]
-    env = {key: value for key, value in os.environ.items() if key != "MASTER_PORT"}
+    command = [*scenario_command("sync_switch"), *sys.argv[3:], "--config", config, "--out", str(out)]
     load_before, started = os.getloadavg(), time.perf_counter()
-    subprocess.run(command, check=True, timeout=1800, env=env, stdout=subprocess.DEVNULL)
+    run_job(command, timeout_s=1800)
     result = json.loads(out.read_text())
     out.unlink()
     result["wall_s"] = time.perf_counter() - started
@@ -195,8 +195,7 @@ def time_to(epochs: list[dict], target: float) -> float | None:
     return None
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=2, help="processes (2-4 on CPU)")
     parser.add_argument("--epochs", type=int, default=12)
     parser.add_argument("--slowdown", type=float, default=4.0, help="rank 1 computes this many times slower")
@@ -221,7 +220,9 @@ def main() -> None:
     parser.add_argument("--momentum", type=float, default=0.9)
     parser.add_argument("--config", choices=ALL, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+
+
+def main(args: argparse.Namespace) -> None:
     if args.config is not None:
         run_config(args)
         return
@@ -309,7 +310,3 @@ def main() -> None:
     path = RESULTS / f"sync_switch_{args.workers}workers{suffix}.json"
     path.write_text(json.dumps(report, indent=1))
     print(f"wrote {path}")
-
-
-if __name__ == "__main__":
-    main()

@@ -25,19 +25,19 @@ turn) and medians reported; ``uptime`` is recorded with every run. Prints a tabl
 
 Usage::
 
-    python benchmarks/bench_ps_scale.py --quick                # the issue's three goal configurations
-    python benchmarks/bench_ps_scale.py                         # 2/4/8/16 workers x 0.25M/4.3M/17M x 5/65 ms
-    python benchmarks/bench_ps_scale.py --configs 2x0.25Mx5,4x4.3Mx65 --repeats 3
+    python -m benchmarks run ps_scale --quick                # the issue's three goal configurations
+    python -m benchmarks run ps_scale                         # 2/4/8/16 workers x 0.25M/4.3M/17M x 5/65 ms
+    python -m benchmarks run ps_scale --configs 2x0.25Mx5,4x4.3Mx65 --repeats 3
     # variants side by side against the same standalone runs (an older checkout through its src/)
-    python benchmarks/bench_ps_scale.py --quick --variant 'main={}@/tmp/main/src' --variant 'textbook={}' \
+    python -m benchmarks run ps_scale --quick --variant 'main={}@/tmp/main/src' --variant 'textbook={}' \
         --variant 'overlap={"overlap_round_trip": true}'
     # one server against two shards (the model in 4 layers, since a shard holds whole tensors)
-    python benchmarks/bench_ps_scale.py --configs 2x17Mx5 --layers 4 --variant 'one={}' \
+    python -m benchmarks run ps_scale --configs 2x17Mx5 --layers 4 --variant 'one={}' \
         --variant 'shards2={"server_shards": 2}'
     # the server's placement: threads in training rank 0 against a rank reserved for the server
-    python benchmarks/bench_ps_scale.py --configs 2x0.25Mx65,4x0.25Mx65 --placement worker,dedicated
+    python -m benchmarks run ps_scale --configs 2x0.25Mx65,4x0.25Mx65 --placement worker,dedicated
     # the server's capacity alone, one against two shards (in process, a thread per shard)
-    python benchmarks/bench_ps_scale.py --capacity 17M --layers 4 --repeats 5 --json benchmarks/results/x.json
+    python -m benchmarks run ps_scale --capacity 17M --layers 4 --repeats 5 --json benchmarks/results/x.json
 """
 
 from __future__ import annotations
@@ -49,7 +49,6 @@ import os
 import platform
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -62,6 +61,11 @@ from lightning.pytorch.callbacks import Callback
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from benchmarks.harness.grid import Cell
+from benchmarks.harness.launch import RESULTS as RESULTS_DIR
+from benchmarks.harness.launch import child_env, run_jobs, scenario_command
+from benchmarks.harness.record import write_json
+from lightning_hetero import SlowdownEmulator
 from lightning_hetero.ps import AsyncPSStrategy
 from lightning_hetero.ps.bootstrap import shard_server
 from lightning_hetero.ps.layout import FlatLayout, flatten_model
@@ -69,7 +73,7 @@ from lightning_hetero.ps.protocol import PushHeader, new_message
 from lightning_hetero.ps.server import ParameterServer
 from lightning_hetero.ps.sharding import plan_shards
 
-RESULTS = Path(__file__).parent / "results" / "ps_scale.json"
+RESULTS = RESULTS_DIR / "ps_scale.json"
 #: model name -> width of the square linear layer (``width * (width + 1)`` parameters)
 MODELS = {"0.25M": 500, "4.3M": 2073, "17M": 4123}
 WORKERS = (2, 4, 8, 16)
@@ -101,9 +105,11 @@ class ScaleModel(L.LightningModule):
         stack = [nn.Linear(self.width, self.width) for _ in range(layers)]
         self.layer = stack[0] if layers == 1 else nn.Sequential(*stack)
         self.step_s = step_ms / 1000
+        self.slept_s = 0.0
 
     def training_step(self, batch, batch_idx):
         time.sleep(self.step_s)
+        self.slept_s += self.step_s
         x, y = batch
         return nn.functional.mse_loss(self.layer(x), y)
 
@@ -148,10 +154,18 @@ def train(args: argparse.Namespace) -> None:
     """One job (re-run by Lightning's launcher for the other ranks); each rank writes a JSON report."""
     torch.set_num_threads(1)
     L.seed_everything(0, verbose=False)
-    model = ScaleModel(MODELS[args.model], args.step_ms, args.layers)
+    # under a quota q, the emulated compute is q x step_ms charged as CPU time: an idle host's step still takes about
+    # step_ms, and the real work (the server, the pushes) is stretched by 1/q, as in a container at q CPUs
+    quota = args.quota if args.emulation == "quota" else 1.0
+    model = ScaleModel(MODELS[args.model], args.step_ms * quota, args.layers)
     data = TensorDataset(torch.randn(args.samples, model.width), torch.randn(args.samples, model.width))
     windows = EpochWindows()
     callbacks: list[Callback] = [windows]
+    if args.emulation == "quota":
+        factors = {rank: 1 / quota for rank in range(args.devices)}
+        callbacks.append(
+            SlowdownEmulator(factors, throttle="cfs", cpu_clock=lambda: time.process_time() + model.slept_s)
+        )
     if args.start_together:
         callbacks.append(StartTogether(args.start_together, args.start_together_jobs))
     strategy = AsyncPSStrategy(**json.loads(args.strategy_kwargs)) if args.strategy == "asp" else "auto"
@@ -228,22 +242,17 @@ def job_ranks(workers: int, kwargs: dict, dedicated_rank: str) -> tuple[int, int
 def _run(args: argparse.Namespace, jobs: list[dict], source: str = "") -> list[list[dict]]:
     """Start jobs side by side (with ``source`` first on ``PYTHONPATH`` when given), wait for all; each job's ranks'
     reports."""
-    env = {k: v for k, v in os.environ.items() if k != "MASTER_PORT"}
-    if source:
-        env["PYTHONPATH"] = source
     with tempfile.TemporaryDirectory() as tmp:
-        procs, outs = [], []
+        commands, outs = [], []
         for i, job in enumerate(jobs):
             out = Path(tmp, str(i))
             out.mkdir()
-            command = [sys.executable, __file__, "--role", "train", "--out", str(out)]
+            command = scenario_command("ps_scale", "--role", "train", "--out", out)
             command += [f"--{key.replace('_', '-')}={value}" for key, value in job.items()]
-            with open(out / "log.txt", "w") as log:
-                procs.append(subprocess.Popen(command, env=env, stdout=log, stderr=log))
+            command += [f"--emulation={args.emulation}", f"--quota={args.quota}"]
+            commands.append(command)
             outs.append(out)
-        for proc, out in zip(procs, outs, strict=True):
-            if proc.wait(timeout=args.job_timeout_s) != 0:
-                raise RuntimeError(f"job failed: {' '.join(proc.args)}\n{(out / 'log.txt').read_text()[-3000:]}")
+        run_jobs(commands, args.job_timeout_s, child_env(source), Path(tmp, "logs"))
         return [
             [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(job["devices"])]
             for job, out in zip(jobs, outs, strict=True)
@@ -405,8 +414,7 @@ def measure_capacity(args: argparse.Namespace) -> None:
         },
         "wall_s": time.time() - started,
     }
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(result, indent=2))
+    write_json(args.json, result, indent=2)
     for k in (1, 2):
         print(f"server_shards={k}: {summary[str(k)]['mb_per_s_median']:.0f} MB/s of updates (median)")
     print(f"speedup {result['speedup_median']:.2f}x ({', '.join(f'{x:.2f}' for x in speedups)}); wrote {args.json}")
@@ -459,8 +467,7 @@ def print_table(summary: dict[str, dict[str, dict]], costs: dict[str, dict]) -> 
         print(f"server apply {model:<6} {cost['us_per_update']:>9.0f} us/update  {cost['us_per_mb']:>7.0f} us/MB")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--role", default="main", choices=["main", "train"])
     parser.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK)}")
     parser.add_argument("--configs", default="", help="comma-separated WORKERSxMODELxSTEP_MS, e.g. 4x4.3Mx65")
@@ -505,7 +512,55 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=1, help="split the model in this many square layers")
     parser.add_argument("--start-together", default="", help="standalone jobs: a folder where they meet to start")
     parser.add_argument("--start-together-jobs", type=int, default=1)
-    args = parser.parse_args()
+    parser.add_argument(
+        "--emulation", default="sleep", choices=["sleep", "quota"], help="compute by sleeping, or under a CPU quota"
+    )
+    parser.add_argument("--quota", type=float, default=0.5, help="with --emulation quota: CPUs per worker")
+
+
+def default_out(args: argparse.Namespace) -> Path:
+    return Path(args.json)
+
+
+def _reshape(configs: str, workers: float = 1.0, step: float = 1.0) -> str:
+    """``--configs`` with each configuration's workers and step time scaled.
+
+    Example::
+
+        >>> _reshape("2x0.25Mx3,4x4.3Mx65", workers=2, step=0.5)
+        '4x0.25Mx1.5,8x4.3Mx32.5'
+    """
+    scaled = []
+    for text in configs.split(","):
+        config = parse_config(text)
+        scaled.append(f"{round(config['workers'] * workers)}x{config['model']}x{config['step_ms'] * step:g}")
+    return ",".join(scaled)
+
+
+def grid_axes(args: argparse.Namespace) -> dict[str, list[Cell] | str]:
+    """From ``--configs`` (default: the issue's goal configurations); ASP/ideal of each configuration and variant."""
+    args.configs = args.configs or ",".join(QUICK)
+    other = "quota" if args.emulation == "sleep" else "sleep"
+    return {
+        "emulation": [Cell("emulation", f"{other} {args.quota:g} CPU" if other == "quota" else other, {"emulation": other})],
+        "cost": [Cell("cost", f"x{k:g}", {"configs": _reshape(args.configs, step=k)}) for k in (0.5, 2)],
+        "epoch": [Cell("epoch", f"x{k:g}", {"epoch_s": args.epoch_s * k}) for k in (0.25, 4)],
+        "workers": [Cell("workers", "x2", {"configs": _reshape(args.configs, workers=2)})],
+        "quota": [Cell("quota", f"{q:g} CPU", {"emulation": "quota", "quota": q}) for q in (0.25,) if q != args.quota],
+    }  # fmt: skip
+
+
+def figures(payload: dict) -> dict[str, float]:
+    """ASP (or the variant's mode) over the ideal, per configuration and variant; the grid's cells name their
+    configurations by position, so that a scaled configuration is the same figure."""
+    return {
+        f"config {i} {label}": row["asp_over_ideal_median"]
+        for i, by_variant in enumerate(payload["summary"].values())
+        for label, row in by_variant.items()
+    }
+
+
+def main(args: argparse.Namespace) -> None:
     if args.role == "train":
         train(args)
         return
@@ -544,6 +599,7 @@ def main() -> None:
                 "momentum 0.9; equal workers; compute emulated by sleeping step_ms in training_step",
                 "epochs": f"{args.epochs}, the first not measured; ideal epochs of ~{args.epoch_s} s",
                 "dedicated_rank": args.dedicated_rank,
+                "emulation": args.emulation if args.emulation == "sleep" else f"CPU quota of {args.quota} CPU",
                 "note": "see load_average_1_5_15min_before_and_after for how busy the host was",
                 "load_average_1_5_15min_before_and_after": [load_before, os.getloadavg()],
             },
@@ -552,8 +608,7 @@ def main() -> None:
             "server_apply_cost_this_checkout": costs,
             "wall_s": time.time() - started,
         }
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2))
+        write_json(args.json, result, indent=2)
         return result
 
     for repeat in range(args.repeats):
@@ -568,7 +623,3 @@ def main() -> None:
     result = write(costs, complete=True)
     print_table(result["summary"], costs)
     print(f"wrote {args.json} in {result['wall_s']:.0f} s")
-
-
-if __name__ == "__main__":
-    main()

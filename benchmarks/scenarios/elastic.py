@@ -25,7 +25,7 @@ the end), exit codes and the same coverage.
 Prints a table and writes ``benchmarks/results/elastic.json`` (``elastic_soak.json`` for ``--soak``; ``--out`` names
 another).
 
-Usage: python benchmarks/bench_elastic.py [--seeds 1] [--epochs 4] [--throttle quota] [--out NAME.json] [--soak 20]
+Usage: python -m benchmarks run elastic [--seeds 1] [--epochs 4] [--throttle quota] [--out NAME.json] [--soak 20]
 """
 
 from __future__ import annotations
@@ -44,10 +44,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from elastic_job import ElasticJob, wait_for
+from benchmarks.elastic_job import ElasticJob, wait_for
+from benchmarks.harness.launch import RESULTS as RESULTS_DIR
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = RESULTS_DIR
 SPEEDS = {"a": 1.0, "b": 1.0, "c": 2.0, "d": 4.0}
 KILLED, ADDED = "b", "e"
 
@@ -172,8 +172,7 @@ def soak(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seeds", type=int, default=1)
     parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="the JSON's name in results/ (elastic.json, elastic_soak.json)")
@@ -189,7 +188,9 @@ def main() -> None:
     parser.add_argument("--soak", type=int, default=0, help="run N kill-and-restart cycles instead")
     parser.add_argument("--runs", default="undisturbed,churn,join", help="which runs, comma-separated")
     parser.add_argument("--join-timeout-s", type=float, default=None, help="the workers' (default: the strategy's)")
-    args = parser.parse_args()
+
+
+def main(args: argparse.Namespace) -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a timeout's TERM still stops the workers (finally)
     RESULTS.mkdir(exist_ok=True)
     conditions = {
@@ -250,7 +251,3 @@ def main() -> None:
             indent=1,
         )
     )
-
-
-if __name__ == "__main__":
-    main()

@@ -31,15 +31,15 @@ epoch's time runs from the earliest rank's start to the latest rank's last batch
 clock; validation excluded).
 
 Usage:
-    python benchmarks/bench_docker.py            # 2 containers, HL2, HL4 and the schedule, 4 methods
-    python benchmarks/bench_docker.py --quick    # 2 containers, HL4 only, DDP and HeteroBatch, 3 epochs
-    python benchmarks/bench_docker.py --quick --model resnet20 --sweep --concurrent-ideal --repeats 3
-    python benchmarks/bench_docker.py --model resnet20 --levels HL4 --methods hetero --no-schedule --epochs 3 \\
+    python -m benchmarks run docker            # 2 containers, HL2, HL4 and the schedule, 4 methods
+    python -m benchmarks run docker --quick    # 2 containers, HL4 only, DDP and HeteroBatch, 3 epochs
+    python -m benchmarks run docker --quick --model resnet20 --sweep --concurrent-ideal --repeats 3
+    python -m benchmarks run docker --model resnet20 --levels HL4 --methods hetero --no-schedule --epochs 3 \\
         --sweep --paired 2   # the controller against the best static split, side by side
-    python benchmarks/bench_docker.py --model resnet20 --levels HL4 --methods hetero --no-schedule --epochs 3 \\
+    python -m benchmarks run docker --model resnet20 --levels HL4 --methods hetero --no-schedule --epochs 3 \\
         --sweep --repeats 3 --paired 1 --pin   # the same, each container on its own core
-    python benchmarks/bench_docker.py --workers 2 4
-    python benchmarks/bench_docker.py --plot-only benchmarks/results/docker.json benchmarks/results/docker_4w.json
+    python -m benchmarks run docker --workers 2 4
+    python -m benchmarks run docker --plot-only benchmarks/results/docker.json benchmarks/results/docker_4w.json
 
 Writes ``benchmarks/results/docker.json`` (``--out``), prints a table and, when matplotlib is installed
 (``pip install -e ".[plots]"``), plots each method's samples/s as a fraction of the ideal per level to ``docker.png``
@@ -67,15 +67,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness.launch import RESULTS, ROOT
 from lightning_hetero.allocation import apportion
 from lightning_hetero.emulation.config import load_config
 from lightning_hetero.emulation.docker_backend import DockerBackend
 from lightning_hetero.emulation.plan import ContainerUpdate
 from lightning_hetero.emulation.runner import run_dynamic, run_static
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-WORKER = HERE / "docker_worker.py"
+WORKER = ROOT / "benchmarks" / "docker_worker.py"
 METHODS = ("ddp", "hetero", "asp", "hybrid")
 METHOD_NAMES = {"ddp": "plain DDP", "hetero": "HeteroBatch", "asp": "ASP", "hybrid": "hybrid", "static": "static"}
 # docker_worker.py's arguments per workload (training runs, standalone runs) and its batch per rank
@@ -533,8 +532,7 @@ def write_plot(results: list[dict[str, Any]], out: Path) -> None:
     print(f"wrote {plot(results, out)}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[2], choices=sorted(LEVELS))
     parser.add_argument("--levels", nargs="+", default=["HL2", "HL4"], choices=["HL2", "HL4"])
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
@@ -559,7 +557,7 @@ def main() -> None:
         help="give each container its own core (a cpuset beside its quota) instead of letting all float over the host's",
     )
     parser.add_argument("--quick", action="store_true", help="HL4, DDP and HeteroBatch, 3 epochs, no schedule")
-    parser.add_argument("--out", type=Path, default=HERE / "results" / "docker.json")
+    parser.add_argument("--out", type=Path, default=RESULTS / "docker.json")
     parser.add_argument(
         "--image", default=IMAGE, help=f"worker image to build from this checkout and run (default {IMAGE})"
     )
@@ -570,7 +568,9 @@ def main() -> None:
         metavar="JSON",
         help="redraw the plot from these result files (to the first one's .png); no Docker, no training",
     )
-    args = parser.parse_args()
+
+
+def main(args: argparse.Namespace) -> None:
     if args.plot_only:
         write_plot([json.loads(path.read_text()) for path in args.plot_only], args.plot_only[0].with_suffix(".png"))
         return
@@ -608,7 +608,3 @@ def main() -> None:
     args.out.write_text(json.dumps(result, indent=1))
     print(f"wrote {args.out}")
     write_plot([result], args.out.with_suffix(".png"))
-
-
-if __name__ == "__main__":
-    main()

@@ -9,9 +9,9 @@ global batch 16. For each usage and feature: the median over seeds of the final 
 is validated after ``fit``), and its distance from plain DDP's median on the same usage.
 
 Usage:
-    python benchmarks/bench_compat.py                  # 3 seeds, ~8 minutes on 2 cores
-    python benchmarks/bench_compat.py --seeds 0 --features ddp,asp   # a quick look
-    python benchmarks/bench_compat.py --out benchmarks/results/compat.json   # replace the committed results
+    python -m benchmarks run compat                  # 3 seeds, ~8 minutes on 2 cores
+    python -m benchmarks run compat --seeds 0 --features ddp,asp   # a quick look
+    python -m benchmarks run compat --out benchmarks/results/compat.json   # replace the committed results
 
 Writes ``benchmarks/results/local/compat.json`` unless ``--out`` names another file, and prints the table.
 """
@@ -32,8 +32,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-WORKER = HERE.parent / "tests" / "scripts" / "compat_cells.py"
+from benchmarks.harness.launch import RESULTS, ROOT
+
+WORKER = ROOT / "tests" / "scripts" / "compat_cells.py"
 FEATURES = ("ddp", "ddp_hetero", "asp", "hybrid", "local", "bsp")
 #: the cells that train the classifier and validate it (the others run Lightning's demos or are refused)
 USAGES = (
@@ -165,14 +166,15 @@ def write_report(
     return report
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--features", default=",".join(FEATURES))
     parser.add_argument("--usages", default=",".join(USAGES))
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--timeout-s", type=float, default=300)
-    parser.add_argument("--out", type=Path, default=HERE / "results" / "local" / "compat.json")
-    args = parser.parse_args()
+    parser.add_argument("--out", type=Path, default=RESULTS / "local" / "compat.json")
+
+
+def main(args: argparse.Namespace) -> None:
     features, usages = args.features.split(","), args.usages.split(",")
     seeds = [int(seed) for seed in args.seeds.split(",")]
     if "ddp" not in features:
@@ -190,7 +192,3 @@ def main() -> None:
     missed = [f"{row['feature']}/{row['usage']}" for row in rows if row["feature"] != "ddp" and not row["within"]]
     print(f"\nwithin {TARGET_POINTS:g} points of DDP: {'all' if not missed else 'not ' + ', '.join(missed)}")
     print(f"wrote {args.out}")
-
-
-if __name__ == "__main__":
-    main()

@@ -19,7 +19,7 @@ CFS mode, the sleeps charged as CPU time). Cells: workers x HL x seed; within a 
 another, so their comparison is side by side on the same host load.
 
 Usage:
-    python benchmarks/bench_asp_accuracy.py [--quick] [--workers 2,4,8] [--hl 1,4] [--seeds 0,1,2]
+    python -m benchmarks run asp_accuracy [--quick] [--workers 2,4,8] [--hl 1,4] [--seeds 0,1,2]
         [--configs bsp,asp_none,asp,hybrid] [--budget-s 2400] [--throttle sleep|cfs]
 
 Writes ``benchmarks/results/asp_accuracy.json`` (``--out``): every run (final and per-epoch accuracy, training time,
@@ -37,8 +37,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -49,14 +47,16 @@ from lightning.pytorch.callbacks import Callback
 from torch import nn
 from torch.utils.data import DataLoader
 
-from _common import TrainingTimes, classification_split, quiet_trainer
+from benchmarks.harness.launch import ROOT as ROOT_DIR
+from benchmarks.harness.launch import run_job, scenario_command
+from benchmarks.harness.models import TrainingTimes, classification_split, quiet_trainer
 from lightning_hetero import AsyncPSStrategy, SlowdownEmulator, SyncSwitchCallback
 from lightning_hetero.ps.compensation import AsynchronyCompensator
 from lightning_hetero.switching import FixedFractionPolicy, SchedulePolicy
 from lightning_hetero.switching.policies import share_in_epochs
 from lightning_hetero.synthetic import MLPClassifier
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = ROOT_DIR
 RESULTS = ROOT / "benchmarks" / "results"
 CONFIGS = ("bsp", "asp_none", "asp", "hybrid", "asp_dc", "hybrid_none", "reverse", "asp_textbook")
 
@@ -180,15 +180,14 @@ def run_one(args: argparse.Namespace) -> None:
 def launch(args: argparse.Namespace, config: str, workers: int, level: float, seed: int) -> dict[str, Any]:
     out = RESULTS / f".asp_accuracy_{os.getpid()}.json"
     command = [
-        sys.executable, __file__, "--run", config, "--n", str(workers), "--level", str(level), "--seed", str(seed),
+        *scenario_command("asp_accuracy"), "--run", config, "--n", str(workers), "--level", str(level), "--seed", str(seed),
         "--out", str(out), "--epochs", str(args.epochs), "--samples", str(args.samples),
         "--val-samples", str(args.val_samples), "--noise", str(args.noise), "--cost-s", str(args.cost_s),
         "--lr", str(args.lr), "--momentum", str(args.momentum), "--batch-size", str(args.batch_size),
         "--bsp-fraction", str(args.bsp_fraction), "--throttle", args.throttle,
     ]  # fmt: skip
-    env = {key: value for key, value in os.environ.items() if key != "MASTER_PORT"}
     load_before, started = os.getloadavg()[0], time.perf_counter()
-    subprocess.run(command, check=True, timeout=1200, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run_job(command)
     result = json.loads(out.read_text())
     out.unlink()
     epochs = result["epochs"]
@@ -361,8 +360,7 @@ def cell_order(workers: list[int], levels: list[float]) -> list[tuple[int, float
     return [(n, level) for level in sorted(levels, reverse=True) for n in sorted(workers)]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="2 workers, HL4, seed 0, 2 epochs of 2048 samples")
     parser.add_argument("--workers", default="2,4,8")
     parser.add_argument("--hl", default="4,1")
@@ -391,7 +389,9 @@ def main() -> None:
     parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--level", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+
+
+def main(args: argparse.Namespace) -> None:
     if args.run is not None:
         args.config = args.run
         run_one(args)
@@ -406,7 +406,7 @@ def main() -> None:
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     unknown = sorted(set(configs) - set(CONFIGS))
     if unknown:
-        parser.error(f"unknown configs {unknown}; choose from {', '.join(CONFIGS)}")
+        raise SystemExit(f"error: unknown configs {unknown}; choose from {', '.join(CONFIGS)}")
     workers = [int(n) for n in args.workers.split(",")]
     levels = [float(h) for h in args.hl.split(",")]
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -473,7 +473,3 @@ def main() -> None:
         print(f"wrote {png}")
     else:
         print("matplotlib not installed: no plot")
-
-
-if __name__ == "__main__":
-    main()

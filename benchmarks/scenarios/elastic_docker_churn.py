@@ -21,7 +21,7 @@ the containers at the end (also after a failure).
 
 Prints a table and writes ``benchmarks/results/elastic_28h_docker_churn.json`` (``--out`` names another).
 
-Usage: python benchmarks/elastic_docker_churn.py [--image IMAGE] [--epochs 6] [--every-s 20] [--down-s 3]
+Usage: python -m benchmarks run elastic_docker_churn [--image IMAGE] [--epochs 6] [--every-s 20] [--down-s 3]
 [--cycles 2]
 """
 
@@ -40,11 +40,12 @@ from typing import Any
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from elastic_job import WORKER, ElasticJob, wait_for
+from benchmarks.elastic_job import WORKER, ElasticJob, wait_for
+from benchmarks.harness.launch import RESULTS as RESULTS_DIR
+from benchmarks.harness.launch import ROOT as ROOT_DIR
 
-RESULTS = Path(__file__).parent / "results"
-ROOT = Path(__file__).resolve().parents[1]
+RESULTS = RESULTS_DIR
+ROOT = ROOT_DIR
 CONTAINERS = ["elastic1", "elastic2", "elastic3"]
 CHURNED = "elastic3"
 NETWORK = "lightning-hetero-elastic"
@@ -117,8 +118,7 @@ def exit_codes(names: list[str], timeout_s: float) -> dict[str, Any]:
         time.sleep(1.0)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--image", default="lightning-hetero-worker:latest")
     parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--every-s", type=float, default=20.0)
@@ -126,7 +126,9 @@ def main() -> None:
     parser.add_argument("--cycles", type=int, default=2)
     parser.add_argument("--timeout-s", type=float, default=600.0, help="the job's end is waited for this long")
     parser.add_argument("--out", default="elastic_28h_docker_churn.json", help="the JSON's name in results/")
-    args = parser.parse_args()
+
+
+def main(args: argparse.Namespace) -> None:
     progress = Path(tempfile.mkdtemp(prefix="elastic-docker-churn-"))
     progress.chmod(0o777)  # the containers' user writes the job's logs here
     shutil.copy(WORKER, progress / "elastic_worker.py")
@@ -200,7 +202,3 @@ def main() -> None:
     print(f"lost per epoch {report['lost_per_epoch']}, duplicated per epoch {report['duplicated_per_epoch']}")
     print(f"exit codes {codes}; workers finished: {[(r['name'], r['epochs'], r['val_acc']) for r in results]}")
     print(f"errors {report['errors'] or 'none'}; history {history_error or 'complete'}; JSON {RESULTS / args.out}")
-
-
-if __name__ == "__main__":
-    main()

@@ -38,7 +38,7 @@ steps), and evaluates them on the validation set after training (untimed); ASP, 
 epoch, is timed at epoch ends.
 
 Usage:
-    python benchmarks/bench_local_sgd.py [--quick] [--workers 2,4,8] [--hl 1,4,8] [--models light,heavy]
+    python -m benchmarks run local_sgd [--quick] [--workers 2,4,8] [--hl 1,4,8] [--models light,heavy]
         [--seeds 0,1,2] [--configs ddp,hetero,asp,local_equal,local_prop,local_prop_samples] [--classes 4]
         [--budget-s 1800] [--breakdown] [--throttle sleep|cfs]
 
@@ -58,8 +58,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -71,13 +69,13 @@ from lightning.pytorch.strategies import DDPStrategy
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from benchmarks.harness.launch import ROOT as ROOT_DIR
+from benchmarks.harness.launch import child_env, run_job, run_jobs, scenario_command
+from benchmarks.scenarios.local_sgd_breakdown import BreakdownRecorder, collect, format_breakdown
 from lightning_hetero import AsyncPSStrategy, HeteroBatchCallback, SlowdownEmulator
 from lightning_hetero.synthetic import make_classification
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from local_sgd_breakdown import BreakdownRecorder, collect, format_breakdown
-
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = ROOT_DIR
 RESULTS = ROOT / "benchmarks" / "results"
 CONFIGS = ("ddp", "hetero", "asp", "local_equal", "local_prop", "local_prop_samples")
 MODELS = ("light", "heavy")
@@ -371,7 +369,7 @@ def run_one(args: argparse.Namespace) -> None:
 
 def child_command(args: argparse.Namespace, config: str, model: str, n: int, level: float, seed: int, out: Path):
     return [
-        sys.executable, __file__, "--run", config, "--model", model, "--n", str(n), "--level", str(level),
+        *scenario_command("local_sgd"), "--run", config, "--model", model, "--n", str(n), "--level", str(level),
         "--seed", str(seed), "--out", str(out), "--epochs", str(args.epochs), "--samples", str(args.samples),
         "--val-samples", str(args.val_samples), "--noise", str(args.noise), "--lr", str(args.lr),
         "--momentum", str(args.momentum), "--heavy-cost-s", str(args.heavy_cost_s),
@@ -383,26 +381,16 @@ def child_command(args: argparse.Namespace, config: str, model: str, n: int, lev
     ]  # fmt: skip
 
 
-def child_env() -> dict[str, str]:
-    return {key: value for key, value in os.environ.items() if key != "MASTER_PORT"} | {"OMP_NUM_THREADS": "1"}
-
-
 def standalone_bound(args: argparse.Namespace, model: str, n: int, level: float) -> list[float]:
     """Each rank's standalone samples/s, measured by N single processes side by side."""
     prefix = f".local_sgd_standalone_{os.getpid()}_{time.time_ns()}_"
     outs = [RESULTS / f"{prefix}{rank}.json" for rank in range(n)]
     args.barrier, args.barrier_n = RESULTS / prefix, n
-    procs = [
-        subprocess.Popen(
-            child_command(args, "standalone", model, 1, factor, 0, out),
-            env=child_env(),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+    commands = [
+        child_command(args, "standalone", model, 1, factor, 0, out)
         for factor, out in zip(slowdown_factors(n, level), outs, strict=True)
     ]
-    for proc in procs:
-        proc.wait(timeout=600)
+    run_jobs(commands, 600, child_env(OMP_NUM_THREADS="1"))
     rates = [json.loads(out.read_text())["samples_per_s"] for out in outs]
     for out in outs:
         out.unlink()
@@ -413,10 +401,7 @@ def standalone_bound(args: argparse.Namespace, model: str, n: int, level: float)
 def launch(args: argparse.Namespace, config: str, model: str, n: int, level: float, seed: int) -> dict[str, Any]:
     out = RESULTS / f".local_sgd_{os.getpid()}.json"
     started = time.perf_counter()
-    subprocess.run(
-        child_command(args, config, model, n, level, seed, out),
-        check=True, timeout=1200, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    run_job(child_command(args, config, model, n, level, seed, out), env=child_env(OMP_NUM_THREADS="1"))
     result = json.loads(out.read_text())
     out.unlink()
     timeline = collect(str(out), n) if args.breakdown and config.startswith("local") else None
@@ -521,8 +506,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="2 workers, HL4, light, seed 0, 2 epochs")
     parser.add_argument("--workers", default="4")
     parser.add_argument("--hl", default="4,8")
@@ -563,7 +547,9 @@ def main() -> None:
     parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--level", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+
+
+def main(args: argparse.Namespace) -> None:
     if args.run is not None:
         args.config = args.run
         run_one(args)
@@ -576,7 +562,7 @@ def main() -> None:
     configs = [c for c in args.configs.split(",") if c]
     unknown = sorted(set(configs) - set(CONFIGS))
     if unknown:
-        parser.error(f"unknown configs {unknown}; choose from {', '.join(CONFIGS)}")
+        raise SystemExit(f"error: unknown configs {unknown}; choose from {', '.join(CONFIGS)}")
     RESULTS.mkdir(parents=True, exist_ok=True)
     started, load_before = time.perf_counter(), os.getloadavg()
     runs: list[dict[str, Any]] = []
@@ -648,7 +634,3 @@ def main() -> None:
     }
     args.out.write_text(json.dumps(report, indent=1))
     print(f"wrote {args.out}")
-
-
-if __name__ == "__main__":
-    main()

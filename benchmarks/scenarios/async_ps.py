@@ -12,7 +12,7 @@ Aggregate throughput counts training samples per second over the epochs after th
 earliest epoch start to the latest last-batch end across ranks (validation excluded). Accuracy is the validation
 accuracy after the same number of epochs. Prints a table and writes ``benchmarks/results/async_ps.json``.
 
-Usage: python benchmarks/bench_async_ps.py [--epochs 4] [--samples 8192]
+Usage: python -m benchmarks run async_ps [--epochs 4] [--samples 8192]
 """
 
 from __future__ import annotations
@@ -21,9 +21,6 @@ import argparse
 import json
 import os
 import platform
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 from datetime import timedelta
@@ -37,7 +34,9 @@ from lightning.pytorch.strategies import DDPStrategy
 from torch import nn
 from torch.utils.data import DataLoader
 
-from _common import classification_split, quiet_trainer
+from benchmarks.harness.launch import RESULTS as RESULTS_DIR
+from benchmarks.harness.launch import free_port, read_reports, run_jobs, scenario_command
+from benchmarks.harness.models import classification_split, quiet_trainer
 from lightning_hetero.emulation.slowdown import SlowdownEmulator
 from lightning_hetero.ps import AsyncPSStrategy
 from lightning_hetero.ps.layout import FlatLayout
@@ -45,7 +44,7 @@ from lightning_hetero.ps.protocol import PushHeader, new_message, payload, push_
 from lightning_hetero.ps.server import ParameterServer
 from lightning_hetero.ps.server_loop import ServerLoop
 
-RESULTS = Path(__file__).parent / "results" / "async_ps.json"
+RESULTS = RESULTS_DIR / "async_ps.json"
 MLP_FEATURES, CONV_FEATURES, NUM_CLASSES, HIDDEN, CHANNELS, CONV_LAYERS, NOISE = 64, 32, 10, 512, 96, 10, 2.5
 FEATURES = {"mlp": MLP_FEATURES, "conv": CONV_FEATURES}
 
@@ -178,7 +177,7 @@ def train(args: argparse.Namespace) -> None:
 def _command(args: argparse.Namespace, out: str, model: str, strategy: str, devices: int, slow_rank: int,
              epochs: int, alternate_modes: bool = False) -> list[str]:  # fmt: skip
     command = [
-        sys.executable, __file__, "--role", "train", "--out", out, "--strategy", strategy, "--model", model,
+        *scenario_command("async_ps"), "--role", "train", "--out", out, "--strategy", strategy, "--model", model,
         "--devices", str(devices), "--slow-rank", str(slow_rank), "--factor", str(args.factor),
         "--epochs", str(epochs), "--samples", str(args.samples), "--batch-size", str(args.batch_size),
     ]  # fmt: skip
@@ -204,29 +203,14 @@ def _summarise(reports: list[dict], epochs: int) -> dict:
 
 def launch(args: argparse.Namespace, jobs: list[dict]) -> list[dict]:
     """Run jobs (each in fresh processes) at the same time and summarise each one's ranks' reports."""
-    env = {k: v for k, v in os.environ.items() if k != "MASTER_PORT"}
     with tempfile.TemporaryDirectory() as tmp:
         outs = [str(Path(tmp, str(i))) for i in range(len(jobs))]
-        procs = []
-        for job, out in zip(jobs, outs, strict=True):
+        for out in outs:
             Path(out).mkdir()
-            with open(Path(out, "log.txt"), "w") as log:
-                procs.append(subprocess.Popen(_command(args, out, **job), env=env, stdout=log, stderr=log))
-        for proc, out in zip(procs, outs, strict=True):
-            if proc.wait(timeout=1800) != 0:
-                log_tail = Path(out, "log.txt").read_text()[-3000:]
-                raise RuntimeError(f"benchmark job failed: {' '.join(proc.args)}\n{log_tail}")
-        results = []
-        for job, out in zip(jobs, outs, strict=True):
-            reports = [json.loads(Path(out, f"rank{rank}.json").read_text()) for rank in range(job["devices"])]
-            results.append(_summarise(reports, job["epochs"]))
-    return results
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        run_jobs([_command(args, out, **job) for job, out in zip(jobs, outs, strict=True)], 1800)
+        return [
+            _summarise(read_reports(out, job["devices"]), job["epochs"]) for job, out in zip(jobs, outs, strict=True)
+        ]
 
 
 def _make_server(numel_hidden: int) -> tuple[ParameterServer, int]:
@@ -282,7 +266,7 @@ def round_trip_cost(hidden: int, updates: int = 200) -> dict:
     """Two processes over gloo: a worker's push, the server's update and the pull, as the worker sees it."""
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "rt.json")
-        torch.multiprocessing.spawn(_round_trip_worker, args=(_free_port(), hidden, updates, out), nprocs=2)
+        torch.multiprocessing.spawn(_round_trip_worker, args=(free_port(), hidden, updates, out), nprocs=2)
         result = json.loads(Path(out).read_text())
     megabytes = result["params"] * 4 / 1e6
     return {**result, "mb": megabytes, "us_per_mb": result["us_per_update"] / megabytes}
@@ -337,8 +321,7 @@ def print_suite(model: str, result: dict) -> None:
           f"{summary['staleness_mean']:.2f}, max {summary['staleness_max']}")  # fmt: skip
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--role", default="main", choices=["main", "train"])
     parser.add_argument("--out", default="")
     parser.add_argument("--model", default="conv", choices=["mlp", "conv"])
@@ -351,7 +334,9 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=4096)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--alternate-modes", action="store_true", help="train: switch ASP/BSP at every epoch end")
-    args = parser.parse_args()
+
+
+def main(args: argparse.Namespace) -> None:
     if args.role == "train":
         train(args)
         return
@@ -398,7 +383,3 @@ def main() -> None:
     for switch in switches:
         print(f"switch to {switch['to']}: {switch['seconds'] * 1000:.1f} ms (conv, 0.31M parameters, 2 workers)")
     print(f"wrote {RESULTS} in {result['wall_s']:.0f} s")
-
-
-if __name__ == "__main__":
-    main()

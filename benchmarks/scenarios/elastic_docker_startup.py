@@ -16,7 +16,7 @@ Also per quota: the seconds of ``docker run ... python -c pass`` (the container'
 
 Prints a table and writes ``benchmarks/results/elastic_docker_startup.json`` (``--out`` names another).
 
-Usage: python benchmarks/elastic_docker_startup.py [--cpus none,1.0,0.5,0.25] [--repeats 2] [--image IMAGE]
+Usage: python -m benchmarks run elastic_docker_startup [--cpus none,1.0,0.5,0.25] [--repeats 2] [--image IMAGE]
 """
 
 from __future__ import annotations
@@ -34,11 +34,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from elastic_job import ElasticJob, wait_for
+from benchmarks.elastic_job import ElasticJob, wait_for
+from benchmarks.harness.launch import RESULTS as RESULTS_DIR
+from benchmarks.harness.launch import ROOT as ROOT_DIR
 
-RESULTS = Path(__file__).parent / "results"
-ROOT = Path(__file__).resolve().parents[1]
+RESULTS = RESULTS_DIR
+ROOT = ROOT_DIR
 COMMON = ["--epochs", "1000", "--samples", "4800", "--batch-size", "16", "--noise", "2.0", "--classes", "8"]
 COMMON += ["--seed", "0", "--hidden", "64", "--steps-per-round", "16"]
 SLEEP = {"a": 0.3, "c": 0.15, "d": 0.075, "new": 0.3}  # a speed-1 step sleeps 0.3 s
@@ -71,14 +72,15 @@ def _empty_container_s(image: str, cpus: str) -> float:
     return time.monotonic() - start
 
 
-def main() -> None:
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a timeout's TERM still stops the workers (finally)
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cpus", default="none,1.0,0.5,0.25", help="the containers' quotas (none: no quota)")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--image", default="lightning-hetero-worker:latest")
     parser.add_argument("--out", default="elastic_docker_startup.json", help="the JSON's name in results/")
-    args = parser.parse_args()
+
+
+def main(args: argparse.Namespace) -> None:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a timeout's TERM still stops the workers (finally)
     quotas = args.cpus.split(",")
     out = Path(tempfile.mkdtemp(prefix="elastic-docker-"))
     job = ElasticJob(out, COMMON)
@@ -152,7 +154,3 @@ def _summary(kinds: list[str], starts: list[dict], empty: dict[str, float], quie
             print(f"{cpus:>6} {empty.get(cpus, 0.0):11.1f} {medians['imported_s'] or 0:10.1f} "
                   f"{medians['joined_s'] or 0:9.1f} {firsts:>19}")  # fmt: skip
     return summary
-
-
-if __name__ == "__main__":
-    main()

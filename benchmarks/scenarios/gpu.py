@@ -3,8 +3,8 @@ SGD accuracy against BSP, AMP and torch.compile with changing sizes (graphs comp
 
 Usage::
 
-    python benchmarks/bench_gpu.py                  # CUDA: 2 GPUs on NCCL where present, else 2 ranks on one GPU (gloo)
-    python benchmarks/bench_gpu.py --device cpu --cases hetero --epochs 1   # the CPU smoke run (tests use it)
+    python -m benchmarks run gpu                  # CUDA: 2 GPUs on NCCL where present, else 2 ranks on one GPU (gloo)
+    python -m benchmarks run gpu --device cpu --cases hetero --epochs 1   # the CPU smoke run (tests use it)
 
 Each case runs as its own 2-rank Lightning job: the driver starts this script twice with ``--case`` as two one-device
 "nodes" (two GPUs: one each, NCCL; one GPU: both on it, gloo, since NCCL refuses two ranks on one GPU).
@@ -20,13 +20,10 @@ recorded under ``failures`` and the others still run; the exit status is then 1.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import signal
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from datetime import timedelta
@@ -37,6 +34,8 @@ import torch
 from lightning.pytorch.strategies import DDPStrategy
 from torch.utils.data import DataLoader
 
+from benchmarks.harness.launch import RESULTS as RESULTS_DIR
+from benchmarks.harness.launch import run_ranks, scenario_command
 from lightning_hetero import AsyncPSStrategy, HeteroBatchCallback, SlowdownEmulator
 from lightning_hetero.hetero_batch.compile_shapes import compiled_graphs
 from lightning_hetero.synthetic import MLPClassifier, make_classification
@@ -216,40 +215,17 @@ def _paired(runs: list[dict], others: list[dict]) -> list[tuple[dict, dict]]:
 def _two_ranks(command: list[str], device: str, timeout_s: float) -> str | None:
     """Run ``command`` as ranks 0 and 1 of a two-node job on this host: ``None`` if both succeed, else why (a rank
     that fails, or the job past ``timeout_s``, ends both ranks with everything they started)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     gpus = torch.cuda.device_count() if device == "cuda" else 0
-    procs = []
-    for rank in range(2):
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), NODE_RANK=str(rank), LOCAL_RANK="0",
-                   WORLD_SIZE="2", BENCH_GPUS=str(min(gpus, 2)))  # fmt: skip
-        if gpus >= 2:
-            env["CUDA_VISIBLE_DEVICES"] = str(rank)
-        procs.append(subprocess.Popen(command, env=env, start_new_session=True))
-    deadline = time.monotonic() + timeout_s
-    why = None
+    rank_env = {rank: {"BENCH_GPUS": str(min(gpus, 2))} | ({"CUDA_VISIBLE_DEVICES": str(rank)} if gpus >= 2 else {})
+                for rank in range(2)}  # fmt: skip
     try:
-        while why is None and any(proc.poll() is None for proc in procs):
-            codes = [proc.poll() for proc in procs]
-            if any(code for code in codes if code is not None):
-                why = f"a rank failed (exit codes {codes})"
-            elif time.monotonic() > deadline:
-                why = f"ran past {timeout_s:g} s"
-            time.sleep(0.2)
-    finally:  # also when the driver is stopped (SIGTERM: see main)
-        for proc in procs:  # a rank left waiting in a collective of the failed one, and anything the ranks started
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    codes = [proc.returncode for proc in procs]
-    if why is None and any(codes):
-        why = f"a rank failed (exit codes {codes})"
-    return why
+        run_ranks(command, 2, timeout_s, rank_env)
+    except RuntimeError as error:
+        return str(error).splitlines()[0]
+    return None
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--case", help="run one case (internal: the driver calls it)")
@@ -261,13 +237,15 @@ def main() -> None:
     parser.add_argument("--case-timeout-s", type=float, default=600, help="a run's limit (both ranks killed past it)")
     parser.add_argument("--tokens", type=int, default=1, help="a heavier network (TokenStack): tokens per sample")
     parser.add_argument("--depth", type=int, default=0, help="a heavier network (TokenStack): shared-layer passes")
-    args = parser.parse_args()
+
+
+def main(args: argparse.Namespace) -> None:
     # stopped from outside (gpu_check.sh's time limit): end the ranks too, which run in their own sessions
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit("bench_gpu: stopped (SIGTERM); ranks ended"))
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit("gpu: stopped (SIGTERM); ranks ended"))
     if args.device == "cuda" and not torch.cuda.is_available():
-        sys.exit("bench_gpu: no CUDA device here; run with --device cpu for the smoke run")
+        sys.exit("gpu: no CUDA device here; run with --device cpu for the smoke run")
     default = "gpu" if args.device == "cuda" else "gpu_cpu_smoke"
-    out = args.out or Path(__file__).resolve().parent / "results" / default
+    out = args.out or RESULTS_DIR / default
     out.mkdir(parents=True, exist_ok=True)
     if args.case:
         run_case(args.case, args.device, args.epochs, args.samples, out, args.seed, args.tokens, args.depth)
@@ -285,7 +263,7 @@ def main() -> None:
                   "depth": args.depth}  # fmt: skip
     for seed in range(args.seeds):
         for case in cases:
-            command = [sys.executable, __file__, "--case", case, "--seed", str(seed), "--device", args.device,
+            command = [*scenario_command("gpu"), "--case", case, "--seed", str(seed), "--device", args.device,
                        "--epochs", str(args.epochs), "--samples", str(args.samples), "--out", str(out),
                        "--tokens", str(args.tokens), "--depth", str(args.depth)]  # fmt: skip
             report = out / f"{case}_s{seed}.json"
@@ -295,7 +273,7 @@ def main() -> None:
                 runs[case].append(json.loads(report.read_text()))
             else:
                 failures.append({"case": case, "seed": seed, "why": why or "no report written"})
-                print(f"bench_gpu: {case} seed {seed}: {failures[-1]['why']}", file=sys.stderr, flush=True)
+                print(f"gpu: {case} seed {seed}: {failures[-1]['why']}", file=sys.stderr, flush=True)
             summary = {"conditions": conditions, "runs": runs, "goals": summarize(runs), "failures": failures}
             (out / "summary.json").write_text(json.dumps(summary, indent=1))
     table = [
@@ -314,8 +292,4 @@ def main() -> None:
     (out / "table.txt").write_text("\n".join(table) + "\n")
     print("\n".join(table))
     if failures:
-        sys.exit(f"bench_gpu: {len(failures)} of {len(cases) * args.seeds} runs failed (summary.json: failures)")
-
-
-if __name__ == "__main__":
-    main()
+        sys.exit(f"gpu: {len(failures)} of {len(cases) * args.seeds} runs failed (summary.json: failures)")
