@@ -82,6 +82,9 @@ STEPS_MS = (5.0, 65.0)
 QUICK = ("2x0.25Mx3", "4x4.3Mx65", "16x0.25Mx65")
 BATCH = 2
 
+#: the flag that names the JSON written (``--json``; ``--out`` is a training job's folder)
+OUT_DEST = "json"
+
 
 class ScaleModel(L.LightningModule):
     """``layers`` square linear layers of about as many parameters in all as one ``width x width`` layer;

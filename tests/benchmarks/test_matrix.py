@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 from pathlib import Path
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "matrix.py"
-spec = importlib.util.spec_from_file_location("benchmark_matrix", SCRIPT)
-matrix = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(matrix)
+from benchmarks.harness.cli import main
+from benchmarks.harness.launch import RESULTS, ROOT
+from benchmarks.scenarios import matrix
 
 
 @pytest.mark.parametrize("level", ["HL1", "HL2", "HL4", "HL8"])
@@ -128,8 +125,7 @@ def test_without_matplotlib_the_plots_are_skipped_with_a_note(tmp_path, monkeypa
     out = tmp_path / "matrix.json"
     out.write_text(json.dumps({"conditions": {}, "rows": [row]}))
     monkeypatch.setattr(matrix.importlib.util, "find_spec", lambda name: None)
-    monkeypatch.setattr("sys.argv", ["matrix.py", "--replot", "--out", str(out)])
-    matrix.main()
+    main(["run", "matrix", "--replot", "--out", str(out)])
     printed = capsys.readouterr().out
     assert "matplotlib is not installed" in printed and "plots skipped" in printed
     assert json.loads(out.read_text())["rows"][0]["method"] == "ddp"
@@ -139,9 +135,8 @@ def test_without_matplotlib_the_plots_are_skipped_with_a_note(tmp_path, monkeypa
 def test_replot_of_the_committed_results_writes_the_three_plots(tmp_path, monkeypatch, capsys):
     pytest.importorskip("matplotlib", reason="matplotlib is not installed (the plots extra)")
     out = tmp_path / "matrix.json"
-    shutil.copy(SCRIPT.parent / "results" / "matrix.json", out)
-    monkeypatch.setattr("sys.argv", ["matrix.py", "--replot", "--out", str(out)])
-    matrix.main()
+    shutil.copy(RESULTS / "matrix.json", out)
+    main(["run", "matrix", "--replot", "--out", str(out)])
     printed = capsys.readouterr().out
     pngs = sorted(path.name for path in tmp_path.glob("*.png"))
     assert pngs == ["matrix_accuracy.png", "matrix_batch_sizes.png", "matrix_throughput.png"]
@@ -151,7 +146,7 @@ def test_replot_of_the_committed_results_writes_the_three_plots(tmp_path, monkey
 
 @pytest.mark.parametrize("quick", [False, True])
 def test_runs_write_where_git_ignores_them(quick):
-    repo = SCRIPT.parents[1]
+    repo = ROOT
     out = matrix.default_out(quick).relative_to(repo)
     ignored = [line.strip("/") for line in (repo / ".gitignore").read_text().splitlines() if line.endswith("/")]
     assert any(str(out).startswith(folder + "/") for folder in ignored), out

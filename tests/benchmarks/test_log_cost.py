@@ -1,18 +1,9 @@
-"""bench_log_cost: the summary's ratios, and one short real measurement of each variant."""
+"""the log_cost scenario: the summary's ratios, and one short real measurement of each variant."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
-
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-sys.path.insert(0, str(BENCHMARKS))
-spec = importlib.util.spec_from_file_location("bench_log_cost", BENCHMARKS / "bench_log_cost.py")
-bench = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench)
+from benchmarks.scenarios import log_cost as bench
 
 
 def test_the_summary_takes_medians_and_divides_by_the_epoch_log_path():

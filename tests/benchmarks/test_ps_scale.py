@@ -2,15 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_ps_scale.py"
-spec = importlib.util.spec_from_file_location("bench_ps_scale", SCRIPT)
-bench = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench)
+from benchmarks.scenarios import ps_scale as bench
 
 
 def test_configs_and_variants_parse_and_unknown_models_are_named():

@@ -2,15 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_asp_accuracy.py"
-spec = importlib.util.spec_from_file_location("bench_asp_accuracy", SCRIPT)
-bench = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench)
+from benchmarks.scenarios import asp_accuracy as bench
 
 
 def _run(config, seed, acc, train_s, workers=2, staleness=None, momentum=None):

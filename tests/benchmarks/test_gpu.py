@@ -1,20 +1,15 @@
-"""bench_gpu: the goal ratios, and the CPU smoke run of one case through the same driver the GPU check uses."""
+"""the gpu scenario: the goal ratios, and the CPU smoke run of one case through the same driver the GPU check uses."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
-from pathlib import Path
 
 import pytest
+from benchmarks.harness.launch import ROOT, scenario_command
+from benchmarks.scenarios import gpu as bench
 
 from tests.helpers import run_command
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_gpu.py"
-spec = importlib.util.spec_from_file_location("bench_gpu", SCRIPT)
-bench = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench)
 
 
 def test_summary_medians_of_paired_ratios_and_accuracy_points():
@@ -42,21 +37,21 @@ def test_a_failed_seed_leaves_only_the_pairs_of_the_seeds_that_ran():
 
 def test_a_job_that_fails_or_hangs_ends_both_ranks_and_says_why():
     hang = [sys.executable, "-c", "import os, time; time.sleep(0 if os.environ['NODE_RANK'] == '0' else 60)"]
-    assert bench._two_ranks(hang, "cpu", timeout_s=1.0) == "ran past 1 s"
+    assert "ran past 1 s" in bench._two_ranks(hang, "cpu", timeout_s=1.0)
     fail = [
         sys.executable,
         "-c",
         "import os, sys, time; os.environ['NODE_RANK'] == '1' and sys.exit(3); time.sleep(60)",
     ]
-    assert bench._two_ranks(fail, "cpu", timeout_s=30.0) == "a rank failed (exit codes [None, 3])"
+    assert "(exit 3)" in bench._two_ranks(fail, "cpu", timeout_s=30.0)
     assert bench._two_ranks([sys.executable, "-c", "pass"], "cpu", timeout_s=30.0) is None
 
 
 @pytest.mark.multiprocess
 def test_the_cpu_smoke_run_writes_a_case_and_the_summary(tmp_path):
-    command = [sys.executable, str(SCRIPT), "--device", "cpu", "--cases", "hetero", "--seeds", "1", "--epochs", "1",
+    command = [*scenario_command("gpu"), "--device", "cpu", "--cases", "hetero", "--seeds", "1", "--epochs", "1",
                "--samples", "1280", "--out", str(tmp_path)]  # fmt: skip
-    run_command(command, timeout_s=240)  # a failure shows what the driver and both ranks printed
+    run_command(command, timeout_s=240, cwd=ROOT)  # a failure shows what the driver and both ranks printed
     summary = json.loads((tmp_path / "summary.json").read_text())
     (case,) = summary["runs"]["hetero"]
     assert case["device"] == "cpu" and sum(case["final_split"]) == 256 and len(case["compiled_graphs_per_rank"]) == 2

@@ -2,15 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_controller.py"
-spec = importlib.util.spec_from_file_location("bench_controller", SCRIPT)
-bench = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench)
+from benchmarks.scenarios import controller as bench
 
 
 def test_paired_runs_rotate_which_arm_goes_first_and_pair_by_repeat():
@@ -124,7 +117,7 @@ def test_defaults_run_the_static_scenarios_controller_at_the_default_cadence_cou
 ):
     launched = []
 
-    def fake_launch(factors, runs, throttle, steps, compute):
+    def fake_launch(factors, runs, throttle, steps, compute, cost_s):
         launched.append(runs)
         out = []
         for run in runs:
@@ -135,7 +128,9 @@ def test_defaults_run_the_static_scenarios_controller_at_the_default_cadence_cou
         return out
 
     monkeypatch.setattr(bench, "launch", fake_launch)
-    args = type("Args", (), {"repeats": 1, "paired": 2, "steps": 96, "defaults": True, "ablate_refine": False})()
+    args = type(
+        "Args", (), {"repeats": 1, "paired": 2, "steps": 96, "defaults": True, "ablate_refine": False, "cost_s": 1e-3}
+    )()
     row = bench.static_scenario("cfs 1/4", [1.0, 4.0], "cfs", args)
     controller = {"kind": "hetero", "options": {"adjust_every_n_steps": None}}
     assert launched[0][0] == controller and launched[1] == [controller, launched[1][1], launched[1][1], controller]

@@ -2,15 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_local_sgd.py"
-spec = importlib.util.spec_from_file_location("bench_local_sgd", SCRIPT)
-bench = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench)
+from benchmarks.scenarios import local_sgd as bench
 
 
 def _run(config, seed, accs, train_s=1.0, throughput=100.0, bound=200.0):

@@ -3,18 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
-from pathlib import Path
 
 import pytest
+from benchmarks.scenarios import sync_switch as bench
 
 from lightning_hetero.switching import FixedFractionPolicy
 from lightning_hetero.switching.policies import SchedulePolicy, plan
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_sync_switch.py"
-spec = importlib.util.spec_from_file_location("bench_sync_switch", SCRIPT)
-bench = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench)
 
 
 @pytest.mark.parametrize("epochs", [1, 2, 4, 7, 12])

@@ -3,17 +3,11 @@
 from __future__ import annotations
 
 import doctest
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_docker.py"
-spec = importlib.util.spec_from_file_location("bench_docker", SCRIPT)
-bench = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench)
+from benchmarks.harness.cli import main
+from benchmarks.scenarios import docker as bench
 
 
 def _epoch(epoch, start, end, samples):
@@ -46,8 +40,7 @@ def test_plot_only_writes_a_png_from_existing_json(tmp_path, monkeypatch):
     ]
     path = tmp_path / "docker.json"
     path.write_text(json.dumps({"conditions": {"cpus": 2}, "rows": rows}))
-    monkeypatch.setattr(sys, "argv", ["bench_docker.py", "--plot-only", str(path)])
-    bench.main()
+    main(["run", "docker", "--plot-only", str(path)])
     assert (tmp_path / "docker.png").stat().st_size > 0
 
 

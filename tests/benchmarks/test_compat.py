@@ -2,13 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_compat.py"
-spec = importlib.util.spec_from_file_location("bench_compat", SCRIPT)
-bench = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench)
+from benchmarks.scenarios import compat as bench
 
 
 def _seed(**accuracies):
