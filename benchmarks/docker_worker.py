@@ -1,4 +1,4 @@
-"""One rank of a ``benchmarks/bench_docker.py`` run, inside a worker container (one process per container).
+"""One rank of a ``benchmarks/scenarios/docker.py`` run, inside a worker container (one process per container).
 
 Unlike ``matrix_worker.py`` nothing is emulated in the process: the model computes for real (a 512-2048-10
 perceptron, about 1 M parameters, one thread) and the container's CPU quota makes it slow. The rank layout comes

@@ -1,4 +1,4 @@
-"""One configuration of the benchmark matrix (``benchmarks/matrix.py``); Lightning's launcher re-runs this script for
+"""One configuration of the benchmark matrix (``benchmarks/scenarios/matrix.py``); Lightning's launcher re-runs this script for
 the other ranks.
 
 The model is a small MLP on generated data whose training step also sleeps ``--cost-s`` seconds per sample (an

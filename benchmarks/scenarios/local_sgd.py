@@ -44,7 +44,7 @@ Usage:
 
 ``--breakdown`` (local SGD configurations) also records each rank's timeline and prints where the ranks' time went:
 compute, idle at round ends, the round-end all-reduce, claims, between batches, the epoch's edges
-(``benchmarks/local_sgd_breakdown.py``; stored per run under ``breakdown``).
+(``benchmarks/scenarios/local_sgd_breakdown.py``; stored per run under ``breakdown``).
 
 Writes ``benchmarks/results/local_sgd.json`` (``--out``; ``--quick``: ``local_sgd_quick.json``, 2 workers, HL4, light,
 seed 0, 2 epochs) and prints a table. ``--budget-s`` starts no new cell after that many seconds; the JSON lists the

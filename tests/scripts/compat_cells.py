@@ -4,7 +4,7 @@ its outcome (``"pass"``, ``"refused"`` with the message, or ``"error"``), the tr
 ``global_step``, a checksum of its parameters and the validation accuracy.
 
 Usage: python compat_cells.py OUT_DIR FEATURE [CELL ...] [--samples N --noise X --seed S --throttle cfs]
-(FEATURE: one of FEATURES; no cells: all of CELLS and MORE_CELLS). ``benchmarks/bench_compat.py`` runs it on harder data to compare
+(FEATURE: one of FEATURES; no cells: all of CELLS and MORE_CELLS). ``benchmarks/scenarios/compat.py`` runs it on harder data to compare
 the features' accuracy on each usage.
 """
 
