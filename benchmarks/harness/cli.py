@@ -42,7 +42,9 @@ def scenario_parser(name: str) -> tuple[argparse.ArgumentParser, bool]:
     harness = parser.add_argument_group("harness")
     harness.add_argument("--grid", action="store_true", help="run the study over the grid of conditions")
     harness.add_argument(
-        "--grid-axes", default="", help=f"comma-separated axes of the grid (default: {','.join(AXES)})"
+        "--grid-axes",
+        default="",
+        help=f"comma-separated axes of the grid (default: base,{','.join(AXES)}; the base cell only if named)",
     )
     harness.add_argument("--check", action="store_true", help="parse the flags and exit")
     own_repeats = any("--repeats" in action.option_strings for action in parser._actions)

@@ -34,9 +34,11 @@ class Cell:
 
 
 def cells(axes: dict[str, list[Cell] | str], only: list[str]) -> tuple[list[Cell], dict[str, str]]:
-    """The base cell and the cells of the chosen axes, and the skipped axes with their reasons."""
-    chosen, skipped = [Cell("base", "base point")], {}
-    for axis in only or AXES:
+    """The base cell and the cells of the chosen axes (``only``: some axes, and the base cell only if it names
+    ``base``, e.g. to finish a grid cut short), and the skipped axes with their reasons."""
+    chosen = [Cell("base", "base point")] if not only or "base" in only else []
+    skipped = {}
+    for axis in [a for a in only if a != "base"] or AXES:
         if axis not in AXES:
             raise ValueError(f"unknown grid axis {axis!r}; known: {', '.join(AXES)}")
         value = axes.get(axis, "the study has no such condition")
