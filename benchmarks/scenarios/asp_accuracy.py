@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -50,6 +49,7 @@ from torch.utils.data import DataLoader
 from benchmarks.harness.launch import ROOT as ROOT_DIR
 from benchmarks.harness.launch import run_job, scenario_command
 from benchmarks.harness.models import TrainingTimes, classification_split, quiet_trainer
+from benchmarks.harness.record import write_json
 from lightning_hetero import AsyncPSStrategy, SlowdownEmulator, SyncSwitchCallback
 from lightning_hetero.ps.compensation import AsynchronyCompensator
 from lightning_hetero.switching import FixedFractionPolicy, SchedulePolicy
@@ -343,7 +343,7 @@ def merge(paths: list[Path], out: Path) -> None:
         "rows": rows,
         "runs": runs,
     }
-    out.write_text(json.dumps(merged, indent=1))
+    write_json(out, merged)
     print(f"wrote {out}")
     if plot(rows, out.with_suffix(".png")):
         print(f"wrote {out.with_suffix('.png')}")
@@ -452,9 +452,6 @@ def main(args: argparse.Namespace) -> None:
                 else ""
             ),
             "host": f"{os.cpu_count()} CPUs shared with other jobs",
-            "torch": torch.__version__,
-            "lightning": L.__version__,
-            "python": platform.python_version(),
             "load_average_before": load_before,
             "load_average_after": os.getloadavg(),
             "wall_s": time.perf_counter() - started,
@@ -466,7 +463,7 @@ def main(args: argparse.Namespace) -> None:
         "rows": rows,
         "runs": runs,
     }
-    args.out.write_text(json.dumps(report, indent=1))
+    write_json(args.out, report)
     print(f"wrote {args.out}")
     png = args.out.with_suffix(".png")
     if plot(rows, png):

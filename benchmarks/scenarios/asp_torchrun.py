@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import platform
 import tempfile
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness.launch import RESULTS as RESULTS_DIR
+from benchmarks.harness.record import write_json
 from benchmarks.torchrun_job import TorchrunJob, join_and_leave
 
 RESULTS = RESULTS_DIR
@@ -105,5 +105,5 @@ def main(args: argparse.Namespace) -> None:
     print(f"accuracy churn - undisturbed: {100 * (churn['val_acc'] - undisturbed['val_acc']):+.2f} points")
     payload = {"args": vars(args), "host": platform.node(), "results": results}
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / args.out).write_text(json.dumps(payload, indent=1))
+    write_json(RESULTS / args.out, payload)
     print(f"wrote {RESULTS / args.out}")

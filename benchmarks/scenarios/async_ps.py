@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import tempfile
 import time
 from datetime import timedelta
@@ -37,6 +36,7 @@ from torch.utils.data import DataLoader
 from benchmarks.harness.launch import RESULTS as RESULTS_DIR
 from benchmarks.harness.launch import free_port, read_reports, run_jobs, scenario_command
 from benchmarks.harness.models import classification_split, quiet_trainer
+from benchmarks.harness.record import write_json
 from lightning_hetero.emulation.slowdown import SlowdownEmulator
 from lightning_hetero.ps import AsyncPSStrategy
 from lightning_hetero.ps.layout import FlatLayout
@@ -352,11 +352,7 @@ def main(args: argparse.Namespace) -> None:
     switches = switch_cost(args)
     result = {
         "conditions": {
-            "host": platform.node(),
-            "cpus_visible": os.cpu_count(),
             "torch_threads_per_process": 1,
-            "torch": torch.__version__,
-            "lightning": L.__version__,
             "models": BenchModel.__doc__.split("Args:")[0].strip(),
             "optimizer": "SGD, momentum 0.9 (lr 0.05 mlp, 0.01 conv)",
             "data": f"make_classification({args.samples} train, {NUM_CLASSES} classes, noise={NOISE}), "
@@ -373,8 +369,7 @@ def main(args: argparse.Namespace) -> None:
         "switch_cost_conv_0.31M": switches,
         "wall_s": time.time() - started,
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2))
+    write_json(RESULTS, result, indent=2)
     for model, suite_result in suites.items():
         print_suite(model, suite_result)
     print()

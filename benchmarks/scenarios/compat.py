@@ -21,8 +21,6 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -33,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness.launch import RESULTS, ROOT
+from benchmarks.harness.record import write_json
 
 WORKER = ROOT / "tests" / "scripts" / "compat_cells.py"
 FEATURES = ("ddp", "ddp_hetero", "asp", "hybrid", "local", "bsp")
@@ -133,9 +132,6 @@ def conditions(seeds: Sequence[int], wall_s: float) -> dict[str, Any]:
             return None
 
     return {
-        "machine": platform.platform(),
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
         "versions": {name: version(name) for name in ("torch", "lightning", "lightning-hetero")},
         "worker": "tests/scripts/compat_cells.py " + " ".join(DATA),
         "ranks": "2 CPU processes, gloo, rank 1 slowed 3 x (SlowdownEmulator sleep)",
@@ -161,8 +157,7 @@ def write_report(
     done = min(len(seeds_run) for seeds_run in runs.values())
     complete = {feature: seeds_run[:done] for feature, seeds_run in runs.items()}
     report = {"conditions": conditions(seeds[:done], wall_s), "rows": summarise(complete, usages), "runs": runs}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1))
+    write_json(out, report)
     return report
 
 

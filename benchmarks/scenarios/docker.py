@@ -54,7 +54,6 @@ import argparse
 import importlib.util
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -68,6 +67,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness.launch import RESULTS, ROOT
+from benchmarks.harness.record import write_json
 from lightning_hetero.allocation import apportion
 from lightning_hetero.emulation.config import load_config
 from lightning_hetero.emulation.docker_backend import DockerBackend
@@ -591,7 +591,6 @@ def main(args: argparse.Namespace) -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     host_cpus = DockerBackend.connect().host_cpus()
     conditions = {
-        "host": platform.node(),
         "cpus": host_cpus,
         "note": "2-core machine shared with other jobs; quotas via container.update; one thread per container",
         "model": args.model,
@@ -605,6 +604,6 @@ def main(args: argparse.Namespace) -> None:
         "load_average": os.getloadavg(),
     }
     result = {"conditions": conditions, "standalone_samples_per_s": standalone, "rows": rows, "summary": lines}
-    args.out.write_text(json.dumps(result, indent=1))
+    write_json(args.out, result)
     print(f"wrote {args.out}")
     write_plot([result], args.out.with_suffix(".png"))

@@ -46,6 +46,7 @@ from typing import Any
 
 from benchmarks.elastic_job import ElasticJob, wait_for
 from benchmarks.harness.launch import RESULTS as RESULTS_DIR
+from benchmarks.harness.record import write_json
 
 RESULTS = RESULTS_DIR
 SPEEDS = {"a": 1.0, "b": 1.0, "c": 2.0, "d": 4.0}
@@ -195,7 +196,6 @@ def main(args: argparse.Namespace) -> None:
     RESULTS.mkdir(exist_ok=True)
     conditions = {
         "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, shared CPU host",
-        "python": platform.python_version(),
         "commit": subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
         ).stdout.strip(),
@@ -212,9 +212,7 @@ def main(args: argparse.Namespace) -> None:
               f"lost {report['lost']}, duplicated {report['duplicated']}, first contribution s "
               f"median {statistics.median(c for c in report['first_contribution_s'] if c is not None):.1f} "
               f"max {max(c for c in report['first_contribution_s'] if c is not None):.1f}")  # fmt: skip
-        (RESULTS / (args.out or "elastic_soak.json")).write_text(
-            json.dumps({"conditions": conditions, **report}, indent=1)
-        )
+        write_json(RESULTS / (args.out or "elastic_soak.json"), {"conditions": conditions, **report})
         return
     runs = []
     for seed in range(args.first_seed, args.first_seed + args.seeds):
@@ -245,9 +243,5 @@ def main(args: argparse.Namespace) -> None:
         first = f"{statistics.median(firsts):.1f}/{max(firsts):.1f}" if firsts else "-"
         print(f"{kind:12} {row['samples_per_s']:10.1f} {row['throughput_ratio']:6.2f} {row['val_acc']:8.4f} "
               f"{row['accuracy_delta_points']:8.2f} {first:>14} {row['lost']:5d} {row['duplicated']:4d}")  # fmt: skip
-    (RESULTS / (args.out or "elastic.json")).write_text(
-        json.dumps(
-            {"conditions": {**conditions, "load_avg_at_end": os.getloadavg()}, "summary": summary, "runs": runs},
-            indent=1,
-        )
-    )
+    conditions["load_avg_at_end"] = os.getloadavg()
+    write_json(RESULTS / (args.out or "elastic.json"), {"conditions": conditions, "summary": summary, "runs": runs})

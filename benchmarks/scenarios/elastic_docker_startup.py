@@ -37,6 +37,7 @@ from typing import Any
 from benchmarks.elastic_job import ElasticJob, wait_for
 from benchmarks.harness.launch import RESULTS as RESULTS_DIR
 from benchmarks.harness.launch import ROOT as ROOT_DIR
+from benchmarks.harness.record import write_json
 
 RESULTS = RESULTS_DIR
 ROOT = ROOT_DIR
@@ -89,7 +90,6 @@ def main(args: argparse.Namespace) -> None:
         **vars(args),
         "commit": commit.stdout.strip(),
         "load_avg_at_start": os.getloadavg(),
-        "host_cpus": os.cpu_count(),
         "job": "a (lighthouse), c, d on the host, step sleeps 0.3, 0.15, 0.075 s; the started worker 0.3 s; "
         + " ".join(COMMON),
         "logs": str(out),
@@ -131,10 +131,7 @@ def main(args: argparse.Namespace) -> None:
 
 
 def _write(out: str, conditions: dict, summary: dict, starts: list, job: ElasticJob) -> None:
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / out).write_text(
-        json.dumps({"conditions": conditions, "summary": summary, "starts": starts, "errors": job.errors()}, indent=1)
-    )
+    write_json(RESULTS / out, {"conditions": conditions, "summary": summary, "starts": starts, "errors": job.errors()})
 
 
 def _summary(kinds: list[str], starts: list[dict], empty: dict[str, float], quiet: bool = False) -> dict:

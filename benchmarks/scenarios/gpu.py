@@ -36,6 +36,7 @@ from torch.utils.data import DataLoader
 
 from benchmarks.harness.launch import RESULTS as RESULTS_DIR
 from benchmarks.harness.launch import run_ranks, scenario_command
+from benchmarks.harness.record import write_json
 from lightning_hetero import AsyncPSStrategy, HeteroBatchCallback, SlowdownEmulator
 from lightning_hetero.hetero_batch.compile_shapes import compiled_graphs
 from lightning_hetero.synthetic import MLPClassifier, make_classification
@@ -275,7 +276,7 @@ def main(args: argparse.Namespace) -> None:
                 failures.append({"case": case, "seed": seed, "why": why or "no report written"})
                 print(f"gpu: {case} seed {seed}: {failures[-1]['why']}", file=sys.stderr, flush=True)
             summary = {"conditions": conditions, "runs": runs, "goals": summarize(runs), "failures": failures}
-            (out / "summary.json").write_text(json.dumps(summary, indent=1))
+            write_json(out / "summary.json", summary)
     table = [
         f"{'case':<10} {'fit s':>8} {'val acc':>8}  split (last seed)  graphs/rank (last seed)   medians over seeds"
     ]

@@ -166,9 +166,6 @@ def main(args: argparse.Namespace) -> None:
         args.out,
         {
             "conditions": {
-                "machine": platform.platform(),
-                "cpu_count": os.cpu_count(),
-                "python": platform.python_version(),
                 "cost_s_per_sample": cost,
                 "global_batch": 2 * batch,
                 "samples_per_epoch": args.samples,

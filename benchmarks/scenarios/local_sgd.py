@@ -56,7 +56,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -71,6 +70,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from benchmarks.harness.launch import ROOT as ROOT_DIR
 from benchmarks.harness.launch import child_env, run_job, run_jobs, scenario_command
+from benchmarks.harness.record import write_json
 from benchmarks.scenarios.local_sgd_breakdown import BreakdownRecorder, collect, format_breakdown
 from lightning_hetero import AsyncPSStrategy, HeteroBatchCallback, SlowdownEmulator
 from lightning_hetero.synthetic import make_classification
@@ -619,9 +619,6 @@ def main(args: argparse.Namespace) -> None:
             "emulation": f"N processes on one host; SlowdownEmulator (throttle={args.throttle!r}) slows rank k by "
             "HL**(k/(N-1))" + (" (a CFS-style quota of 1/factor CPUs per 100 ms)" if args.throttle == "cfs" else ""),
             "host": f"{os.cpu_count()} CPUs shared with other jobs, 1 torch thread per process",
-            "torch": torch.__version__,
-            "lightning": L.__version__,
-            "python": platform.python_version(),
             "load_average_before": load_before,
             "load_average_after": os.getloadavg(),
             "wall_s": time.perf_counter() - started,
@@ -632,5 +629,5 @@ def main(args: argparse.Namespace) -> None:
         "rows": rows,
         "runs": runs,
     }
-    args.out.write_text(json.dumps(report, indent=1))
+    write_json(args.out, report)
     print(f"wrote {args.out}")

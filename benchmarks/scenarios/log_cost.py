@@ -19,9 +19,7 @@ Prints a table (µs per step for the two calls, median of repeats, and each repe
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -33,6 +31,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from benchmarks.harness.launch import RESULTS as RESULTS_DIR
 from benchmarks.harness.models import quiet_trainer
+from benchmarks.harness.record import write_json
 from lightning_hetero.ps.reporting import EpochLog
 
 VARIANTS = ("log_float", "log_float_sync", "epoch_log")
@@ -114,10 +113,6 @@ def main(args: argparse.Namespace) -> None:
         print(f"{variant:16} {row['us_per_step_median']:18.1f} {ratio:>12}  {repeats}")
     result = {
         "conditions": {
-            "host": platform.node(),
-            "cpus_visible": os.cpu_count(),
-            "torch": torch.__version__,
-            "lightning": L.__version__,
             "torch_threads": 1,
             "steps": args.steps,
             "warmup_steps": WARMUP_STEPS,
@@ -126,6 +121,5 @@ def main(args: argparse.Namespace) -> None:
         },
         "summary": summary,
     }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2))
+    write_json(args.json, result, indent=2)
     print(f"wrote {args.json}")

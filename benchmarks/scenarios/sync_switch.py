@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -44,6 +43,7 @@ from torch.utils.data import DataLoader
 from benchmarks.harness.launch import ROOT as ROOT_DIR
 from benchmarks.harness.launch import run_job, scenario_command
 from benchmarks.harness.models import ReluMLP, TrainingTimes, classification_split, quiet_trainer
+from benchmarks.harness.record import write_json
 from lightning_hetero.emulation.slowdown import SlowdownEmulator
 from lightning_hetero.hetero_batch import HeteroBatchCallback
 from lightning_hetero.ps import AsyncPSStrategy
@@ -290,10 +290,6 @@ def main(args: argparse.Namespace) -> None:
             "target": target,
             "reverse_schedule": reverse_schedule(args.epochs, args.bsp_fraction),
             "parameters": parameters,
-            "torch": torch.__version__,
-            "lightning": L.__version__,
-            "python": platform.python_version(),
-            "cpu_count": os.cpu_count(),
             "emulation": "SlowdownEmulator sleeps on rank 1 (compute stretched, CPU not throttled)",
             "load_average_1_5_15min_before_and_after": [load_before, os.getloadavg()],
             "wall_s": time.perf_counter() - started,
@@ -308,5 +304,5 @@ def main(args: argparse.Namespace) -> None:
     }
     suffix = f"_{args.tag}" if args.tag else ""
     path = RESULTS / f"sync_switch_{args.workers}workers{suffix}.json"
-    path.write_text(json.dumps(report, indent=1))
+    write_json(path, report)
     print(f"wrote {path}")
