@@ -1,9 +1,5 @@
-"""What the benchmark training scripts share: a quiet CPU Trainer, a train/validation split of the generated data, a
-ReLU perceptron with optional emulated compute, and the per-epoch recorders their reports are built from.
-
-The scripts run from ``benchmarks/`` (``python benchmarks/<script>.py``, and Lightning's launcher re-runs them the
-same way), so ``import _common`` finds this file; tests that load a script add ``benchmarks/`` to ``sys.path``.
-"""
+"""What the studies' training runs share: a quiet CPU Trainer, a train/validation split of the generated data, a
+ReLU perceptron with optional emulated compute, and a per-epoch recorder of training times."""
 
 from __future__ import annotations
 
@@ -85,39 +81,6 @@ class ReluMLP(L.LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=self.momentum)
-
-
-class EpochWindows(Callback):
-    """Per rank, per epoch: its window (epoch start to last batch end, wall clock), samples, steps, CPU seconds,
-    mode and validation accuracy. Ranks start together: ASP has no collective before its first step, and without
-    the barrier one rank's first step overlaps the others' setup on shared cores."""
-
-    def __init__(self) -> None:
-        self.epochs: list[dict[str, Any]] = []
-        self._cpu_start = 0.0
-
-    @override
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        trainer.strategy.barrier()
-
-    @override
-    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        now = time.time()
-        self._cpu_start = time.process_time()
-        mode = getattr(trainer.strategy, "mode", "bsp")
-        self.epochs.append({"epoch": trainer.current_epoch, "mode": mode, "start": now, "end": now, "samples": 0})
-        self.epochs[-1].update(steps=0, cpu_s=0.0)
-
-    @override
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
-        epoch = self.epochs[-1]
-        epoch.update(end=time.time(), samples=epoch["samples"] + int(batch[1].shape[0]), steps=epoch["steps"] + 1)
-        epoch["cpu_s"] = time.process_time() - self._cpu_start
-
-    @override
-    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        metric = trainer.callback_metrics.get("val_acc")
-        self.epochs[-1]["val_acc"] = None if metric is None else float(metric)
 
 
 class TrainingTimes(Callback):
