@@ -1,5 +1,5 @@
 """What the studies' training runs share: a quiet CPU Trainer, a train/validation split of the generated data, a
-ReLU perceptron with optional emulated compute, and a per-epoch recorder of training times."""
+perceptron with optional emulated compute, and a per-epoch recorder of training times."""
 
 from __future__ import annotations
 
@@ -38,8 +38,8 @@ def classification_split(
     return TensorDataset(x[:samples], y[:samples]), TensorDataset(x[samples:], y[samples:])
 
 
-class ReluMLP(L.LightningModule):
-    """A ReLU perceptron ``features -> hidden... -> classes``, SGD with momentum, ``val_acc`` logged across ranks.
+class MLP(L.LightningModule):
+    """A perceptron ``features -> hidden... -> classes``, SGD with momentum, ``val_acc`` logged across ranks.
 
     Args:
         features: input width.
@@ -49,17 +49,25 @@ class ReluMLP(L.LightningModule):
         momentum: SGD momentum.
         cost_s: emulated compute: each training step also sleeps this many seconds per sample (summed in
             ``slept_s``).
+        activation: the hidden layers' activation.
     """
 
     def __init__(
-        self, features: int, classes: int, hidden: Sequence[int], lr: float, momentum: float, cost_s: float = 0.0
+        self,
+        features: int,
+        classes: int,
+        hidden: Sequence[int],
+        lr: float,
+        momentum: float,
+        cost_s: float = 0.0,
+        activation: type[nn.Module] = nn.ReLU,
     ) -> None:
         super().__init__()
         self.lr, self.momentum, self.cost_s = lr, momentum, cost_s
         layers: list[nn.Module] = []
         width = features
         for size in hidden:
-            layers += [nn.Linear(width, size), nn.ReLU()]
+            layers += [nn.Linear(width, size), activation()]
             width = size
         self.net = nn.Sequential(*layers, nn.Linear(width, classes))
         self.slept_s = 0.0

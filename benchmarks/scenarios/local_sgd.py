@@ -70,7 +70,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from benchmarks.harness.launch import ROOT as ROOT_DIR
 from benchmarks.harness.launch import child_env, run_job, run_jobs, scenario_command
+from benchmarks.harness.models import MLP
 from benchmarks.harness.record import write_json
+from benchmarks.harness.stats import median
 from benchmarks.scenarios.local_sgd_breakdown import BreakdownRecorder, collect, format_breakdown
 from lightning_hetero import AsyncPSStrategy, HeteroBatchCallback, SlowdownEmulator
 from lightning_hetero.synthetic import make_classification
@@ -131,45 +133,6 @@ def curve_times(epochs: list[dict[str, Any]], snapshots: list[tuple[int, float]]
     """
     before = [sum(e["train_s"] for e in epochs[:i]) for i in range(len(epochs))]
     return [before[epoch] + wall - epochs[epoch]["start"] for epoch, wall in snapshots]
-
-
-def median_or_none(values: list[float | None]) -> float | None:
-    """Median of the known values (``None`` if none).
-
-    Example::
-
-        >>> median_or_none([3.0, None, 1.0, 2.0]), median_or_none([None])
-        (2.0, None)
-    """
-    known = [v for v in values if v is not None]
-    return statistics.median(known) if known else None
-
-
-class BenchMLP(L.LightningModule):
-    """A 32-512-512-C tanh MLP, SGD; the training step sleeps ``cost_s`` per sample (emulated compute)."""
-
-    def __init__(self, cost_s: float, lr: float, momentum: float, classes: int) -> None:
-        super().__init__()
-        self.cost_s, self.lr, self.momentum = cost_s, lr, momentum
-        self.net = nn.Sequential(
-            nn.Linear(FEATURES, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, classes)
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
-
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        x, y = batch
-        if self.cost_s:
-            time.sleep(self.cost_s * x.shape[0])
-        return nn.functional.cross_entropy(self(x), y)
-
-    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
-        x, y = batch
-        self.log("val_acc", (self(x).argmax(-1) == y).float().mean(), sync_dist=True)
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=self.momentum)
 
 
 class EpochRecorder(Callback):
@@ -303,7 +266,8 @@ def run_one(args: argparse.Namespace) -> None:
             limit_val_batches=0,
         )  # fmt: skip
         trainer.fit(
-            BenchMLP(cost_s, args.lr, args.momentum, args.classes), DataLoader(train, batch_size=BATCH, shuffle=True)
+            MLP(FEATURES, args.classes, [HIDDEN] * 2, args.lr, args.momentum, cost_s, nn.Tanh),
+            DataLoader(train, batch_size=BATCH, shuffle=True),
         )
         rate = meter.samples / (meter.end - meter.start) if meter.start is not None and meter.end > meter.start else 0
         Path(args.out).write_text(json.dumps({"samples_per_s": rate, "batches": meter.batches}))
@@ -340,7 +304,7 @@ def run_one(args: argparse.Namespace) -> None:
         logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         num_sanity_val_steps=0,
     )  # fmt: skip
-    model = BenchMLP(cost_s, args.lr, args.momentum, args.classes)
+    model = MLP(FEATURES, args.classes, [HIDDEN] * 2, args.lr, args.momentum, cost_s, nn.Tanh)
     params = sum(p.numel() for p in model.parameters())
     trainer.fit(
         model,
@@ -475,12 +439,12 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "seeds": [r["seed"] for r in group],
                 "throughput": throughput,
                 "of_standalone_bound": statistics.median(r["of_standalone_bound"] for r in group),
-                "of_local_busy_bound": median_or_none([r.get("of_local_busy_bound") for r in group]),
+                "of_local_busy_bound": median([r.get("of_local_busy_bound") for r in group]),
                 "bytes_per_sample": statistics.median(r["bytes_per_sample"] for r in group),
                 "acc": statistics.median(r["final_acc"] for r in group),
-                "acc_vs_ddp_points": median_or_none(diffs),
+                "acc_vs_ddp_points": median(diffs),
                 "acc_vs_ddp_points_all": diffs,
-                "time_to_ddp_acc_s": median_or_none(times),
+                "time_to_ddp_acc_s": median(times),
                 "time_to_ddp_acc_all": times,
                 "reached_ddp_acc": sum(t is not None for t in times),
             }

@@ -42,7 +42,7 @@ from torch.utils.data import DataLoader
 
 from benchmarks.harness.launch import ROOT as ROOT_DIR
 from benchmarks.harness.launch import run_job, scenario_command
-from benchmarks.harness.models import ReluMLP, TrainingTimes, classification_split, quiet_trainer
+from benchmarks.harness.models import MLP, TrainingTimes, classification_split, quiet_trainer
 from benchmarks.harness.record import write_json
 from lightning_hetero.emulation.slowdown import SlowdownEmulator
 from lightning_hetero.hetero_batch import HeteroBatchCallback
@@ -123,7 +123,7 @@ def run_config(args: argparse.Namespace) -> None:
     val_samples = args.samples * 3 // 2 - args.samples
     train, val = classification_split(args.samples, val_samples, 0, args.noise, args.features, args.classes)
     # 4 hidden layers: enough compute per step that the emulated slowdown, not Lightning's overhead, sets the pace
-    model = ReluMLP(args.features, args.classes, [args.hidden] * 4, args.lr, args.momentum)
+    model = MLP(args.features, args.classes, [args.hidden] * 4, args.lr, args.momentum)
     recorder = TrainingTimes()
     callbacks: list[Callback] = [recorder, SlowdownEmulator(factors={1: args.slowdown})]
     switch = None
@@ -283,7 +283,7 @@ def main(args: argparse.Namespace) -> None:
                 f"ResNet-20 ({resnet['parameters'] / 1e6:.2f}M parameters), into {direction.upper()}: "
                 f"{', '.join(f'{c:.1f}' for c in costs)} ms"
             )
-    parameters = sum(p.numel() for p in ReluMLP(args.features, args.classes, [args.hidden] * 4, 0.1, 0.0).parameters())
+    parameters = sum(p.numel() for p in MLP(args.features, args.classes, [args.hidden] * 4, 0.1, 0.0).parameters())
     report = {
         "conditions": {
             **{key: value for key, value in vars(args).items() if key not in ("config", "out")},
