@@ -46,6 +46,7 @@ from lightning.pytorch.callbacks import Callback
 from torch import nn
 from torch.utils.data import DataLoader
 
+from benchmarks.harness.grid import Cell
 from benchmarks.harness.launch import ROOT as ROOT_DIR
 from benchmarks.harness.launch import run_job, scenario_command
 from benchmarks.harness.models import TrainingTimes, classification_split, quiet_trainer
@@ -358,6 +359,38 @@ def cell_order(workers: list[int], levels: list[float]) -> list[tuple[int, float
         [(2, 4.0), (4, 4.0), (8, 4.0), (2, 1.0), (4, 1.0), (8, 1.0)]
     """
     return [(n, level) for level in sorted(levels, reverse=True) for n in sorted(workers)]
+
+
+def _scaled(values: str, factor: float) -> str:
+    """A comma-separated list of numbers, each times ``factor`` (``"4,8"`` x 2 -> ``"8,16"``)."""
+    return ",".join(f"{float(v) * factor:g}" for v in values.split(","))
+
+
+def default_out(args: argparse.Namespace) -> Path:
+    return RESULTS / ("asp_accuracy_quick.json" if args.quick else "asp_accuracy.json")
+
+
+def grid_axes(args: argparse.Namespace) -> dict[str, list[Cell] | str]:
+    """From the command line's cells, one condition varied at a time."""
+    other = "cfs" if args.throttle == "sleep" else "sleep"
+    return {
+        "emulation": [Cell("emulation", other, {"throttle": other})],
+        "cost": [Cell("cost", f"x{k:g}", {"cost_s": args.cost_s * k}) for k in (0.5, 2)],
+        "epoch": [Cell("epoch", f"x{k:g}", {"samples": round(args.samples * k)}) for k in (0.25, 4)],
+        "workers": [Cell("workers", "x2", {"workers": _scaled(args.workers, 2)})],
+        "quota": [Cell("quota", f"HL x{k:g}", {"throttle": "cfs", "hl": _scaled(args.hl, k)}) for k in (0.5, 2)],
+    }
+
+
+def figures(payload: dict) -> dict[str, float]:
+    """Per row (by position, so that a cell's scaled workers or levels are the same figure) and configuration other
+    than BSP: accuracy against BSP in points, and speed against BSP (BSP's time over the configuration's)."""
+    found = {}
+    for i, row in enumerate(payload["rows"]):
+        if row["config"] != "bsp" and row["acc_vs_bsp_points"] is not None:
+            found[f"row {i} {row['config']}: accuracy vs BSP, points"] = row["acc_vs_bsp_points"]
+            found[f"row {i} {row['config']}: speed vs BSP"] = 1 / row["time_vs_bsp"]
+    return found
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

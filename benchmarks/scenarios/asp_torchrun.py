@@ -26,6 +26,9 @@ from benchmarks.torchrun_job import TorchrunJob, join_and_leave
 
 RESULTS = RESULTS_DIR
 
+#: why ``--grid`` does not apply
+NO_GRID = "its figures are membership-change times under torchrun, not a tuned throughput"
+
 
 def run(kind: str, args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     worker_args = ("--epochs", str(args.epochs), "--samples", str(args.samples), "--batch-size", "32",

@@ -55,6 +55,9 @@ DATA = [
 ]
 TARGET_POINTS = 5.0
 
+#: why ``--grid`` does not apply
+NO_GRID = "it checks behaviour (each feature with each Lightning usage), not a figure that conditions move"
+
 
 def run_feature(feature: str, seed: int, usages: Sequence[str], timeout_s: float) -> dict[str, Any]:
     """One launch of the worker: ``feature``'s cells for ``usages`` with ``seed``; rank 0's outcomes by cell."""

@@ -97,6 +97,9 @@ LEVELS = {
 }
 SCHEDULE = [(0, "HL1"), (2, "HL4")]
 
+#: why ``--grid`` does not apply
+NO_GRID = "not here: its conditions are real Docker quotas on a host with Docker; the quota grid runs in the controller scenario"
+
 
 def timed_throughput(reports: list[dict[str, Any]], warmup: int = 1) -> dict[str, Any]:
     """Samples per second over the epochs after ``warmup``, and each timed epoch's own throughput."""

@@ -52,6 +52,9 @@ RESULTS = RESULTS_DIR
 SPEEDS = {"a": 1.0, "b": 1.0, "c": 2.0, "d": 4.0}
 KILLED, ADDED = "b", "e"
 
+#: why ``--grid`` does not apply
+NO_GRID = "its figures are correctness (batches lost or duplicated) and start-up times, not a tuned throughput"
+
 
 def _epoch_of_latest_commit(job: ElasticJob) -> int:
     commits = job.commits()

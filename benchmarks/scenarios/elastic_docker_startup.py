@@ -45,6 +45,9 @@ COMMON = ["--epochs", "1000", "--samples", "4800", "--batch-size", "16", "--nois
 COMMON += ["--seed", "0", "--hidden", "64", "--steps-per-round", "16"]
 SLEEP = {"a": 0.3, "c": 0.15, "d": 0.075, "new": 0.3}  # a speed-1 step sleeps 0.3 s
 
+#: why ``--grid`` does not apply
+NO_GRID = "it measures start-up time at the quotas it is given (--cpus is its grid)"
+
 
 def _docker(image: str, cpus: str, name: str, out: Path) -> list[str]:
     """``docker run`` words up to the interpreter: this worktree, ``out`` and the host's site-packages mounted."""

@@ -30,6 +30,9 @@ from benchmarks.harness.record import write_json
 RESULTS = RESULTS_DIR / "faults.json"
 WORLD_SIZE, KILLED_RANK, BATCH_SIZE, NUM_CLASSES, FEATURES, NOISE = 3, 2, 32, 10, 32, 2.5
 
+#: why ``--grid`` does not apply
+NO_GRID = "its figure is correctness after a lost worker (every epoch covered once), not a tuned throughput"
+
 
 def worker(args: argparse.Namespace) -> None:
     """One rank: train, record the sample indices per epoch, write ``rank{k}.json`` (or ``lost.json`` and die)."""

@@ -48,6 +48,9 @@ FIXED_SPLITS = (176, 192, 208)
 GLOBAL_BATCH = 256
 SLOWDOWN = 3.0
 
+#: why ``--grid`` does not apply
+NO_GRID = "it runs on a GPU machine through scripts/gpu_check.sh, with its own cases"
+
 
 def _data(samples: int, seed: int = 1):
     data = make_classification(samples, num_features=64, num_classes=8, seed=seed, noise=5.0)

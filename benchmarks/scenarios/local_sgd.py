@@ -68,6 +68,7 @@ from lightning.pytorch.strategies import DDPStrategy
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from benchmarks.harness.grid import Cell
 from benchmarks.harness.launch import ROOT as ROOT_DIR
 from benchmarks.harness.launch import child_env, run_job, run_jobs, scenario_command
 from benchmarks.harness.models import MLP
@@ -468,6 +469,40 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             f"{row['throughput']:>9.0f} {bound:>8} {busy:>7} {row['bytes_per_sample']:>9.0f} {row['acc']:>6.4f} {vs:>9} "
             f"{tta:>10} ({reached})"
         )
+
+
+def _scaled(values: str, factor: float) -> str:
+    """A comma-separated list of numbers, each times ``factor`` (``"4,8"`` x 2 -> ``"8,16"``)."""
+    return ",".join(f"{float(v) * factor:g}" for v in values.split(","))
+
+
+def default_out(args: argparse.Namespace) -> Path:
+    return RESULTS / ("local_sgd_quick.json" if args.quick else "local_sgd.json")
+
+
+def grid_axes(args: argparse.Namespace) -> dict[str, list[Cell] | str]:
+    """From the command line's cells, one condition varied at a time."""
+    other = "cfs" if args.throttle == "sleep" else "sleep"
+    return {
+        "emulation": [Cell("emulation", other, {"throttle": other})],
+        "cost": [Cell("cost", f"x{k:g}", {"heavy_cost_s": args.heavy_cost_s * k}) for k in (0.5, 2)]
+        if "heavy" in args.models
+        else "the light model has no emulated per-sample cost (--models heavy has)",
+        "epoch": [Cell("epoch", f"x{k:g}", {"samples": round(args.samples * k)}) for k in (0.25, 4)],
+        "workers": [Cell("workers", "x2", {"workers": _scaled(args.workers, 2)})],
+        "quota": [Cell("quota", f"HL x{k:g}", {"throttle": "cfs", "hl": _scaled(args.hl, k)}) for k in (0.5, 2)],
+    }
+
+
+def figures(payload: dict) -> dict[str, float]:
+    """Per row (by position) and configuration: throughput over the summed standalone bound, and accuracy against
+    DDP in points."""
+    found = {}
+    for i, row in enumerate(payload["rows"]):
+        found[f"row {i} {row['config']}: of ideal"] = row["of_standalone_bound"]
+        if row["config"] != "ddp" and row["acc_vs_ddp_points"] is not None:
+            found[f"row {i} {row['config']}: accuracy vs DDP, points"] = row["acc_vs_ddp_points"]
+    return found
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -37,6 +37,9 @@ from lightning_hetero.ps.reporting import EpochLog
 VARIANTS = ("log_float", "log_float_sync", "epoch_log")
 WARMUP_STEPS = 20
 
+#: why ``--grid`` does not apply
+NO_GRID = "one process timing its own logging calls: no workers, emulation or epochs to vary"
+
 
 class LoggingModule(L.LightningModule):
     """Times two logging calls of ``variant`` in every training step (``self.step_s``)."""

@@ -57,6 +57,9 @@ CONFIGS = ("bsp", "asp", "hybrid", "reverse", "asp_hetero")
 ALL = (*CONFIGS, "switch_cost")
 ALTERNATING = "bsp:0,asp:1,bsp:2,asp:3,bsp:4,asp:5,bsp:6-"
 
+#: why ``--grid`` does not apply
+NO_GRID = "its figures (accuracy and switch cost at fixed settings) come from one run per configuration; asp_accuracy has the grid"
+
 
 def reverse_schedule(epochs: int, bsp_fraction: float) -> str:
     """ASP first, then BSP, with the hybrid's epoch counts: as many ASP epochs as ``FixedFractionPolicy`` gives the

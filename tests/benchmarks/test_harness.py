@@ -9,7 +9,7 @@ import sys
 
 import pytest
 from benchmarks.harness import grid, launch
-from benchmarks.harness.cli import main
+from benchmarks.harness.cli import main, scenario_parser
 from benchmarks.harness.record import conditions
 
 from benchmarks import scenarios
@@ -83,10 +83,33 @@ def test_a_failed_job_raises_with_its_log_and_ends_the_others():
         launch.run_jobs([sleep], timeout_s=0.5)
 
 
-def test_the_scenarios_with_a_headline_figure_have_a_grid():
-    for name in ("controller", "hetero_batch", "ps_scale"):
+def test_every_scenario_has_a_grid_or_says_why_not():
+    for name in scenarios.names():
         module = scenarios.load(name)
-        assert callable(module.grid_axes) and callable(module.figures)
+        assert hasattr(module, "grid_axes") != hasattr(module, "NO_GRID"), name
+    for name in ("controller", "hetero_batch", "ps_scale", "asp_accuracy", "local_sgd"):
+        assert callable(scenarios.load(name).figures)
+
+
+@pytest.mark.parametrize(
+    ("name", "argv"),
+    [
+        ("controller", ["--defaults", "--steps", "160"]),
+        ("ps_scale", ["--configs", "2x0.25Mx3"]),
+        ("hetero_batch", []),
+        ("asp_accuracy", ["--workers", "2", "--hl", "4"]),
+        ("local_sgd", ["--workers", "2", "--hl", "4", "--throttle", "cfs"]),
+    ],
+)
+def test_grid_cells_set_flags_the_scenario_has(name, argv):
+    parser, _ = scenario_parser(name)
+    args = parser.parse_args(argv)
+    axes = scenarios.load(name).grid_axes(args)
+    cells = [cell for value in axes.values() if not isinstance(value, str) for cell in value]
+    assert cells and all(hasattr(args, key) for cell in cells for key in cell.overrides)
+    if name == "local_sgd":
+        assert axes["emulation"][0].overrides == {"throttle": "sleep"} and isinstance(axes["cost"], str)
+        assert [c.overrides["hl"] for c in axes["quota"]] == ["2", "8"]
 
 
 @pytest.mark.multiprocess
