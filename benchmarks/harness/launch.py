@@ -52,12 +52,15 @@ def run_jobs(
     env: dict[str, str] | Sequence[dict[str, str]] | None = None,
     logs: Path | None = None,
     may_fail: Sequence[int] = (),
-) -> list[Path]:
-    """Starts every command at once (``env``: one for all, or one per command), waits for all, and returns their
-    log files (in ``logs``, or a new temporary folder). If a job not in ``may_fail`` (indices) fails, or the jobs run
+) -> list[str]:
+    """Starts every command at once (``env``: one for all, or one per command), waits for all, and returns what
+    each printed (kept as ``job<i>.log`` in ``logs`` if given, else in a temporary folder removed after). If a job not in ``may_fail`` (indices) fails, or the jobs run
     past ``timeout_s``, every job is ended with all it started, and ``RuntimeError`` names the command and its log's
     tail."""
-    folder = logs or Path(tempfile.mkdtemp(prefix="bench-"))
+    if logs is None:
+        with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+            return run_jobs(commands, timeout_s, env, Path(tmp), may_fail)
+    folder = logs
     folder.mkdir(parents=True, exist_ok=True)
     envs = [child_env()] * len(commands) if env is None else [env] * len(commands) if isinstance(env, dict) else env
     started = []
@@ -89,10 +92,10 @@ def run_jobs(
     if failed is not None:
         proc, log = started[failed[0]]
         raise RuntimeError(f"job failed ({failed[1]}): {' '.join(map(str, proc.args))}\n{log.read_text()[-3000:]}")
-    return [log for _, log in started]
+    return [log.read_text() for _, log in started]
 
 
-def run_job(command: Sequence[str], timeout_s: float = 1200, env: dict[str, str] | None = None) -> Path:
+def run_job(command: Sequence[str], timeout_s: float = 1200, env: dict[str, str] | None = None) -> str:
     """One job, as :func:`run_jobs`."""
     return run_jobs([command], timeout_s, env)[0]
 
@@ -103,7 +106,7 @@ def run_ranks(
     timeout_s: float = 1200,
     rank_env: dict[int, dict[str, str]] | None = None,
     may_fail: Sequence[int] = (),
-) -> list[Path]:
+) -> list[str]:
     """``command`` as every rank of a ``world_size``-node job on this host (one process a rank: ``MASTER_ADDR``,
     a free ``MASTER_PORT``, ``NODE_RANK``, ``WORLD_SIZE``; ``rank_env`` adds to a rank's), as :func:`run_jobs`."""
     port = str(free_port())

@@ -136,7 +136,7 @@ def run(seed: int, epochs: int, samples: int, disturbed: bool, out: Path) -> dic
         "every_epoch_covered_once": all(coverage),
         "updates": reports[0]["updates"],
         "wall_s": round(wall_s, 1),
-        "warned": "continuing with 2 workers" in logs[0].read_text(),
+        "warned": "continuing with 2 workers" in logs[0],
     }
 
 
