@@ -54,9 +54,9 @@ def run_jobs(
     may_fail: Sequence[int] = (),
 ) -> list[str]:
     """Starts every command at once (``env``: one for all, or one per command), waits for all, and returns what
-    each printed (kept as ``job<i>.log`` in ``logs`` if given, else in a temporary folder removed after). If a job not in ``may_fail`` (indices) fails, or the jobs run
-    past ``timeout_s``, every job is ended with all it started, and ``RuntimeError`` names the command and its log's
-    tail."""
+    each printed (kept as ``job<i>.log`` in ``logs`` if given, else in a temporary folder removed after). If a job
+    not in ``may_fail`` (indices) fails, or the jobs run past ``timeout_s``, every job is ended with all it started,
+    and ``RuntimeError`` names the command and its log's tail."""
     if logs is None:
         with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
             return run_jobs(commands, timeout_s, env, Path(tmp), may_fail)
