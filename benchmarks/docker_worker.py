@@ -1,6 +1,6 @@
-"""One rank of a ``benchmarks/bench_docker.py`` run, inside a worker container (one process per container).
+"""One rank of a ``benchmarks/scenarios/docker.py`` run, inside a worker container (one process per container).
 
-Unlike ``matrix_worker.py`` nothing is emulated in the process: the model computes for real (a 512-2048-10
+Unlike the sleep-emulated workers nothing is emulated in the process: the model computes for real (a 512-2048-10
 perceptron, about 1 M parameters, one thread) and the container's CPU quota makes it slow. The rank layout comes
 from the environment ``lightning-hetero cluster up`` sets (MASTER_ADDR, MASTER_PORT, NODE_RANK, NUM_NODES); with
 ``--standalone`` the process trains alone, for the ideal throughput at its container's quota. Each rank writes

@@ -11,7 +11,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,15 +18,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness.launch import free_port
 from lightning_hetero.elastic.commits import CommitRecord, epoch_coverage, lineage
 
 WORKER = Path(__file__).resolve().parent / "elastic_worker.py"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def wait_for(predicate, timeout_s: float, poll_s: float = 0.1) -> bool:

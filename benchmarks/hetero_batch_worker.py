@@ -1,4 +1,4 @@
-"""One training run for ``bench_hetero_batch.py``; Lightning's launcher re-runs this script for the other ranks.
+"""One training run for the hetero_batch scenario; Lightning's launcher re-runs this script for the other ranks.
 
 The model is an MLP plus an emulated per-sample compute cost: ``cost_s x factor x batch`` seconds of sleep in the
 forward pass, where ``factor`` is the rank's slowdown (it may change at ``--switch-step``). Sleeping rather than
@@ -19,7 +19,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.strategies import DDPStrategy
 
-from _common import quiet_trainer
+from benchmarks.harness.models import quiet_trainer
 from lightning_hetero import HeteroBatchCallback
 from lightning_hetero.synthetic import MLPClassifier, SyntheticClassificationDataModule
 

@@ -3,7 +3,7 @@
 # benchmarks/results/gpu/*.json plus a table. Installs nothing beyond the project's own extras ([dev]), and only
 # when something is missing; the CUDA torch already installed is kept (pinned by a constraint).
 #
-#   scripts/gpu_check.sh              # tests marked `cuda`, then benchmarks/bench_gpu.py (10 cases x 3 seeds), then
+#   scripts/gpu_check.sh              # tests marked `cuda`, then `python -m benchmarks run gpu` (10 cases x 3 seeds), then
 #                                     # local SGD's 4-worker CPU cell on the machine's CPUs (8 cores or more)
 #   scripts/gpu_check.sh --quick      # tests, then a 1-epoch, 1-seed benchmark (about 5 minutes on one GPU)
 #   scripts/gpu_check.sh --dry-run    # without a GPU: every step on the CPU (the `cuda` tests skip, the benchmark's
@@ -119,7 +119,7 @@ case "$mode" in
     quick) bench=(--device cuda --epochs 1 --seeds 1) ;;
     dry-run) bench=(--device cpu --cases hetero --epochs 1 --seeds 1 --samples 1280) ;;
 esac
-step benchmark "$BENCH_S" "$PYTHON" benchmarks/bench_gpu.py "${bench[@]}" --out "$out" --case-timeout-s "$CASE_S"
+step benchmark "$BENCH_S" "$PYTHON" -m benchmarks run gpu "${bench[@]}" --out "$out" --case-timeout-s "$CASE_S"
 
 # 5. A CPU cell the project's 2-core host cannot settle: local SGD, 4 workers at HL4, the light model. Its 4
 # CPU-bound processes need 4 cores; on 2 the summed standalone bound is the cores' capacity and the strategy's own
@@ -130,7 +130,7 @@ case "$mode" in
         --breakdown) ;;
 esac
 if [ "$mode" = dry-run ] || [ "$(nproc)" -ge 8 ]; then
-    step local_sgd_cpu "$CASE_S" "$PYTHON" benchmarks/bench_local_sgd.py "${cell[@]}" --out "$out/local_sgd_cpu.json"
+    step local_sgd_cpu "$CASE_S" "$PYTHON" -m benchmarks run local_sgd "${cell[@]}" --out "$out/local_sgd_cpu.json"
 else
     log "local_sgd_cpu skipped: $(nproc) cores, the 4-worker cell needs 8"
 fi

@@ -3,15 +3,9 @@
 from __future__ import annotations
 
 import doctest
-import importlib.util
-from pathlib import Path
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "local_sgd_breakdown.py"
-spec = importlib.util.spec_from_file_location("local_sgd_breakdown", SCRIPT)
-breakdown = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(breakdown)
+from benchmarks.scenarios import local_sgd_breakdown as breakdown
 
 
 def _epoch(start, end, batches, rounds, claims=()):

@@ -5,7 +5,7 @@ its outcome (``"pass"``, ``"refused"`` with the message, or ``"error"``), the tr
 
 Usage: python compat_cells.py OUT_DIR FEATURE [CELL ...] [--samples N --noise X --seed S --throttle cfs --optimizer adam]
 (FEATURE: one of FEATURES; no cells: all of CELLS and MORE_CELLS; ``CELL:OPTIMIZER@SEED`` runs a cell with another
-optimizer or seed). Lightning's defaults are on (progress bar, model summary, logger, checkpointing). ``benchmarks/bench_compat.py`` runs it on harder data to compare
+optimizer or seed). Lightning's defaults are on (progress bar, model summary, logger, checkpointing). ``benchmarks/scenarios/compat.py`` runs it on harder data to compare
 the features' accuracy on each usage.
 """
 

@@ -135,7 +135,7 @@ class EpochLog:
     """Numbers reported at every training step, logged as epoch statistics for a few microseconds a step.
 
     Calling ``LightningModule.log`` at every step costs a noticeable share of a short ASP step (docs/results.md,
-    ``benchmarks/bench_log_cost.py``). Here each number goes into a torchmetrics :class:`~torchmetrics.Metric` (:class:`EpochMean` or :class:`EpochMax`), and the metric itself is handed to
+    ``benchmarks/scenarios/log_cost.py``). Here each number goes into a torchmetrics :class:`~torchmetrics.Metric` (:class:`EpochMean` or :class:`EpochMax`), and the metric itself is handed to
     ``log`` once an epoch, on the rank's first report of it; Lightning computes it at the epoch's end, on every
     rank, and resets it. A synchronised metric gathers its state through ``gather`` (the strategy's
     ``all_gather``, so the strategy's collective rules apply), so every rank that reports a name in an epoch must

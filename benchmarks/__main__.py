@@ -1,0 +1,3 @@
+from benchmarks.harness.cli import main
+
+main()

@@ -1,0 +1,250 @@
+"""Benchmark: elastic local SGD (``ElasticLocalSGDStrategy`` on torchft) with workers that leave and join, against
+the same job undisturbed, on CPU.
+
+Four workers, each its own process (``elastic_worker.py``, one per "machine"), with speeds 1, 1, 2 and 4; the first
+hosts the lighthouse. ``--throttle sleep`` (default): a training step sleeps ``--base-step-s`` over the speed;
+``--throttle quota``: a step is ``--base-step-s x --base-quota`` CPU seconds of real work (a busy loop) under a CPU
+quota of ``--base-quota x speed`` CPUs (``SlowdownEmulator(throttle="cfs")``, charged from ``fit``'s start, so the
+imports run unthrottled). Runs, one after the other per seed:
+
+- ``undisturbed``: the four train ``--epochs`` epochs;
+- ``churn``: the same, and one speed-1 worker (not the lighthouse's host) is SIGKILLed in the middle of every epoch
+  (``--kill-delay-s`` after the epoch's first commit plus a seeded random ``0..--kill-jitter-s``, about a round, so
+  the kills land at every phase of a round, round ends included) and started again at once (a fresh process that
+  joins the running job);
+- ``join``: the same four, and a fifth worker (speed 1) starts half-way through the run.
+
+Reported per run: samples per second (the epochs' samples over the time from the first to the last committed
+round), the final validation accuracy (the host's model, the whole validation set), each restarted or added
+worker's time from its process start to the end of its imports, to its first round end (joined) and to its first
+committed round that trained a chunk (its first contribution), and per epoch the batches lost (never trained in
+a committed round) and duplicated (trained in more than one), from the workers' own commit logs. With ``--soak N``
+the script instead runs one job through N kill-and-restart cycles and reports hangs (processes still running at
+the end), exit codes and the same coverage.
+
+Prints a table and writes ``benchmarks/results/elastic.json`` (``elastic_soak.json`` for ``--soak``; ``--out`` names
+another).
+
+Usage: python -m benchmarks run elastic [--seeds 1] [--epochs 4] [--throttle quota] [--out NAME.json] [--soak 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.elastic_job import ElasticJob, wait_for
+from benchmarks.harness.launch import RESULTS as RESULTS_DIR
+from benchmarks.harness.record import write_json
+
+RESULTS = RESULTS_DIR
+SPEEDS = {"a": 1.0, "b": 1.0, "c": 2.0, "d": 4.0}
+KILLED, ADDED = "b", "e"
+
+#: why ``--grid`` does not apply
+NO_GRID = "its figures are correctness (batches lost or duplicated) and start-up times, not a tuned throughput"
+
+
+def _epoch_of_latest_commit(job: ElasticJob) -> int:
+    commits = job.commits()
+    return commits[-1]["epoch"] if commits else -1
+
+
+def run(kind: str, args: argparse.Namespace, seed: int, out: Path) -> dict[str, Any]:
+    common = [
+        "--epochs", str(args.epochs), "--samples", str(args.samples), "--batch-size", str(args.batch_size),
+        "--noise", str(args.noise), "--classes", "8", "--seed", str(seed), "--hidden", "64",
+        "--steps-per-round", "16",  # the strategy's default (the worker script's is 4, for short tests)
+    ]  # fmt: skip
+    if args.join_timeout_s is not None:
+        common += ["--join-timeout-s", str(args.join_timeout_s)]
+    job = ElasticJob(out, common)
+    speed_args = {name: _speed_args(args, speed) for name, speed in SPEEDS.items()}
+    kill_at = random.Random(seed)
+    restarts: list[int] = []
+    try:
+        job.start("a", *speed_args["a"], host=True)
+        for name in ("b", "c", "d"):
+            job.start(name, *speed_args[name])
+        if kind == "churn":
+            for epoch in range(args.epochs):
+                # the middle of the epoch: its first commits seen, then half an epoch's time (estimated) on
+                if not wait_for(lambda e=epoch: _epoch_of_latest_commit(job) >= e, 300):
+                    break
+                time.sleep(args.kill_delay_s + kill_at.uniform(0, args.kill_jitter_s))
+                if _epoch_of_latest_commit(job) != epoch:
+                    continue
+                job.kill(KILLED)
+                restarts.append(job.start(KILLED, *speed_args[KILLED]).pid)
+        elif kind == "join":
+            wait_for(lambda: _epoch_of_latest_commit(job) >= args.epochs // 2, 300)
+            restarts.append(job.start(ADDED, *speed_args["a"]).pid)
+        codes = job.wait(timeout_s=600)
+    finally:
+        job.close()
+    commits = job.commits()
+    num_chunks = -(-args.samples // args.batch_size)
+    try:
+        coverage, history_error = job.coverage(num_chunks), None
+    except (AssertionError, ValueError) as err:  # no history to count: the run failed (reported)
+        coverage, history_error = {}, str(err)
+    results = {r["name"]: r for r in job.results()}
+    span_s = commits[-1]["t"] - commits[0]["t"]
+    return {
+        "run": kind,
+        "seed": seed,
+        "exit_codes": codes,
+        "samples_per_s": args.epochs * args.samples / span_s,
+        "val_acc": results["a"]["val_acc"] if "a" in results else float("nan"),
+        "logs": str(out),
+        "first_contribution_s": [job.first_contribution_s(pid) for pid in restarts],
+        "start_up": [job.start_up(pid) for pid in restarts],
+        "lost_per_epoch": [c["lost"] for c in coverage.values()],
+        "duplicated_per_epoch": [c["duplicated"] for c in coverage.values()],
+        "failed_rounds": {name: r["report"]["failed_rounds"] for name, r in results.items()},
+        "diverged_rounds": {name: r["report"].get("diverged_rounds", 0) for name, r in results.items()},
+        "participants_per_round": _participants_per_round(commits),
+        "round_end_ms": {
+            name: 1000 * r["report"]["round_end_s"] / max(1, r["report"]["round_ends"]) for name, r in results.items()
+        },
+        "errors": job.errors(),
+        "history_error": history_error,
+    }
+
+
+def _participants_per_round(commits: list[dict[str, Any]]) -> dict[int, int]:
+    """Committed rounds by the number of workers that logged them (torchft steps; a worker left out logs none)."""
+    per_step: dict[int, set[int]] = {}
+    for row in commits:
+        per_step.setdefault(row["step"], set()).add(row["pid"])
+    counts: dict[int, int] = {}
+    for pids in per_step.values():
+        counts[len(pids)] = counts.get(len(pids), 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def _speed_args(args: argparse.Namespace, speed: float) -> list[str]:
+    if args.throttle == "sleep":
+        return ["--step-sleep-s", f"{args.base_step_s / speed:g}"]
+    return ["--spin-s", f"{args.base_step_s * args.base_quota:g}", "--cpu-quota", f"{args.base_quota * speed:g}"]
+
+
+def soak(args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    """One job through ``args.soak`` kill-and-restart cycles of one worker; every process must end."""
+    stop = out / "stop"
+    common = ["--epochs", "100000", "--samples", "2048", "--batch-size", "16", "--step-sleep-s", "0.02"]
+    common += ["--steps-per-round", "16"]  # the strategy's default
+    job = ElasticJob(out, [*common, "--stop-file", str(stop)])
+    contributions: list[float | None] = []
+    try:
+        job.start("a", host=True)
+        job.start("c")
+        victim = job.start("b")
+        for _ in range(args.soak):
+            wait_for(lambda p=victim: job.first_contribution_s(p.pid) is not None, 120)
+            contributions.append(job.first_contribution_s(victim.pid))
+            job.kill("b")
+            victim = job.start("b")
+        wait_for(lambda p=victim: job.first_contribution_s(p.pid) is not None, 120)
+        contributions.append(job.first_contribution_s(victim.pid))
+        stop.write_text(str(_epoch_of_latest_commit(job) + 2))
+        codes = job.wait(timeout_s=300)
+    finally:
+        job.close()
+    coverage = job.coverage(2048 // 16)  # the job's history (the stop comes at an epoch's end)
+    complete = list(coverage.values())
+    return {
+        "cycles": args.soak,
+        "exit_codes": codes,
+        "hangs": sum(code is None for codes_ in codes.values() for code in codes_),
+        "first_contribution_s": contributions,
+        "epochs": len(coverage),
+        "lost": sum(c["lost"] for c in complete),
+        "duplicated": sum(c["duplicated"] for c in complete),
+        "errors": job.errors(),
+    }
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--seeds", type=int, default=1)
+    parser.add_argument("--first-seed", type=int, default=0)
+    parser.add_argument("--out", default=None, help="the JSON's name in results/ (elastic.json, elastic_soak.json)")
+    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--samples", type=int, default=6400)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--noise", type=float, default=2.0)
+    parser.add_argument("--base-step-s", type=float, default=0.3, help="a speed-1 worker's step sleep")
+    parser.add_argument("--kill-delay-s", type=float, default=5.0, help="into an epoch before the kill")
+    parser.add_argument("--kill-jitter-s", type=float, default=3.0, help="plus a seeded random delay up to this")
+    parser.add_argument("--throttle", choices=["sleep", "quota"], default="sleep", help="how speeds are emulated")
+    parser.add_argument("--base-quota", type=float, default=0.125, help="a speed-1 worker's CPU quota (quota)")
+    parser.add_argument("--soak", type=int, default=0, help="run N kill-and-restart cycles instead")
+    parser.add_argument("--runs", default="undisturbed,churn,join", help="which runs, comma-separated")
+    parser.add_argument("--join-timeout-s", type=float, default=None, help="the workers' (default: the strategy's)")
+
+
+def main(args: argparse.Namespace) -> None:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a timeout's TERM still stops the workers (finally)
+    RESULTS.mkdir(exist_ok=True)
+    conditions = {
+        "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, shared CPU host",
+        "commit": subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        ).stdout.strip(),
+        "load_avg_at_start": os.getloadavg(),
+        **{k: v for k, v in vars(args).items()},
+        "speeds": SPEEDS,
+        "defaults": "ElasticLocalSGDStrategy defaults (steps_per_round=16, mean weighting, plain-averaging outer "
+        "optimizer, round_timeout_s=300, join_timeout_s=5, heartbeat_timeout_s=2)",
+    }
+    if args.soak:
+        with tempfile.TemporaryDirectory() as tmp:
+            report = soak(args, Path(tmp))
+        print(f"soak: {report['cycles']} kill-and-restart cycles, hangs {report['hangs']}, epochs {report['epochs']}, "
+              f"lost {report['lost']}, duplicated {report['duplicated']}, first contribution s "
+              f"median {statistics.median(c for c in report['first_contribution_s'] if c is not None):.1f} "
+              f"max {max(c for c in report['first_contribution_s'] if c is not None):.1f}")  # fmt: skip
+        write_json(RESULTS / (args.out or "elastic_soak.json"), {"conditions": conditions, **report})
+        return
+    runs = []
+    for seed in range(args.first_seed, args.first_seed + args.seeds):
+        for kind in args.runs.split(","):
+            out = Path(tempfile.mkdtemp(prefix=f"elastic-{kind}-"))  # kept: the workers' logs, for a failed run
+            runs.append(run(kind, args, seed, out))
+            print(json.dumps(runs[-1]), flush=True)
+    summary = {}
+    for kind in args.runs.split(","):
+        rows = [r for r in runs if r["run"] == kind]
+        summary[kind] = {
+            "samples_per_s": statistics.median(r["samples_per_s"] for r in rows),
+            "val_acc": statistics.median(r["val_acc"] for r in rows),
+            "first_contribution_s": sorted(c for r in rows for c in r["first_contribution_s"] if c is not None),
+            "first_contribution_s_max": max((c for r in rows for c in r["first_contribution_s"] if c), default=None),
+            "restarts_without_contribution": sum(c is None for r in rows for c in r["first_contribution_s"]),
+            "lost": sum(sum(r["lost_per_epoch"]) for r in rows),
+            "duplicated": sum(sum(r["duplicated_per_epoch"]) for r in rows),
+        }
+    base = summary.get("undisturbed", next(iter(summary.values())))
+    print(
+        f"{'run':12} {'samples/s':>10} {'ratio':>6} {'val_acc':>8} {'d acc pt':>8} {'1st med/max s':>14} {'lost':>5} {'dup':>4}"
+    )
+    for kind, row in summary.items():
+        row["throughput_ratio"] = row["samples_per_s"] / base["samples_per_s"]
+        row["accuracy_delta_points"] = 100 * (row["val_acc"] - base["val_acc"])
+        firsts = row["first_contribution_s"]
+        first = f"{statistics.median(firsts):.1f}/{max(firsts):.1f}" if firsts else "-"
+        print(f"{kind:12} {row['samples_per_s']:10.1f} {row['throughput_ratio']:6.2f} {row['val_acc']:8.4f} "
+              f"{row['accuracy_delta_points']:8.2f} {first:>14} {row['lost']:5d} {row['duplicated']:4d}")  # fmt: skip
+    conditions["load_avg_at_end"] = os.getloadavg()
+    write_json(RESULTS / (args.out or "elastic.json"), {"conditions": conditions, "summary": summary, "runs": runs})

@@ -1,0 +1,156 @@
+"""An elastic worker's start-up under a real Docker CPU quota: how long a (re)started worker in a container limited
+to ``--cpus Q`` takes from ``docker run`` to its first contribution (``bench_elastic.py``'s quota runs charge the
+quota from ``fit``'s start, so their imports run unthrottled; here the whole process is throttled, as on a small
+machine).
+
+Three workers on this host as in ``bench_elastic.py`` (``a`` hosting the lighthouse, ``c``, ``d``: sleep-emulated
+speeds 1, 2, 4, a speed-1 step sleeping 0.3 s, 4,800 samples in batches of 16, the strategy's defaults). Once the job
+has committed 4 rounds, a fourth worker (speed 1) is started: first as a plain process on the host (the baseline),
+then in a container of ``--image`` for each quota (``none``: a container without a quota), ``--repeats`` times
+each. A container runs ``docker run --network host --cpus Q`` with this worktree and the host's site-packages
+mounted at their own paths, so it runs this code with the host's packages on the image's Python. Each start is read
+from the worker's commit log: seconds from the start (``docker run``) to the end of its imports, to its first round
+end (joined: the state fetched) and to its first committed round that trained a batch (its first contribution; the
+goal of issue 28 is 10 s). Then the worker is killed (``docker rm -f``, a machine lost) and the next one started.
+Also per quota: the seconds of ``docker run ... python -c pass`` (the container's and the interpreter's own start).
+
+Prints a table and writes ``benchmarks/results/elastic_docker_startup.json`` (``--out`` names another).
+
+Usage: python -m benchmarks run elastic_docker_startup [--cpus none,1.0,0.5,0.25] [--repeats 2] [--image IMAGE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.elastic_job import ElasticJob, wait_for
+from benchmarks.harness.launch import RESULTS as RESULTS_DIR
+from benchmarks.harness.launch import ROOT as ROOT_DIR
+from benchmarks.harness.record import write_json
+
+RESULTS = RESULTS_DIR
+ROOT = ROOT_DIR
+COMMON = ["--epochs", "1000", "--samples", "4800", "--batch-size", "16", "--noise", "2.0", "--classes", "8"]
+COMMON += ["--seed", "0", "--hidden", "64", "--steps-per-round", "16"]
+SLEEP = {"a": 0.3, "c": 0.15, "d": 0.075, "new": 0.3}  # a speed-1 step sleeps 0.3 s
+
+#: why ``--grid`` does not apply
+NO_GRID = "it measures start-up time at the quotas it is given (--cpus is its grid)"
+
+
+def _docker(image: str, cpus: str, name: str, out: Path) -> list[str]:
+    """``docker run`` words up to the interpreter: this worktree, ``out`` and the host's site-packages mounted."""
+    site = sysconfig.get_paths()["purelib"]
+    command = ["docker", "run", "--rm", "--name", name, "--network", "host"]
+    command += [] if cpus == "none" else ["--cpus", cpus]
+    command += ["-v", f"{ROOT}:{ROOT}:ro", "-v", f"{out}:{out}", "-v", f"{site}:{site}:ro"]
+    command += ["-e", f"PYTHONPATH={ROOT / 'src'}:{site}", "-e", "PYTHONUNBUFFERED=1", image, "python"]
+    return command
+
+
+def _start_up(job: ElasticJob, name: str) -> dict[str, float | None]:
+    rows = [row for row in job.commits() if row["name"] == name]
+    contributed = [row["since_start_s"] for row in rows if row["chunks"]]
+    return {
+        "imported_s": rows[0]["imported_s"] if rows else None,
+        "joined_s": next((row["joined_s"] for row in rows if "joined_s" in row), None),
+        "first_contribution_s": contributed[0] if contributed else None,
+    }
+
+
+def _empty_container_s(image: str, cpus: str) -> float:
+    command = ["docker", "run", "--rm"] + ([] if cpus == "none" else ["--cpus", cpus]) + [image, "python", "-c", "pass"]
+    start = time.monotonic()
+    subprocess.run(command, check=True, capture_output=True)
+    return time.monotonic() - start
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cpus", default="none,1.0,0.5,0.25", help="the containers' quotas (none: no quota)")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--image", default="lightning-hetero-worker:latest")
+    parser.add_argument("--out", default="elastic_docker_startup.json", help="the JSON's name in results/")
+
+
+def main(args: argparse.Namespace) -> None:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a timeout's TERM still stops the workers (finally)
+    quotas = args.cpus.split(",")
+    out = Path(tempfile.mkdtemp(prefix="elastic-docker-"))
+    job = ElasticJob(out, COMMON)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+    conditions = {
+        **vars(args),
+        "commit": commit.stdout.strip(),
+        "load_avg_at_start": os.getloadavg(),
+        "job": "a (lighthouse), c, d on the host, step sleeps 0.3, 0.15, 0.075 s; the started worker 0.3 s; "
+        + " ".join(COMMON),
+        "logs": str(out),
+    }
+    empty = {cpus: _empty_container_s(args.image, cpus) for cpus in quotas}
+    starts: list[dict[str, Any]] = []
+    containers: list[str] = []
+    try:
+        host = job.start("a", "--step-sleep-s", str(SLEEP["a"]), host=True).pid
+        for name in "cd":
+            job.start(name, "--step-sleep-s", str(SLEEP[name]))
+        if not wait_for(lambda: sum(row["pid"] == host for row in job.commits()) >= 4, 120):
+            raise RuntimeError(f"the job did not commit 4 rounds within 120 s: {job.errors()}")
+        plan = [("host", 0)] + [(cpus, i) for cpus in quotas for i in range(args.repeats)]
+        for index, (cpus, repeat) in enumerate(plan):
+            name = f"n{index}"
+            launcher = None
+            if cpus != "host":
+                containers.append(f"lh-elastic-{os.getpid()}-{name}")
+                launcher = _docker(args.image, cpus, containers[-1], out)
+            proc = job.start(name, "--step-sleep-s", str(SLEEP["new"]), launcher=launcher)
+            wait_for(lambda n=name: _start_up(job, n)["first_contribution_s"] is not None, 180)
+            starts.append({"cpus": cpus, "repeat": repeat, "name": name, **_start_up(job, name)})
+            print(json.dumps(starts[-1]), flush=True)
+            _write(args.out, conditions, _summary(["host", *quotas], starts, empty, quiet=True), starts, job)
+            if cpus == "host":
+                job.kill(name)
+            else:
+                subprocess.run(["docker", "rm", "-f", containers[-1]], capture_output=True)
+                proc.wait(timeout=30)
+            time.sleep(3.0)  # the job drops the killed worker (heartbeat_timeout_s=2) before the next start
+    finally:
+        for name in containers:
+            subprocess.run(["docker", "rm", "-f", name], capture_output=True)
+        job.close()
+    summary = _summary(["host", *quotas], starts, empty)
+    conditions["load_avg_at_end"] = os.getloadavg()
+    _write(args.out, conditions, summary, starts, job)
+
+
+def _write(out: str, conditions: dict, summary: dict, starts: list, job: ElasticJob) -> None:
+    write_json(RESULTS / out, {"conditions": conditions, "summary": summary, "starts": starts, "errors": job.errors()})
+
+
+def _summary(kinds: list[str], starts: list[dict], empty: dict[str, float], quiet: bool = False) -> dict:
+    summary = {}
+    if not quiet:
+        print(f"{'cpus':>6} {'empty ctr s':>11} {'imports s':>10} {'joined s':>9} {'1st contribution s':>19}")
+    for cpus in kinds:
+        rows = [row for row in starts if row["cpus"] == cpus]
+        medians = {}
+        for key in ("imported_s", "joined_s", "first_contribution_s"):
+            values = [row[key] for row in rows if row[key] is not None]
+            medians[key] = statistics.median(values) if values else None
+        summary[cpus] = {**medians, "empty_container_s": empty.get(cpus)}
+        summary[cpus]["no_contribution"] = sum(row["first_contribution_s"] is None for row in rows)
+        if not quiet and rows:
+            firsts = ", ".join(f"{row['first_contribution_s']:.1f}" for row in rows if row["first_contribution_s"])
+            print(f"{cpus:>6} {empty.get(cpus, 0.0):11.1f} {medians['imported_s'] or 0:10.1f} "
+                  f"{medians['joined_s'] or 0:9.1f} {firsts:>19}")  # fmt: skip
+    return summary

@@ -1,0 +1,128 @@
+"""What per-step logging costs inside a Lightning training step: ``self.log`` of a number against the
+``EpochLog`` metric path that ``AsyncPSStrategy`` uses for its per-step values (``lightning_hetero.ps.reporting``).
+
+One process, one torch thread, a 4-2 linear model on batches of 32: the training step times only its own logging
+calls (two a step, as ASP's staleness mean and maximum) and the medians over the steps after a warm-up are reported,
+repeated ``--repeats`` times with the variants interleaved. Variants:
+
+- ``log_float``: ``self.log(name, 1.0, on_step=False, on_epoch=True, batch_size=1, rank_zero_only=True)`` twice;
+- ``log_float_sync``: the same with ``sync_dist=True`` (no other rank: Lightning's bookkeeping only);
+- ``epoch_log``: two ``EpochLog.report`` calls (a torchmetrics update each; ``self.log`` once an epoch).
+
+Usage::
+
+    python -m benchmarks run log_cost [--steps 400] [--repeats 3] [--json benchmarks/results/log_cost.json]
+
+Prints a table (µs per step for the two calls, median of repeats, and each repeat) and writes the JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from benchmarks.harness.launch import RESULTS as RESULTS_DIR
+from benchmarks.harness.models import quiet_trainer
+from benchmarks.harness.record import write_json
+from lightning_hetero.ps.reporting import EpochLog
+
+VARIANTS = ("log_float", "log_float_sync", "epoch_log")
+WARMUP_STEPS = 20
+
+#: why ``--grid`` does not apply
+NO_GRID = "one process timing its own logging calls: no workers, emulation or epochs to vary"
+
+
+class LoggingModule(L.LightningModule):
+    """Times two logging calls of ``variant`` in every training step (``self.step_s``)."""
+
+    def __init__(self, variant: str) -> None:
+        super().__init__()
+        self.variant = variant
+        self.layer = torch.nn.Linear(4, 2)
+        self.epoch_log = EpochLog(gather=lambda tensor: tensor.unsqueeze(0))
+        self.step_s: list[float] = []
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        start = time.perf_counter()
+        for name in ("a", "b"):
+            if self.variant == "epoch_log":
+                self.epoch_log.report(self, name, 1.0, self.current_epoch)
+            else:
+                sync = self.variant == "log_float_sync"
+                self.log(name, 1.0, on_step=False, on_epoch=True, batch_size=1, sync_dist=sync, rank_zero_only=not sync)
+        self.step_s.append(time.perf_counter() - start)
+        return self.layer(batch[0]).sum()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def measure(variant: str, steps: int) -> float:
+    """Median µs per step that the two logging calls of ``variant`` took, after :data:`WARMUP_STEPS` steps."""
+    module = LoggingModule(variant)
+    data = DataLoader(TensorDataset(torch.randn(32 * (steps + WARMUP_STEPS), 4)), batch_size=32)
+    quiet_trainer(max_epochs=1).fit(module, data)
+    return 1e6 * statistics.median(module.step_s[WARMUP_STEPS:])
+
+
+def summarise(each: dict[str, list[float]]) -> dict[str, dict[str, Any]]:
+    """Per variant: the median over repeats, the repeats, and the ratio to ``epoch_log``'s median.
+
+    Example::
+
+        >>> summarise({"log_float": [700.0, 680.0, 720.0], "epoch_log": [20.0, 21.0, 19.0]})["log_float"]
+        {'us_per_step_median': 700.0, 'us_per_step_each': [700.0, 680.0, 720.0], 'over_epoch_log': 35.0}
+    """
+    base = statistics.median(each["epoch_log"]) if "epoch_log" in each else None
+    summary = {}
+    for variant, values in each.items():
+        median = statistics.median(values)
+        summary[variant] = {
+            "us_per_step_median": median,
+            "us_per_step_each": values,
+            "over_epoch_log": median / base if base else None,
+        }
+    return summary
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--steps", type=int, default=400, help="timed steps per run (after a warm-up)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", type=Path, default=RESULTS_DIR / "log_cost.json")
+
+
+def main(args: argparse.Namespace) -> None:
+    torch.set_num_threads(1)
+    load_before = os.getloadavg()
+    each: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
+    for repeat in range(args.repeats):
+        order = VARIANTS[repeat % len(VARIANTS) :] + VARIANTS[: repeat % len(VARIANTS)]
+        for variant in order:
+            each[variant].append(measure(variant, args.steps))
+    summary = summarise(each)
+    print(f"{'variant':16} {'us/step (2 calls)':>18} {'x epoch_log':>12}  repeats")
+    for variant, row in summary.items():
+        ratio = "-" if row["over_epoch_log"] is None else f"{row['over_epoch_log']:.1f}"
+        repeats = ", ".join(f"{v:.0f}" for v in row["us_per_step_each"])
+        print(f"{variant:16} {row['us_per_step_median']:18.1f} {ratio:>12}  {repeats}")
+    result = {
+        "conditions": {
+            "torch_threads": 1,
+            "steps": args.steps,
+            "warmup_steps": WARMUP_STEPS,
+            "repeats": args.repeats,
+            "load_average_1_5_15min_before_and_after": [load_before, os.getloadavg()],
+        },
+        "summary": summary,
+    }
+    write_json(args.json, result, indent=2)
+    print(f"wrote {args.json}")

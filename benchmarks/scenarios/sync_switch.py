@@ -1,0 +1,311 @@
+"""BSP vs ASP vs the BSP-then-ASP hybrid (SyncSwitchCallback) on a generated task with emulated heterogeneity.
+
+Each configuration trains the same model on the same data with ``AsyncPSStrategy`` on N CPU processes, rank 1
+slowed by ``SlowdownEmulator`` (it computes ``--slowdown`` times slower). The configurations:
+
+- ``bsp``: synchronous all-reduce throughout.
+- ``asp``: asynchronous parameter server throughout.
+- ``hybrid``: BSP for ``--bsp-fraction`` of the epochs (rounded up), then ASP (``FixedFractionPolicy``).
+- ``reverse``: the hybrid's phases in the opposite order: ASP first for as many epochs as the hybrid spends in ASP,
+  then BSP for the rest (a schedule string such as ``"asp:0-8,bsp:9-"``), to test Sync-Switch's claim that BSP
+  first beats the reverse order.
+- ``asp_hetero``: ASP plus ``HeteroBatchCallback`` (per-rank batch sizes rebalanced at epoch ends from measured
+  compute), to test OmniLearn's claim that heterogeneity-aware batches raise ASP's accuracy.
+- ``switch_cost``: not a training comparison; the switch cost for the CIFAR ResNet-20 of ``examples/`` (0.27M
+  parameters, SGD with momentum) over six alternating switches.
+
+Rank 0 records, per epoch, the training time (validation excluded) and the validation accuracy. The table shows the
+final accuracy, the total training time, the time to reach ``--target`` accuracy and the cost of each mode switch.
+
+Usage:
+    python -m benchmarks run sync_switch [--workers 2] [--epochs 12] [--slowdown 4] [--bsp-fraction 0.25]
+        [--configs bsp,asp,hybrid,reverse,asp_hetero,switch_cost] [--tag NAME]
+
+``--configs`` picks a subset (default: all). Results go to ``benchmarks/results/sync_switch_<N>workers.json``
+(``sync_switch_<N>workers_<tag>.json`` with ``--tag``). Lightning's launcher re-runs this script for ranks 1..N-1,
+so each configuration runs in its own child process (``--config``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+from torch.utils.data import DataLoader
+
+from benchmarks.harness.launch import ROOT as ROOT_DIR
+from benchmarks.harness.launch import run_job, scenario_command
+from benchmarks.harness.models import MLP, TrainingTimes, classification_split, quiet_trainer
+from benchmarks.harness.record import write_json
+from lightning_hetero.emulation.slowdown import SlowdownEmulator
+from lightning_hetero.hetero_batch import HeteroBatchCallback
+from lightning_hetero.ps import AsyncPSStrategy
+from lightning_hetero.switching import FixedFractionPolicy
+from lightning_hetero.switching.callback import SyncSwitchCallback
+from lightning_hetero.switching.policies import share_in_epochs
+
+ROOT = ROOT_DIR
+RESULTS = ROOT / "benchmarks" / "results"
+CONFIGS = ("bsp", "asp", "hybrid", "reverse", "asp_hetero")
+ALL = (*CONFIGS, "switch_cost")
+ALTERNATING = "bsp:0,asp:1,bsp:2,asp:3,bsp:4,asp:5,bsp:6-"
+
+#: why ``--grid`` does not apply
+NO_GRID = "its figures (accuracy and switch cost at fixed settings) come from one run per configuration; asp_accuracy has the grid"
+
+
+def reverse_schedule(epochs: int, bsp_fraction: float) -> str:
+    """ASP first, then BSP, with the hybrid's epoch counts: as many ASP epochs as ``FixedFractionPolicy`` gives the
+    hybrid's ASP phase, then BSP for the rest.
+
+    Example::
+
+        >>> reverse_schedule(12, 0.25), reverse_schedule(4, 0.25), reverse_schedule(4, 0.0), reverse_schedule(4, 1.0)
+        ('asp:0-8,bsp:9-', 'asp:0-2,bsp:3-', 'asp:0-', 'bsp:0-')
+    """
+    asp_epochs = epochs - share_in_epochs(bsp_fraction, epochs)
+    if asp_epochs <= 0:
+        return "bsp:0-"
+    if asp_epochs >= epochs:
+        return "asp:0-"
+    return f"asp:0-{asp_epochs - 1},bsp:{asp_epochs}-"
+
+
+def parse_configs(text: str) -> list[str]:
+    """The ``--configs`` list, in the order of :data:`ALL` (so BSP, the baseline, runs first).
+
+    Example::
+
+        >>> parse_configs("reverse,hybrid"), parse_configs("all") == list(ALL)
+        (['hybrid', 'reverse'], True)
+    """
+    names = {name.strip() for name in text.split(",") if name.strip()}
+    if names == {"all"}:
+        return list(ALL)
+    unknown = sorted(names - set(ALL))
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown configs {unknown or text!r}; choose from {', '.join(ALL)} or all")
+    return [name for name in ALL if name in names]
+
+
+def measure_switch_cost(args: argparse.Namespace) -> None:
+    """ResNet-20 on generated CIFAR-shaped images, switching mode every epoch; rank 0 writes the switch costs."""
+    sys.path.insert(0, str(ROOT))  # the ResNet-20 lives in the examples package at the repository root
+    from examples.image_classification.data import make_cifar_like
+    from examples.image_classification.model import ImageClassifier
+
+    dataset, _ = make_cifar_like(256)
+    model = ImageClassifier(arch="resnet20", lr=0.05)
+    switch = SyncSwitchCallback(ALTERNATING, verbose=False)
+    trainer = quiet_trainer(
+        devices=args.workers,
+        strategy=AsyncPSStrategy(mode="bsp"),
+        max_epochs=7,
+        callbacks=[switch],
+        limit_val_batches=0,
+    )
+    trainer.fit(model, train_dataloaders=DataLoader(dataset, batch_size=16, shuffle=True))
+    if trainer.is_global_zero:
+        parameters = sum(p.numel() for p in model.parameters())
+        Path(args.out).write_text(json.dumps({"parameters": parameters, "switches": switch.switches}))
+
+
+def run_config(args: argparse.Namespace) -> None:
+    torch.set_num_threads(1)
+    L.seed_everything(0, verbose=False)
+    if args.config == "switch_cost":
+        measure_switch_cost(args)
+        return
+    val_samples = args.samples * 3 // 2 - args.samples
+    train, val = classification_split(args.samples, val_samples, 0, args.noise, args.features, args.classes)
+    # 4 hidden layers: enough compute per step that the emulated slowdown, not Lightning's overhead, sets the pace
+    model = MLP(args.features, args.classes, [args.hidden] * 4, args.lr, args.momentum)
+    recorder = TrainingTimes()
+    callbacks: list[Callback] = [recorder, SlowdownEmulator(factors={1: args.slowdown})]
+    switch = None
+    hetero = None
+    mode = "asp" if args.config in ("asp", "asp_hetero") else "bsp"
+    if args.config == "hybrid":
+        switch = SyncSwitchCallback(FixedFractionPolicy(args.bsp_fraction), verbose=False)
+    elif args.config == "reverse":
+        schedule = reverse_schedule(args.epochs, args.bsp_fraction)
+        switch = SyncSwitchCallback(schedule, verbose=False)
+        mode = schedule[:3]  # start in the first phase's mode, so that epoch 0 needs no switch
+    if switch is not None:
+        callbacks.insert(0, switch)  # before the recorder, so that the recorder sees the epoch's mode
+    if args.config == "asp_hetero":
+        hetero = HeteroBatchCallback(verbose=False)
+        callbacks.append(hetero)
+    strategy = AsyncPSStrategy(mode=mode)
+    trainer = quiet_trainer(
+        devices=args.workers,
+        strategy=strategy,
+        max_epochs=args.epochs,
+        callbacks=callbacks,
+    )
+    trainer.fit(
+        model,
+        train_dataloaders=DataLoader(train, batch_size=args.batch_size, shuffle=True),
+        val_dataloaders=DataLoader(val, batch_size=1024),
+    )
+    if trainer.is_global_zero:
+        result = {
+            "config": args.config,
+            "epochs": recorder.epochs,
+            "switches": switch.switches if switch else [],
+            "server_summary": strategy.server_summary,
+        }
+        if hetero is not None:
+            result["final_split"] = list(hetero.batch_sizes or ())
+            result["split_history"] = [
+                {
+                    "epoch": entry["epoch"],
+                    "from": list(entry["from"]),
+                    "to": list(entry["to"]),
+                    "costs_overhead_s_per_sample_s": [list(cost) for cost in entry["costs"]],
+                }
+                for entry in hetero.history
+            ]
+        Path(args.out).write_text(json.dumps(result, default=str))
+
+
+def launch(config: str) -> dict:
+    """Run one configuration in a child process (Lightning's launcher starts its other ranks from it)."""
+    out = RESULTS / f".sync_switch_{config}.json"
+    command = [*scenario_command("sync_switch"), *sys.argv[3:], "--config", config, "--out", str(out)]
+    load_before, started = os.getloadavg(), time.perf_counter()
+    run_job(command, timeout_s=1800)
+    result = json.loads(out.read_text())
+    out.unlink()
+    result["wall_s"] = time.perf_counter() - started
+    result["load_average_1_5_15min_before_and_after"] = [load_before, os.getloadavg()]
+    return result
+
+
+def time_to(epochs: list[dict], target: float) -> float | None:
+    elapsed = 0.0
+    for record in epochs:
+        elapsed += record["train_s"]
+        if record["val_acc"] >= target:
+            return elapsed
+    return None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workers", type=int, default=2, help="processes (2-4 on CPU)")
+    parser.add_argument("--epochs", type=int, default=12)
+    parser.add_argument("--slowdown", type=float, default=4.0, help="rank 1 computes this many times slower")
+    parser.add_argument("--bsp-fraction", type=float, default=0.25, help="the hybrid's (and reverse's) BSP share")
+    parser.add_argument(
+        "--configs",
+        type=parse_configs,
+        default=list(ALL),
+        help=f"comma-separated subset of {','.join(ALL)} (default: all)",
+    )
+    parser.add_argument("--tag", default="", help="suffix of the results file: sync_switch_<N>workers_<tag>.json")
+    parser.add_argument(
+        "--target", type=float, default=None, help="accuracy target (default: BSP's final - 0.5 pt, else best - 0.5 pt)"
+    )
+    parser.add_argument("--samples", type=int, default=8192)
+    parser.add_argument("--features", type=int, default=64)
+    parser.add_argument("--classes", type=int, default=10)
+    parser.add_argument("--noise", type=float, default=3.0)
+    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--lr", type=float, default=0.003)
+    parser.add_argument("--momentum", type=float, default=0.9)
+    parser.add_argument("--config", choices=ALL, help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+
+
+def main(args: argparse.Namespace) -> None:
+    if args.config is not None:
+        run_config(args)
+        return
+
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    load_before, started = os.getloadavg(), time.perf_counter()
+    runs = {config: launch(config) for config in args.configs}
+    resnet = runs.pop("switch_cost", None)
+
+    if args.target is not None:
+        target = args.target
+    elif "bsp" in runs:
+        target = runs["bsp"]["epochs"][-1]["val_acc"] - 0.005
+    elif runs:
+        target = max(run["epochs"][-1]["val_acc"] for run in runs.values()) - 0.005
+    else:
+        target = None
+    rows = []
+    for config, run in runs.items():
+        epochs = run["epochs"]
+        rows.append(
+            {
+                "config": config,
+                "final_acc": epochs[-1]["val_acc"],
+                "best_acc": max(e["val_acc"] for e in epochs),
+                "train_s": sum(e["train_s"] for e in epochs),
+                "time_to_target_s": time_to(epochs, target),
+                "modes": "".join("B" if e["mode"] == "bsp" else "A" for e in epochs),
+                "switch_cost_s": [s["cost_s"] for s in run["switches"]],
+                "final_split": run.get("final_split"),
+                "load_average_1_5_15min_before_and_after": run["load_average_1_5_15min_before_and_after"],
+            }
+        )
+    if rows:
+        target_text = "BSP's final - 0.5 pt" if args.target is None and "bsp" in runs else "given or best - 0.5 pt"
+        print(
+            f"target accuracy {target:.4f} ({target_text}); rank 1 {args.slowdown}x slower; {args.workers} workers; "
+            f"{args.epochs} epochs"
+        )
+        print(f"{'config':>10} {'final acc':>9} {'train s':>8} {'to target s':>11} {'vs BSP':>7}  modes")
+        bsp_time = next((row["train_s"] for row in rows if row["config"] == "bsp"), None)
+        for row in rows:
+            to_target = "never" if row["time_to_target_s"] is None else f"{row['time_to_target_s']:.1f}"
+            vs_bsp = "-" if bsp_time is None else f"{row['train_s'] / bsp_time:.2f}x"
+            print(
+                f"{row['config']:>10} {row['final_acc']:>9.4f} {row['train_s']:>8.1f} {to_target:>11} "
+                f"{vs_bsp:>7}  {row['modes']}"
+            )
+        for row in rows:
+            for cost in row["switch_cost_s"]:
+                print(f"{row['config']}: switch cost {cost * 1000:.1f} ms")
+            if row["final_split"]:
+                print(f"{row['config']}: final per-rank batch sizes {row['final_split']}")
+    if resnet is not None:
+        for direction in ("bsp", "asp"):
+            costs = [s["cost_s"] * 1000 for s in resnet["switches"] if s["to"] == direction]
+            print(
+                f"ResNet-20 ({resnet['parameters'] / 1e6:.2f}M parameters), into {direction.upper()}: "
+                f"{', '.join(f'{c:.1f}' for c in costs)} ms"
+            )
+    parameters = sum(p.numel() for p in MLP(args.features, args.classes, [args.hidden] * 4, 0.1, 0.0).parameters())
+    report = {
+        "conditions": {
+            **{key: value for key, value in vars(args).items() if key not in ("config", "out")},
+            "target": target,
+            "reverse_schedule": reverse_schedule(args.epochs, args.bsp_fraction),
+            "parameters": parameters,
+            "emulation": "SlowdownEmulator sleeps on rank 1 (compute stretched, CPU not throttled)",
+            "load_average_1_5_15min_before_and_after": [load_before, os.getloadavg()],
+            "wall_s": time.perf_counter() - started,
+        },
+        "rows": rows,
+        "resnet20_switch_cost": resnet,
+        "epochs": {config: run["epochs"] for config, run in runs.items()},
+        "runs": {
+            config: {key: value for key, value in run.items() if key not in ("epochs", "config")}
+            for config, run in runs.items()
+        },
+    }
+    suffix = f"_{args.tag}" if args.tag else ""
+    path = RESULTS / f"sync_switch_{args.workers}workers{suffix}.json"
+    write_json(path, report)
+    print(f"wrote {path}")
