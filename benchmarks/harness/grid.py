@@ -33,6 +33,17 @@ class Cell:
     overrides: dict[str, Any] = field(default_factory=dict)
 
 
+def scaled(values: str, factor: float) -> str:
+    """A comma-separated list of numbers (a flag's value), each times ``factor``.
+
+    Example::
+
+        >>> scaled("4,8", 2)
+        '8,16'
+    """
+    return ",".join(f"{float(v) * factor:g}" for v in values.split(","))
+
+
 def cells(axes: dict[str, list[Cell] | str], only: list[str]) -> tuple[list[Cell], dict[str, str]]:
     """The base cell and the cells of the chosen axes (``only``: some axes, and the base cell only if it names
     ``base``, e.g. to finish a grid cut short), and the skipped axes with their reasons."""

@@ -46,7 +46,7 @@ from lightning.pytorch.callbacks import Callback
 from torch import nn
 from torch.utils.data import DataLoader
 
-from benchmarks.harness.grid import Cell
+from benchmarks.harness.grid import Cell, scaled
 from benchmarks.harness.launch import ROOT as ROOT_DIR
 from benchmarks.harness.launch import run_job, scenario_command
 from benchmarks.harness.models import TrainingTimes, classification_split, quiet_trainer
@@ -361,11 +361,6 @@ def cell_order(workers: list[int], levels: list[float]) -> list[tuple[int, float
     return [(n, level) for level in sorted(levels, reverse=True) for n in sorted(workers)]
 
 
-def _scaled(values: str, factor: float) -> str:
-    """A comma-separated list of numbers, each times ``factor`` (``"4,8"`` x 2 -> ``"8,16"``)."""
-    return ",".join(f"{float(v) * factor:g}" for v in values.split(","))
-
-
 def default_out(args: argparse.Namespace) -> Path:
     return RESULTS / ("asp_accuracy_quick.json" if args.quick else "asp_accuracy.json")
 
@@ -377,8 +372,8 @@ def grid_axes(args: argparse.Namespace) -> dict[str, list[Cell] | str]:
         "emulation": [Cell("emulation", other, {"throttle": other})],
         "cost": [Cell("cost", f"x{k:g}", {"cost_s": args.cost_s * k}) for k in (0.5, 2)],
         "epoch": [Cell("epoch", f"x{k:g}", {"samples": round(args.samples * k)}) for k in (0.25, 4)],
-        "workers": [Cell("workers", "x2", {"workers": _scaled(args.workers, 2)})],
-        "quota": [Cell("quota", f"HL x{k:g}", {"throttle": "cfs", "hl": _scaled(args.hl, k)}) for k in (0.5, 2)],
+        "workers": [Cell("workers", "x2", {"workers": scaled(args.workers, 2)})],
+        "quota": [Cell("quota", f"HL x{k:g}", {"throttle": "cfs", "hl": scaled(args.hl, k)}) for k in (0.5, 2)],
     }
 
 

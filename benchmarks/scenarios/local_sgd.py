@@ -68,7 +68,7 @@ from lightning.pytorch.strategies import DDPStrategy
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from benchmarks.harness.grid import Cell
+from benchmarks.harness.grid import Cell, scaled
 from benchmarks.harness.launch import ROOT as ROOT_DIR
 from benchmarks.harness.launch import child_env, run_job, run_jobs, scenario_command
 from benchmarks.harness.models import MLP
@@ -471,11 +471,6 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         )
 
 
-def _scaled(values: str, factor: float) -> str:
-    """A comma-separated list of numbers, each times ``factor`` (``"4,8"`` x 2 -> ``"8,16"``)."""
-    return ",".join(f"{float(v) * factor:g}" for v in values.split(","))
-
-
 def default_out(args: argparse.Namespace) -> Path:
     return RESULTS / ("local_sgd_quick.json" if args.quick else "local_sgd.json")
 
@@ -489,8 +484,8 @@ def grid_axes(args: argparse.Namespace) -> dict[str, list[Cell] | str]:
         if "heavy" in args.models
         else "the light model has no emulated per-sample cost (--models heavy has)",
         "epoch": [Cell("epoch", f"x{k:g}", {"samples": round(args.samples * k)}) for k in (0.25, 4)],
-        "workers": [Cell("workers", "x2", {"workers": _scaled(args.workers, 2)})],
-        "quota": [Cell("quota", f"HL x{k:g}", {"throttle": "cfs", "hl": _scaled(args.hl, k)}) for k in (0.5, 2)],
+        "workers": [Cell("workers", "x2", {"workers": scaled(args.workers, 2)})],
+        "quota": [Cell("quota", f"HL x{k:g}", {"throttle": "cfs", "hl": scaled(args.hl, k)}) for k in (0.5, 2)],
     }
 
 
