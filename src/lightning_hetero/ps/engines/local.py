@@ -114,10 +114,10 @@ class LocalSGDEngine:
                 "trains at its own speed (local_steps='proportional'); remove the callback or use BSP/ASP."
             )
         self._round_open = False
-        ctx, _, _ = self._parts()
-        # each rank's step-interval schedulers follow the job's steps (every rank's), not the rank's own
-        ctx.schedules.take_over(ctx.trainer.lr_scheduler_configs)
-        self._schedule_count = ctx.counter.version
+        ctx = self._ctx
+        if ctx is not None:  # set up, as in every fit: step-interval schedulers follow the job's steps, not the rank's
+            ctx.schedules.take_over(ctx.trainer.lr_scheduler_configs)
+            self._schedule_count = ctx.counter.version
         self._announce()
 
     def _announce(self) -> None:
