@@ -272,10 +272,7 @@ def strategy_and_callbacks(feature: str, unused: bool = False) -> tuple[object, 
         return ddp, [HeteroBatchCallback(adjust_every_n_steps=4, warmup_steps=1, verbose=False)]
     if feature == "hybrid":
         return AsyncPSStrategy(mode="bsp", fault_timeout_s=30), [SyncSwitchCallback("bsp:0-0,asp:1-", verbose=False)]
-    import os
-
-    extra = eval(os.environ.get("ASP_EXTRA", "{}"))
-    return AsyncPSStrategy(mode=feature, fault_timeout_s=30, **extra), []
+    return AsyncPSStrategy(mode=feature, fault_timeout_s=30), []
 
 
 def cell_setup(cell: str) -> tuple[L.LightningModule, L.LightningDataModule | None, dict]:
