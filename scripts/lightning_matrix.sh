@@ -6,7 +6,7 @@
 #   scripts/lightning_matrix.sh oldest       one end only (oldest | latest)
 #
 # "oldest" is the newest patch release of the floor pyproject declares (lightning>=2.2 -> 2.2.5), "latest" is
-# whatever pip resolves with --upgrade. The fast tests are every test not marked multiprocess, docker or timing;
+# whatever pip resolves with --upgrade; it is skipped when .venv (the suite's venv) already holds that release. The fast tests are every test not marked multiprocess, docker or timing;
 # then KEY_MULTIPROCESS (a pytest -k expression) picks a few multi-process trainings that go through Lightning's
 # launcher, loops, checkpointing and the private names in _lightning_internals, one per feature path (about 90 s).
 # PYTEST_ARGS replaces the fast selection; KEY_MULTIPROCESS="" skips the multi-process tests.
@@ -18,9 +18,24 @@ FAST_MARKERS='not multiprocess and not docker and not timing'
 KEY_MULTIPROCESS=${KEY_MULTIPROCESS-test_two_rank_ddp_loss_falls or test_loss_weighting_gives_the_big_batch_gradient_across_a_split_change or test_mid_epoch_resume_continues_with_the_learned_split or test_checkpoint_resume_continues_from_the_servers_state or test_switching_mode_between_epochs or test_elastic_asp_under_lightnings_launcher_outlives_its_process_observer}
 status=0
 
+# The newest Lightning on the index, or nothing when the index cannot say.
+newest_release() {
+    .venv/bin/python -m pip index versions lightning 2>/dev/null | sed -n 's/^lightning (\(.*\))$/\1/p'
+}
+
 run_end() {
     local end=$1 venv=.venv-lightning-$1 start
     start=$(date +%s)
+    if [ "$end" = latest ] && [ -x .venv/bin/python ]; then
+        # `make test` already ran every test on .venv: a second venv with the same release would repeat it
+        local main newest
+        main=$(.venv/bin/python -c 'import lightning; print(lightning.__version__)' 2>/dev/null)
+        newest=$(newest_release)
+        if [ -n "$newest" ] && [ "$main" = "$newest" ]; then
+            echo "lightning-matrix: latest: .venv already holds the newest release, lightning $main; its run is the suite's"
+            return 0
+        fi
+    fi
     if [ "$end" = oldest ]; then
         # Lightning 2.2's lightning.fabric imports pkg_resources, which setuptools removed in 81
         printf 'lightning==%s\npytorch-lightning==%s\nsetuptools<81\n' "$OLDEST" "$OLDEST" >"/tmp/lightning-matrix-$end.txt"
