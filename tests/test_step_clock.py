@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from lightning_hetero import HeteroBatchCallback
-from lightning_hetero.hetero_batch.window import ComputeEndMarks, PendingSteps
+from lightning_hetero.hetero_batch.timing import ComputeEndMarks, PendingSteps
 from lightning_hetero.measurement import BusyTimer, ComputeTimer
 from lightning_hetero.step_clock import CudaEventClock, FakeDevice, HostClock, step_clock_for
 from lightning_hetero.synthetic import MLPClassifier, SyntheticClassificationDataModule

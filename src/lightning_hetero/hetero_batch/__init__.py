@@ -7,8 +7,8 @@ Lightning glue). The split arithmetic itself is :mod:`lightning_hetero.allocatio
 """
 
 from lightning_hetero.allocation import apportion
+from lightning_hetero.hetero_batch.batches import HeteroBatchSampler, SplitPlan
 from lightning_hetero.hetero_batch.callback import HeteroBatchCallback
 from lightning_hetero.hetero_batch.controller import BatchSizeController
-from lightning_hetero.hetero_batch.sampler import HeteroBatchSampler, SplitPlan
 
 __all__ = ["BatchSizeController", "HeteroBatchCallback", "HeteroBatchSampler", "SplitPlan", "apportion"]

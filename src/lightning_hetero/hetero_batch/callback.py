@@ -21,21 +21,32 @@ from lightning_hetero._deprecation import renamed_argument, warn_renamed
 from lightning_hetero._lightning_internals import rebuild_train_dataloader
 from lightning_hetero.batch_weighting import batch_share
 from lightning_hetero.contracts import HeteroBatchStrategy
-from lightning_hetero.hetero_batch.accumulation import step_weight
-from lightning_hetero.hetero_batch.aggregation import weight_backward
-from lightning_hetero.hetero_batch.batch_statistics import model_floor
-from lightning_hetero.hetero_batch.cadence import adjusts_after, describe
-from lightning_hetero.hetero_batch.compile_shapes import RecompileWatch, mark_batch_dynamic
-from lightning_hetero.hetero_batch.exchange import gather_rows, read_rows
-from lightning_hetero.hetero_batch.loader import build_hetero_loader, starting_batch_size
-from lightning_hetero.hetero_batch.lr_scaling import lr_scale_factor, scale_learning_rates
+from lightning_hetero.hetero_batch.batches import (
+    HeteroBatchSampler,
+    RecompileWatch,
+    build_hetero_loader,
+    mark_batch_dynamic,
+    starting_batch_size,
+)
+from lightning_hetero.hetero_batch.gradients import step_weight, weight_backward
 from lightning_hetero.hetero_batch.memory import MemoryGuard, auto_memory_guard, respect_caps, restore_caps, saved_caps
-from lightning_hetero.hetero_batch.sampler import HeteroBatchSampler
-from lightning_hetero.hetero_batch.settings import check_settings, check_trainer, new_tuner
-from lightning_hetero.hetero_batch.shared_device import warn_shared_devices
-from lightning_hetero.hetero_batch.summary import adjustment_metrics
-from lightning_hetero.hetero_batch.tuner import SplitTuner
-from lightning_hetero.hetero_batch.window import ComputeEndMarks, PendingSteps, WaitExclusion, quota_source
+from lightning_hetero.hetero_batch.period import adjusts_after, describe, gather_rows, read_rows
+from lightning_hetero.hetero_batch.settings import (
+    check_settings,
+    check_trainer,
+    lr_scale_factor,
+    model_floor,
+    new_tuner,
+    scale_learning_rates,
+)
+from lightning_hetero.hetero_batch.timing import (
+    ComputeEndMarks,
+    PendingSteps,
+    WaitExclusion,
+    quota_source,
+    warn_shared_devices,
+)
+from lightning_hetero.hetero_batch.tuner import SplitTuner, adjustment_metrics
 from lightning_hetero.measurement import (
     BusyTimer,
     ComputeTimer,
@@ -53,10 +64,10 @@ class HeteroBatchCallback(Callback):
     """Resize each rank's share of every global batch in proportion to its measured compute throughput.
 
     Each rank measures its *busy* time per step (wall time minus every wait for other ranks, see
-    :mod:`~lightning_hetero.hetero_batch.window`; under a CPU quota at least its CPU time at the quota's rate) and fits
+    :mod:`~lightning_hetero.hetero_batch.timing`; under a CPU quota at least its CPU time at the quota's rate) and fits
     it per adjustment period as a fixed overhead plus a per-sample cost
     (:class:`~lightning_hetero.hetero_batch.cost_model.PeriodCostModel`). At each adjustment all ranks exchange their
-    fits and the measured synchronous step (:mod:`~lightning_hetero.hetero_batch.exchange`) and apply the same
+    fits and the measured synchronous step (:mod:`~lightning_hetero.hetero_batch.period`) and apply the same
     decision (:class:`~lightning_hetero.hetero_batch.policy.AdjustmentPolicy`): the split that equalises their
     predicted step times, never giving a slower rank more samples than a faster one, rolled back if the synchronous
     step measured after it is slower. The global batch stays constant, every sample is used once per epoch, every
@@ -100,7 +111,7 @@ class HeteroBatchCallback(Callback):
             newest period.
         adjust_every_n_steps: also adjust every ``n`` optimizer steps inside an epoch; by default the split changes
             at epoch ends, once or twice early in the first epoch and every 32 steps inside an epoch
-            (:mod:`~lightning_hetero.hetero_batch.cadence`).
+            (:mod:`~lightning_hetero.hetero_batch.period`).
         batch_lr_scaling: ``"linear"`` or ``"sqrt"`` to rescale learning rates when ``global_batch_size`` differs
             from the loader's ``batch_size`` x world size; ``None`` leaves them alone. (Not to be confused with
             ``AsyncPSStrategy(lr_scaling=...)``, which scales each update by its staleness.)
@@ -116,7 +127,7 @@ class HeteroBatchCallback(Callback):
         - Collectives called directly through ``torch.distributed`` (not through the strategy) are not seen and
           count as the rank's own busy time.
         - With ``accumulate_grad_batches`` each micro-batch's loss is weighted so that a step's gradient is the big
-          batch's over all its micro-batches (:mod:`~lightning_hetero.hetero_batch.accumulation`).
+          batch's over all its micro-batches (:mod:`~lightning_hetero.hetero_batch.gradients`).
         - With manual optimization (``self.automatic_optimization = False``) each ``manual_backward`` is weighted
           as the automatic backward is, so each loss must be a mean over the rank's batch; ``memory_caps="auto"``
           is refused there.
@@ -387,7 +398,7 @@ class HeteroBatchCallback(Callback):
             rank_zero_info(self.summary())
 
     def summary(self) -> str:
-        """A one-screen table (see :func:`~lightning_hetero.hetero_batch.summary.format_summary`)."""
+        """A one-screen table (see :func:`~lightning_hetero.hetero_batch.tuner.format_summary`)."""
         assert self.tuner is not None
         return self.tuner.summary()
 

@@ -28,8 +28,8 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.distributed.fsdp import FullyShardedDataParallel
 from torch.nn.parallel import DistributedDataParallel
 
-from lightning_hetero.hetero_batch.chunking import chunk_size, run_in_chunks
 from lightning_hetero.hetero_batch.controller import BatchSizeController, Decision
+from lightning_hetero.hetero_batch.gradients import chunk_size, run_in_chunks
 
 log = logging.getLogger("lightning_hetero.hetero_batch")
 
@@ -244,7 +244,7 @@ class MemoryGuard:
 
     def _piece(self, size: int) -> int:
         """The largest piece of a batch of ``size`` run at once: the batch, or chunks within the cap
-        (:func:`~lightning_hetero.hetero_batch.chunking.chunk_size`: multiples of ``batch_size_multiple``)."""
+        (:func:`~lightning_hetero.hetero_batch.gradients.chunk_size`: multiples of ``batch_size_multiple``)."""
         cap = self.caps.own
         return size if cap is None or size <= cap else chunk_size(cap, self.caps.multiple)
 

@@ -1,22 +1,42 @@
 """The checks behind ``HeteroBatchCallback(...)``: a bad setting fails at construction, naming it; what the callback
 cannot run with fails at setup, before the first batch (:func:`check_trainer`); and the tuner its settings build
-once the global batch and the device are known."""
+once the global batch and the device are known.
+
+Two rules derived from the settings live here too. Batch-statistics layers: a BatchNorm layer in training mode
+normalises by the batch's own mean and variance and rejects a batch of one sample ("Expected more than 1 value per
+channel"), so a model with such layers gets at least :data:`BATCH_STATISTICS_FLOOR` samples per rank and step, the
+epoch's last partial global batch included (:func:`model_floor`). The learning rate: while the global batch stays
+constant it needs no change, whatever the per-rank split; when a user trains with a global batch different from the
+one the learning rate was tuned for, ``batch_lr_scaling`` applies one of the common rules, linear (Goyal et al.) or
+square-root (Krizhevsky; Hoffer et al.) (:func:`lr_scale_factor`).
+
+Example::
+
+    >>> from torch import nn
+    >>> batch_floor(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))), batch_floor(nn.Linear(4, 4))
+    (2, 1)
+    >>> raised_min_batch_size(1, floor=2), raised_min_batch_size([1, 4], floor=2), raised_min_batch_size(3, floor=2)
+    (2, [2, 4], 3)
+"""
 
 from __future__ import annotations
 
+import logging
+import math
 from collections.abc import Sequence
 from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
 from lightning.pytorch.utilities import rank_zero_info
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from lightning_hetero._validation import check_range
 from lightning_hetero.contracts import HeteroBatchStrategy
-from lightning_hetero.hetero_batch.batch_statistics import raised_min_batch_size
 from lightning_hetero.hetero_batch.controller import BatchSizeController
-from lightning_hetero.hetero_batch.lr_scaling import LR_SCALING_RULES
 from lightning_hetero.hetero_batch.tuner import SplitTuner
+from lightning_hetero.param_groups import scale_learning_rates as scale_learning_rates  # re-exported for the callback
 
 
 def check_settings(
@@ -93,7 +113,7 @@ def resolve_batch_size_multiple(setting: int | str, device: str, global_batch: i
 
 def new_tuner(settings: Any, global_batch: int, rank: int, world_size: int, device: str, floor: int = 1) -> SplitTuner:
     """The tuner for ``settings`` (a ``HeteroBatchCallback``'s attributes), printing the batch-size multiple chosen;
-    ``floor`` is the samples a rank needs per step (2 with BatchNorm, :mod:`~lightning_hetero.hetero_batch.batch_statistics`).
+    ``floor`` is the samples a rank needs per step (2 with BatchNorm, :mod:`~lightning_hetero.hetero_batch.settings`).
 
     Example::
 
@@ -149,3 +169,63 @@ def check_trainer(trainer: pl.Trainer, module: pl.LightningModule, memory_caps: 
             f"HeteroBatchCallback supports strategy='ddp', 'fsdp' (and strategies offering HeteroBatchStrategy), "
             f"not {type(strategy).__name__}"
         )
+
+
+log = logging.getLogger(__name__)
+
+#: samples a rank needs per step when the model normalises by batch statistics
+BATCH_STATISTICS_FLOOR = 2
+
+
+def batch_floor(module: nn.Module) -> int:
+    """The smallest per-rank batch ``module`` trains on: 2 with BatchNorm layers (any ``_BatchNorm``), else 1."""
+    return BATCH_STATISTICS_FLOOR if any(isinstance(m, _BatchNorm) for m in module.modules()) else 1
+
+
+def raised_min_batch_size(min_batch_size: int | Sequence[int], floor: int) -> int | list[int]:
+    """``min_batch_size`` (an int, or one per rank) raised to at least ``floor``.
+
+    Args:
+        min_batch_size: the user's setting.
+        floor: :func:`batch_floor` of the model.
+    """
+    if isinstance(min_batch_size, int):
+        return max(min_batch_size, floor)
+    return [max(size, floor) for size in min_batch_size]
+
+
+def model_floor(module: nn.Module, min_batch_size: int | Sequence[int]) -> int:
+    """:func:`batch_floor` of ``module``, said once (on rank 0, and logged) when it raises ``min_batch_size``.
+
+    Args:
+        module: the model.
+        min_batch_size: the user's setting.
+    """
+    floor = batch_floor(module)
+    if raised_min_batch_size(min_batch_size, floor) != min_batch_size:
+        message = (
+            f"HeteroBatchCallback: min_batch_size={min_batch_size!r} raised to {floor} per rank (the epoch's last batch "
+            "included): the model has BatchNorm layers, which reject a one-sample batch in training."
+        )
+        log.info(message)
+        rank_zero_info(message)
+    return floor
+
+
+LR_SCALING_RULES = ("linear", "sqrt")
+
+
+def lr_scale_factor(rule: str | None, base_global_batch: int, global_batch: int) -> float:
+    """The factor by which to multiply learning rates.
+
+    Example::
+
+        >>> lr_scale_factor("linear", 64, 256), lr_scale_factor("sqrt", 64, 256), lr_scale_factor(None, 64, 256)
+        (4.0, 2.0, 1.0)
+    """
+    if rule is None:
+        return 1.0
+    if rule not in LR_SCALING_RULES:
+        raise ValueError(f"batch_lr_scaling must be one of {LR_SCALING_RULES} or None, got {rule!r}")
+    ratio = global_batch / base_global_batch
+    return ratio if rule == "linear" else math.sqrt(ratio)

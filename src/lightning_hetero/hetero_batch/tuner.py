@@ -17,13 +17,11 @@ from typing import Any
 import torch
 
 from lightning_hetero.allocation import line_times_s
+from lightning_hetero.hetero_batch.batches import SplitPlan
 from lightning_hetero.hetero_batch.controller import BatchSizeController, Decision
 from lightning_hetero.hetero_batch.cost_model import PeriodCostModel
-from lightning_hetero.hetero_batch.exchange import Exchanged, own_row, trimmed
-from lightning_hetero.hetero_batch.period import MeasuredPeriod
+from lightning_hetero.hetero_batch.period import Exchanged, MeasuredPeriod, own_row, trimmed
 from lightning_hetero.hetero_batch.policy import AdjustmentPolicy
-from lightning_hetero.hetero_batch.sampler import SplitPlan
-from lightning_hetero.hetero_batch.summary import format_summary
 
 
 class SplitTuner:
@@ -39,7 +37,7 @@ class SplitTuner:
 
     Example::
 
-        >>> from lightning_hetero.hetero_batch.exchange import read_rows
+        >>> from lightning_hetero.hetero_batch.period import read_rows
         >>> tuners = [SplitTuner(BatchSizeController(global_batch_size=64, world_size=2), rank=r) for r in (0, 1)]
         >>> for _ in range(6):  # rank 1 is three times slower per sample; the step waits for it
         ...     for rank, tuner in enumerate(tuners):
@@ -96,7 +94,7 @@ class SplitTuner:
 
     def close_period(self, position: int, memory_cap: int | None = None) -> torch.Tensor:
         """End the period: fold its steps into the cost model and return this rank's row for the exchange
-        (:func:`~lightning_hetero.hetero_batch.exchange.own_row`); ``position`` is how far this rank's loader got,
+        (:func:`~lightning_hetero.hetero_batch.period.own_row`); ``position`` is how far this rank's loader got,
         ``memory_cap`` its largest batch known to fit (``memory_caps="auto"``)."""
         current, cost = self.plan.current, self.cost
         steps, busy_s, self._period_walls = self.period.close(current, self.rank)
@@ -162,7 +160,7 @@ class SplitTuner:
         return line_times_s(self.plan.current if split is None else split, self.costs)
 
     def summary(self) -> str:
-        """A one-screen table (see :func:`~lightning_hetero.hetero_batch.summary.format_summary`)."""
+        """A one-screen table (see :func:`~lightning_hetero.hetero_batch.tuner.format_summary`)."""
         predicted = self.predicted_step_s()
         equal = self.predicted_step_s(self.controller.equal_split()) if predicted else None
         return format_summary(self.plan.current, predicted, self.busy_s, self.history, self.sync_step_s, equal)
@@ -206,3 +204,59 @@ class SplitTuner:
             self.cost.load_state_dict({"overhead_s": overhead_s, "per_sample_s": per_sample_s})
         if state.get("policy"):
             self.policy.load_state_dict(state["policy"])
+
+
+def format_summary(
+    sizes: Sequence[int],
+    predicted_s: Sequence[float],
+    measured_s: Sequence[float] | None,
+    history: Sequence[dict[str, Any]],
+    sync_step_s: float | None,
+    equal_split_predicted_s: Sequence[float] | None,
+) -> str:
+    """A one-screen table; ``predicted_s`` may be empty (no fit yet), ``measured_s`` ``None`` (no exchange yet).
+
+    Example::
+
+        >>> print(format_summary([48, 16], [0.0301, 0.0299], [0.030, 0.031], [{"reason": "balance"}], 0.0312,
+        ...                      [0.020, 0.058]))
+        HeteroBatchCallback summary
+        rank batch size  predicted busy ms/step  measured busy ms/step
+           0         48                    30.1                   30.0
+           1         16                    29.9                   31.0
+        global batch 64, split changes 1 (0 rolled back)
+        measured synchronous step at the split in force: 31.2 ms
+        predicted step-time ratio, equal batches / this split (model): 1.93
+    """
+    header = f"{'rank':>4} {'batch size':>10} {'predicted busy ms/step':>23} {'measured busy ms/step':>22}"
+    lines = ["HeteroBatchCallback summary", header]
+    for rank, size in enumerate(sizes):
+        guess = f"{1e3 * predicted_s[rank]:23.1f}" if predicted_s else f"{'n/a':>23}"
+        seen = measured_s[rank] if measured_s else math.nan
+        measured = f"{1e3 * seen:22.1f}" if math.isfinite(seen) else f"{'n/a':>22}"
+        lines.append(f"{rank:>4} {size:>10} {guess} {measured}")
+    rollbacks = sum(1 for change in history if change.get("reason") == "rollback")
+    lines.append(f"global batch {sum(sizes)}, split changes {len(history)} ({rollbacks} rolled back)")
+    if sync_step_s is not None:
+        lines.append(f"measured synchronous step at the split in force: {1e3 * sync_step_s:.1f} ms")
+    if predicted_s and equal_split_predicted_s:
+        ratio = max(equal_split_predicted_s) / max(predicted_s)
+        lines.append(f"predicted step-time ratio, equal batches / this split (model): {ratio:.2f}")
+    return "\n".join(lines)
+
+
+def adjustment_metrics(
+    predicted_s: Sequence[float], sync_step_s: float | None, sizes: Sequence[int]
+) -> dict[str, float]:
+    """What HeteroBatch logs at each adjustment: per-rank predicted busy ms per step and batch size, and the measured
+    synchronous step.
+
+    Example::
+
+        >>> adjustment_metrics([0.03, 0.031], 0.0312, [48, 16])["hetero/sync_step_ms"]
+        31.2
+    """
+    metrics = {f"hetero/predicted_step_ms_rank{k}": 1e3 * t for k, t in enumerate(predicted_s)}
+    if sync_step_s is not None:
+        metrics["hetero/sync_step_ms"] = 1e3 * sync_step_s
+    return metrics | {f"hetero/batch_size_rank{k}": float(b) for k, b in enumerate(sizes)}

@@ -1,4 +1,4 @@
-from lightning_hetero.hetero_batch.summary import adjustment_metrics, format_summary
+from lightning_hetero.hetero_batch.tuner import adjustment_metrics, format_summary
 
 
 def test_summary_shows_times_not_samples_per_second_and_counts_rollbacks():
