@@ -1,5 +1,6 @@
 """The settings: each bad one named, what the Trainer must offer, the BatchNorm floor, the LR rule."""
 
+import dataclasses
 import math
 
 import lightning as L
@@ -9,28 +10,24 @@ from torch import nn
 
 from lightning_hetero.hetero_batch.batches import HeteroBatchSampler, SplitPlan
 from lightning_hetero.hetero_batch.settings import (
+    HeteroBatchAdvanced,
+    HeteroBatchSettings,
     batch_floor,
-    check_settings,
     check_trainer,
     lr_scale_factor,
     model_floor,
     raised_min_batch_size,
-    scale_learning_rates,
 )
+from lightning_hetero.param_groups import scale_learning_rates
 from lightning_hetero.synthetic import MLPClassifier
 
-GOOD = dict(
-    global_batch_size=64,
-    initial_batch_sizes=None,
-    min_batch_size=1,
-    max_batch_size=None,
-    deadband=0.05,
-    smoothing=0.5,
-    adjust_every_n_steps=None,
-    batch_lr_scaling=None,
-    rollback_tolerance=0.15,
-    change_tolerance=0.4,
-)
+GOOD = dict(global_batch_size=64, initial_batch_sizes=None, min_batch_size=1, max_batch_size=None)
+ADVANCED = dict(deadband=0.05, smoothing=0.5, rollback_tolerance=0.15, change_tolerance=0.4)
+
+
+def check_settings(**settings):
+    advanced = {name: settings.pop(name) for name in ADVANCED if name in settings}
+    HeteroBatchSettings(**settings, advanced=HeteroBatchAdvanced(**advanced))
 
 
 @pytest.mark.parametrize(
@@ -49,9 +46,18 @@ GOOD = dict(
     ],
 )
 def test_each_bad_setting_is_named(bad, named):
-    check_settings(**GOOD)
+    check_settings(**GOOD | ADVANCED)
     with pytest.raises(ValueError, match=named):
-        check_settings(**GOOD | bad)
+        check_settings(**GOOD | ADVANCED | bad)
+
+
+def test_settings_are_read_only_and_hold_sequences_as_tuples():
+    settings = HeteroBatchSettings(initial_batch_sizes=[3, 13], memory_caps=[None, 8])
+    assert settings.initial_batch_sizes == (3, 13) and settings.memory_caps == (None, 8)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.verbose = False  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.advanced.deadband = 0.1  # type: ignore[misc]
 
 
 class _Manual(MLPClassifier):

@@ -55,6 +55,9 @@ from typing import Any
 import torch
 from torch.autograd import Variable
 
+from lightning_hetero.batch_weighting import batch_share
+from lightning_hetero.contracts import HeteroBatchStrategy
+
 
 def weight_backward(loss: torch.Tensor, weight: float, on_compute_end: Callable[[], None]) -> None:
     """Make the coming ``backward`` from ``loss`` start from ``weight`` instead of 1, and call ``on_compute_end``
@@ -203,3 +206,51 @@ def _tensors(item: Any) -> list[torch.Tensor]:
     if isinstance(item, tuple | list):
         return [t for v in item for t in _tensors(v)]
     return []
+
+
+class LossWeighting:
+    """What this rank back-propagates from its loss at each step (:func:`weight_backward` with :func:`step_weight`),
+    or, where a :class:`~lightning_hetero.contracts.HeteroBatchStrategy` weights the gradient itself (without
+    accumulation), the batch share it weights by.
+
+    Example::
+
+        >>> weighting = LossWeighting()
+        >>> weighting.attach(strategy=None, marks=None, accumulate=1, world_size=2)  # DDP: the loss is weighted
+        >>> from lightning_hetero.hetero_batch.batches import HeteroBatchSampler, SplitPlan
+        >>> sampler = HeteroBatchSampler(list(range(256)), SplitPlan([48, 16]), rank=1)
+        >>> weighting.step((48, 16), rank=1, batch_idx=0, accumulate=1, sampler=sampler)
+        >>> weighting.share, weighting.weight
+        (0.25, 0.5)
+    """
+
+    def __init__(self) -> None:
+        #: this rank's share of the step's global batch
+        self.share = 1.0
+        #: what the rank back-propagates from its loss (``None``: the strategy weights the gradient)
+        self.weight: float | None = None
+        self._marks: Any = None
+
+    def attach(self, strategy: Any, marks: Any, accumulate: int, world_size: int) -> None:
+        """At fit start: who weights, and what marks the end of the rank's compute (``marks.mark_compute_end``).
+        Accumulating, each micro-batch weighs its loss and the strategy averages, as DDP does."""
+        own = isinstance(strategy, HeteroBatchStrategy) and accumulate == 1
+        self.weight, self._marks = None if own else 1.0, marks
+        if isinstance(strategy, HeteroBatchStrategy):
+            strategy.attach_hetero_batches(marks, lambda: self.share if own else 1 / world_size)
+
+    def step(self, split: Sequence[int], rank: int, batch_idx: int, accumulate: int, sampler: Any) -> None:
+        """A step at ``split`` starts: ``batch_idx`` of the epoch of ``sampler`` (a
+        :class:`~lightning_hetero.hetero_batch.batches.HeteroBatchSampler`, which knows every step's global batch),
+        with ``accumulate_grad_batches`` of ``accumulate``."""
+        self.share = batch_share(split, rank)
+        if self.weight is not None:
+            epoch = sampler.epoch
+            self.weight = step_weight(
+                split, rank, batch_idx, accumulate, len(sampler), lambda step: sum(sampler.sizes_at(epoch, step))
+            )
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Weight the coming backward from ``loss`` (where the loss is weighted)."""
+        if self.weight is not None and self._marks is not None:
+            weight_backward(loss, self.weight, self._marks.mark_compute_end)

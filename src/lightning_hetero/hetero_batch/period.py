@@ -33,6 +33,7 @@ import torch
 from lightning.pytorch.strategies import DDPStrategy
 
 from lightning_hetero._validation import check_range
+from lightning_hetero.contracts import HeteroBatchStrategy
 from lightning_hetero.measurement import BusyTimer
 
 #: the most steps an early adjustment measures before it adjusts (also the adjustment period bench_controller checks)
@@ -94,6 +95,19 @@ def adjusts_after(step: int, steps_in_epoch: int, every: int | None, warmup_step
     if every is not None:
         return step % every == 0
     return step % STEADY_PERIOD == 0 or (first_epoch and step in early_steps(steps_in_epoch, warmup_steps))
+
+
+def in_lock_step(strategy: object) -> bool:
+    """Whether the strategy's ranks step together inside an epoch: ranks of an asynchronous strategy
+    (``AsyncPSStrategy`` in ASP) do not, and an exchange of measurements there would make fast ranks wait, so the split
+    changes only at epoch ends.
+
+    Example::
+
+        >>> in_lock_step(object())  # DDP, FSDP, one device
+        True
+    """
+    return not isinstance(strategy, HeteroBatchStrategy) or strategy.in_lock_step
 
 
 def describe(steps_in_epoch: int, every: int | None, warmup_steps: int, first_epoch: bool, lock_step: bool) -> str:

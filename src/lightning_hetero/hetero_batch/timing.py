@@ -34,9 +34,10 @@ import torch
 from lightning.pytorch.strategies import Strategy
 from torch.nn.parallel import DistributedDataParallel
 
-from lightning_hetero.contracts import CpuQuotaClock
+from lightning_hetero.contracts import CpuQuotaClock, HeteroBatchStrategy
 from lightning_hetero.hetero_batch.period import gather_rows
-from lightning_hetero.measurement import BusyTimer, ComputeTimer, StepSpan, cgroup_cpu_quota
+from lightning_hetero.measurement import BusyTimer, ComputeTimer, StepSpan, cgroup_cpu_quota, sustained_step_s
+from lightning_hetero.step_clock import HostClock, step_clock_for
 
 #: strategy methods that run collectives; time spent in them is waiting for other ranks, not this rank's cost
 COLLECTIVES = ("reduce", "all_gather", "broadcast", "barrier")
@@ -149,6 +150,32 @@ class PendingSteps:
 
     def __init__(self) -> None:
         self._queue: deque[tuple[tuple[int, ...], StepSpan, float] | None] = deque()
+        #: the split of the step in progress (``None`` before the first)
+        self.split: tuple[int, ...] | None = None
+        #: the CPUs the rank's quota allows (:func:`quota_source`; ``None``: no quota)
+        self.quota: Callable[[], float | None] = lambda: None
+
+    def next_step(self, span: StepSpan | None, cpu_s: float | None, split: tuple[int, ...], tuner: Any) -> None:
+        """The step in progress ended (``span``: ``None`` where it is not measured; ``cpu_s`` its CPU seconds, which
+        cost it at least their time at the quota's rate, see :func:`~lightning_hetero.measurement.sustained_step_s`)
+        and the next one runs at ``split``, whose first step is not measured when the split changed (it pays for the
+        change: allocator, caches); ``tuner`` is handed the steps that can be read now.
+
+        Example::
+
+            >>> class Tuner:
+            ...     def skip_next(self): print("the next step is not measured")
+            >>> pending = PendingSteps()
+            >>> pending.next_step(None, None, (8, 8), Tuner())
+            >>> pending.next_step(None, None, (12, 4), Tuner())
+            the next step is not measured
+        """
+        if span is not None and self.split is not None:
+            self.add(self.split, span, sustained_step_s(0.0, cpu_s, self.quota()))
+        if self.split is not None and split != self.split:
+            self.skip_next()
+        self.feed(tuner)
+        self.split = split
 
     def add(self, split: tuple[int, ...], span: StepSpan, floor_s: float) -> None:
         self._queue.append((split, span, floor_s))
@@ -257,3 +284,25 @@ def warn_shared_devices(strategy: Strategy, device: torch.device, busy: BusyTime
     if warning and strategy.global_rank == 0:
         log.warning(warning)
     return warning
+
+
+def start_measuring(
+    trainer: Any, device: torch.device, timer: ComputeTimer, busy: BusyTimer, exclusion: WaitExclusion
+) -> tuple[ComputeEndMarks, Callable[[], float | None]]:
+    """At fit start: what ends a rank's compute (the marks the gradient hook or the strategy calls), the step clock
+    (CUDA events on the compute stream), the shared-GPU warning, the waits excluded from ``busy`` (DDP's buffer
+    broadcast, unless the strategy offers :class:`~lightning_hetero.contracts.HeteroBatchStrategy`; the strategy's
+    collectives) and where the CPU quota comes from (:func:`quota_source`). Collective on CUDA (every rank calls it).
+
+    Returns:
+        the compute-end marks and the CPU quota's source.
+    """
+    strategy, marks = trainer.strategy, ComputeEndMarks(timer, busy)
+    if isinstance(busy.step_clock, HostClock):  # an injected clock is kept
+        busy.step_clock = step_clock_for(device)
+    warn_shared_devices(strategy, device, busy)
+    if not isinstance(strategy, HeteroBatchStrategy) and isinstance(strategy.model, DistributedDataParallel):
+        exclusion.exclude_buffer_broadcast(strategy.model)
+    exclusion.exclude_strategy_collectives(strategy)
+    # a CPU quota (CFS) lets a waiting rank look fast: its steps are costed at the quota's rate (`sustained_step_s`)
+    return marks, quota_source(trainer.callbacks, busy)
