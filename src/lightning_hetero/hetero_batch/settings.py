@@ -40,11 +40,10 @@ from lightning_hetero.contracts import HeteroBatchStrategy
 from lightning_hetero.param_groups import scale_learning_rates
 
 
-#: the rules ``batch_lr_scaling`` accepts
 @dataclass(frozen=True)
 class HeteroBatchAdvanced:
-    """Expert knobs of :class:`~lightning_hetero.hetero_batch.HeteroBatchCallback`, given as its ``advanced=``; the
-    defaults are the values measured best (docs/results.md), and no guide's example changes them.
+    """Expert knobs of :class:`~lightning_hetero.hetero_batch.HeteroBatchCallback`, given as its ``advanced=``: every
+    guide's example runs with their defaults.
 
     Args:
         deadband: apply a new split only when it is predicted to shorten the synchronous step by more than this
@@ -264,6 +263,7 @@ def model_floor(module: nn.Module, min_batch_size: int | Sequence[int]) -> int:
     return floor
 
 
+#: the rules ``batch_lr_scaling`` accepts
 LR_SCALING_RULES = ("linear", "sqrt")
 
 
