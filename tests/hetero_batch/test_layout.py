@@ -1,10 +1,11 @@
 """HeteroBatch keeps the shape it was given: few modules, a thin callback, a constructor a user can hold."""
 
+import dataclasses
 import inspect
 from pathlib import Path
 
 import lightning_hetero.hetero_batch as package
-from lightning_hetero.hetero_batch import HeteroBatchCallback
+from lightning_hetero.hetero_batch import HeteroBatchCallback, HeteroBatchSettings
 
 PACKAGE = Path(package.__file__).parent
 
@@ -25,3 +26,10 @@ def test_the_callback_takes_at_most_ten_parameters():
     assert len(named) <= 10, named
     # the one catch-all serves the old keywords for one release (tests/hetero_batch/test_callback.py), nothing else
     assert [p.name for p in parameters if p.kind is inspect.Parameter.VAR_KEYWORD] == ["deprecated"]
+
+
+def test_the_settings_hold_the_callbacks_arguments_in_their_order():
+    # the callback passes its arguments to HeteroBatchSettings by position
+    parameters = inspect.signature(HeteroBatchCallback).parameters.values()
+    named = [p.name for p in parameters if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    assert [field.name for field in dataclasses.fields(HeteroBatchSettings)] == named

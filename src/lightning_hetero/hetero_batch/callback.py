@@ -75,7 +75,7 @@ class HeteroBatchCallback(Callback):
         **deprecated: Any,
     ) -> None:
         batch_lr_scaling, advanced = settings.old_keywords(batch_lr_scaling, advanced, deprecated)
-        #: what the callback was constructed with, checked (read-only)
+        #: what the callback was constructed with, checked (read-only; its fields in the order of these arguments)
         self.settings = HeteroBatchSettings(
             global_batch_size, initial_batch_sizes, min_batch_size, max_batch_size, memory_caps, batch_size_multiple,  # type: ignore[arg-type]
             adjust_every_n_steps, batch_lr_scaling, verbose, advanced,

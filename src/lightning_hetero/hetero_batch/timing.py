@@ -4,7 +4,8 @@ kernels of another rank on the same GPU.
 A fast rank that waits for a slow one inside its timed window would look slow. HeteroBatch therefore marks the end
 of a rank's own compute (:class:`ComputeEndMarks`, called by the gradient hook before the all-reduce waits), times
 DDP's buffer broadcast and the strategy's collectives as waits (:class:`WaitExclusion`), and costs a step under a
-CPU quota at least at the quota's rate (:func:`quota_source`).
+CPU quota at least at the quota's rate (:func:`quota_source`); :func:`start_measuring` sets all of this up at fit
+start. The measured steps reach the tuner through :class:`PendingSteps`, each once its clock can read it.
 
 Ranks that share one GPU cannot be measured apart: a GPU runs one process's kernels at a time (without MPS), so a
 rank's CUDA-event step times include the time the others' kernels held the device, the fast rank looks slower than
