@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from lightning_hetero import HeteroBatchCallback
-from lightning_hetero.hetero_batch.window import ComputeEndMarks, PendingSteps
+from lightning_hetero.hetero_batch import HeteroBatchAdvanced
+from lightning_hetero.hetero_batch.timing import ComputeEndMarks, PendingSteps
 from lightning_hetero.measurement import BusyTimer, ComputeTimer
 from lightning_hetero.step_clock import CudaEventClock, FakeDevice, HostClock, step_clock_for
 from lightning_hetero.synthetic import MLPClassifier, SyntheticClassificationDataModule
@@ -103,7 +104,7 @@ def test_the_callback_measures_the_device_work_not_the_host_calls():
             device.launch(0.001 * len(batch[0]))
             return super().training_step(batch, batch_idx)
 
-    callback = HeteroBatchCallback(verbose=False, warmup_steps=1)
+    callback = HeteroBatchCallback(verbose=False, advanced=HeteroBatchAdvanced(warmup_steps=1))
     callback.busy = BusyTimer(clock=device, cpu_clock=None)
     callback.exclusion.busy = callback.busy
     trainer = single_device_trainer(callback)

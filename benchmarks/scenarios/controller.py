@@ -55,7 +55,7 @@ from benchmarks.harness.grid import Cell
 from benchmarks.harness.launch import RESULTS, child_env, module_command, run_job
 from benchmarks.harness.record import write_json
 from benchmarks.harness.stats import paired_ratios, rotating_order
-from lightning_hetero.hetero_batch.cadence import STEADY_PERIOD
+from lightning_hetero.hetero_batch.period import STEADY_PERIOD
 
 GLOBAL_BATCH = 64
 PERIOD = 8

@@ -38,7 +38,7 @@ from benchmarks.harness.launch import RESULTS as RESULTS_DIR
 from benchmarks.harness.launch import run_ranks, scenario_command
 from benchmarks.harness.record import write_json
 from lightning_hetero import AsyncPSStrategy, HeteroBatchCallback, SlowdownEmulator
-from lightning_hetero.hetero_batch.compile_shapes import compiled_graphs
+from lightning_hetero.hetero_batch.batches import compiled_graphs
 from lightning_hetero.synthetic import MLPClassifier, make_classification
 
 CASES = ("ddp", "hetero", "fixed", "bsp", "asp", "local", "amp", "compile")

@@ -4,7 +4,7 @@ Each rank's gradient ``g_k`` is the mean over its local batch of ``b_k`` samples
 ranks' samples together) is ``sum_k b_k g_k / sum(b)``: rank ``k``'s gradient counts with its batch share
 ``b_k / sum(b)``. ``AsyncPSStrategy``'s synchronous all-reduce (BSP) and its parameter server (ASP), where one rank's
 gradient is applied alone, call :func:`gradient_weight`; under DDP, which averages, each rank back-propagates
-:func:`averaged_weight` from its loss (:mod:`lightning_hetero.hetero_batch.aggregation`).
+:func:`averaged_weight` from its loss (:mod:`lightning_hetero.hetero_batch.gradients`).
 
 Example::
 

@@ -6,6 +6,7 @@ import lightning as L
 import pytest
 
 from lightning_hetero import HeteroBatchCallback, SlowdownEmulator
+from lightning_hetero.hetero_batch import HeteroBatchAdvanced
 from lightning_hetero.measurement import BusyTimer
 from lightning_hetero.step_clock import FakeDevice
 from lightning_hetero.synthetic import MLPClassifier, SyntheticClassificationDataModule
@@ -33,7 +34,7 @@ def _fit(factor):
 
     emulator = SlowdownEmulator({0: factor})
     emulator.device_clock = device
-    hetero = HeteroBatchCallback(verbose=False, warmup_steps=2)
+    hetero = HeteroBatchCallback(verbose=False, advanced=HeteroBatchAdvanced(warmup_steps=2))
     hetero.busy = BusyTimer(clock=device, cpu_clock=None)
     trainer = L.Trainer(
         accelerator="cpu",

@@ -8,6 +8,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from lightning_hetero import HeteroBatchCallback
+from lightning_hetero.hetero_batch import HeteroBatchAdvanced
 from lightning_hetero.synthetic import MLPClassifier, SyntheticClassificationDataModule, make_classification
 from tests.helpers import read_json, single_device_trainer
 
@@ -70,7 +71,7 @@ def test_defaults_rebalance_inside_the_first_epoch_then_at_epoch_ends(run_script
 
 def test_a_new_tuner_adjusts_early_in_its_first_epoch_only():
     calls = []
-    callback = HeteroBatchCallback(verbose=False, warmup_steps=3)
+    callback = HeteroBatchCallback(verbose=False, advanced=HeteroBatchAdvanced(warmup_steps=3))
     adjust = callback._adjust
 
     def recorded(trainer, epoch_end):
@@ -91,7 +92,7 @@ def test_the_cadence_is_printed_once_at_the_start_of_each_fit_as_it_then_runs(mo
 
     printed = []
     monkeypatch.setattr(module, "rank_zero_info", printed.append)
-    callback = HeteroBatchCallback(verbose=False, warmup_steps=3)
+    callback = HeteroBatchCallback(verbose=False, advanced=HeteroBatchAdvanced(warmup_steps=3))
     datamodule = SyntheticClassificationDataModule(num_samples=512, batch_size=32)  # 16 steps per epoch
     single_device_trainer(callback, max_epochs=2).fit(MLPClassifier(), datamodule=datamodule)
     single_device_trainer(callback, max_epochs=1).fit(MLPClassifier(), datamodule=datamodule)  # the tuner reused
@@ -271,7 +272,7 @@ def test_strategy_collectives_are_timed_during_fit_and_restored_after():
 )
 def test_new_tolerances_are_validated(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        HeteroBatchCallback(**kwargs)
+        HeteroBatchCallback(advanced=HeteroBatchAdvanced(**kwargs))
 
 
 def test_the_deprecated_lr_scaling_and_its_new_name_together_are_refused():
@@ -289,3 +290,39 @@ def test_attributes_moved_to_the_tuner_still_answer_with_a_deprecation_warning()
         assert callback.costs is callback.tuner.costs and callback.plan is callback.tuner.plan
     with pytest.raises(AttributeError):
         callback.no_such_attribute
+
+
+# each old keyword, a value other than its default, and where that value is in effect after a fit
+OLD_KEYWORDS = [
+    ("deadband", 0.2, lambda callback: callback.tuner.controller.deadband),
+    ("smoothing", 1.0, lambda callback: callback.meter.smoothing),
+    ("warmup_steps", 1, lambda callback: callback.meter.warmup_steps),
+    ("rollback_tolerance", 0.3, lambda callback: callback.tuner.policy.rollback_tolerance),
+    ("change_tolerance", 0.5, lambda callback: callback.tuner.cost.change_tolerance),
+    ("seed", 7, lambda callback: callback.sampler.seed),
+    ("lr_scaling", "sqrt", lambda callback: callback.settings.batch_lr_scaling),
+]
+
+
+@pytest.mark.parametrize(("name", "value", "in_effect"), OLD_KEYWORDS, ids=[name for name, *_ in OLD_KEYWORDS])
+def test_each_old_keyword_warns_and_still_takes_effect(name, value, in_effect):
+    with pytest.deprecated_call(match=rf"HeteroBatchCallback\({name}=...\) is deprecated"):
+        callback = HeteroBatchCallback(verbose=False, **{name: value})
+    trainer = single_device_trainer(callback)
+    trainer.fit(MLPClassifier(), datamodule=SyntheticClassificationDataModule(num_samples=128, batch_size=32))
+    assert in_effect(callback) == value
+
+
+def test_old_keywords_with_the_advanced_settings_or_unknown_ones_are_refused():
+    with pytest.raises(TypeError, match="give advanced only"):
+        HeteroBatchCallback(deadband=0.1, advanced=HeteroBatchAdvanced())
+    with pytest.raises(TypeError, match="unexpected keyword argument 'no_such_setting'"):
+        HeteroBatchCallback(no_such_setting=1)
+
+
+def test_settings_once_attributes_still_answer_with_a_deprecation_warning():
+    callback = HeteroBatchCallback(min_batch_size=2, advanced=HeteroBatchAdvanced(deadband=0.1))
+    with pytest.warns(DeprecationWarning, match=r"HeteroBatchCallback.deadband is deprecated.*settings.advanced"):
+        assert callback.deadband == 0.1
+    with pytest.warns(DeprecationWarning, match=r"HeteroBatchCallback.min_batch_size is deprecated.*settings"):
+        assert callback.min_batch_size == 2

@@ -6,12 +6,10 @@ import torch
 from torch.utils.data import DataLoader
 
 from lightning_hetero import HeteroBatchCallback
-from lightning_hetero.hetero_batch.controller import BatchSizeController
 from lightning_hetero.hetero_batch.memory import (
     MemoryCaps,
     MemoryGuard,
     cap_from_memory,
-    respect_caps,
     restore_caps,
     saved_caps,
 )
@@ -158,19 +156,6 @@ def test_caps_lower_geometrically_and_round_to_the_multiple():
     caps = MemoryCaps(world_size=2, rank=0, multiple=8)
     assert caps.lower(64) == 48 and caps.lower(48) == 32 and caps.lower(5) == 3
     assert caps.estimate(100) == 3  # an estimate never raises a cap learnt from an error
-
-
-def test_respect_caps_moves_a_split_within_them_or_leaves_it_to_chunks():
-    controller = BatchSizeController(global_batch_size=64, world_size=2)
-    decision = respect_caps(None, (32, 32), controller, (None, 12))
-    assert decision.sizes == (52, 12) and decision.reason == "memory" and controller.upper == [64, 12]
-    assert respect_caps(None, (52, 12), BatchSizeController(64, 2), (20, 12)) is None  # 32 < 64: chunks instead
-
-
-def test_a_split_moved_within_memory_caps_keeps_the_multiples():
-    controller = BatchSizeController(global_batch_size=64, world_size=2, batch_size_multiple=8)
-    decision = respect_caps(None, (32, 32), controller, (None, 20))
-    assert decision.reason == "memory" and decision.sizes == (48, 16)  # 16: the largest multiple within rank 1's 20
 
 
 def test_cap_from_memory():

@@ -30,8 +30,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from torchmetrics.classification import MulticlassAccuracy
 
 from lightning_hetero.emulation.slowdown import SlowdownEmulator
-from lightning_hetero.hetero_batch import HeteroBatchCallback
-from lightning_hetero.hetero_batch.compile_shapes import compiled_graphs
+from lightning_hetero.hetero_batch import HeteroBatchAdvanced, HeteroBatchCallback
+from lightning_hetero.hetero_batch.batches import compiled_graphs
 from lightning_hetero.ps import AsyncPSStrategy
 from lightning_hetero.switching import SyncSwitchCallback
 from lightning_hetero.synthetic import MLPClassifier, SyntheticClassificationDataModule
@@ -269,7 +269,9 @@ def strategy_and_callbacks(feature: str, unused: bool = False) -> tuple[object, 
     if feature == "ddp":
         return ddp, []
     if feature == "ddp_hetero":
-        return ddp, [HeteroBatchCallback(adjust_every_n_steps=4, warmup_steps=1, verbose=False)]
+        return ddp, [
+            HeteroBatchCallback(adjust_every_n_steps=4, verbose=False, advanced=HeteroBatchAdvanced(warmup_steps=1))
+        ]
     if feature == "hybrid":
         return AsyncPSStrategy(mode="bsp", fault_timeout_s=30), [SyncSwitchCallback("bsp:0-0,asp:1-", verbose=False)]
     return AsyncPSStrategy(mode=feature, fault_timeout_s=30), []

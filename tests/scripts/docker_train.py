@@ -20,6 +20,7 @@ import torch
 from lightning.pytorch.strategies import DDPStrategy
 
 from lightning_hetero import HeteroBatchCallback, ProgressReporter
+from lightning_hetero.hetero_batch import HeteroBatchAdvanced
 from lightning_hetero.synthetic import MLPClassifier, SyntheticClassificationDataModule
 
 
@@ -36,7 +37,7 @@ def main() -> None:
     L.seed_everything(0)
     model = MLPClassifier(num_features=512, hidden=4096, lr=0.05)
     dm = SyntheticClassificationDataModule(num_samples=args.samples, batch_size=args.batch_size, num_features=512)
-    hetero = HeteroBatchCallback(warmup_steps=2, verbose=False)
+    hetero = HeteroBatchCallback(verbose=False, advanced=HeteroBatchAdvanced(warmup_steps=2))
     trainer = L.Trainer(
         accelerator="cpu",
         devices=1,

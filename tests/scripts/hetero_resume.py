@@ -16,6 +16,7 @@ from lightning.pytorch.strategies import DDPStrategy
 from torch.utils.data import DataLoader
 
 from lightning_hetero import HeteroBatchCallback
+from lightning_hetero.hetero_batch import HeteroBatchAdvanced
 from lightning_hetero.synthetic import MLPClassifier, make_classification
 
 
@@ -45,7 +46,7 @@ def main() -> None:
     L.seed_everything(0, verbose=False)
     model = MLPClassifier(num_features=8, num_classes=3, hidden=8)
     loader = DataLoader(make_classification(512, num_features=8, num_classes=3, seed=1), batch_size=32)
-    hetero = HeteroBatchCallback(adjust_every_n_steps=4, warmup_steps=2, verbose=False)
+    hetero = HeteroBatchCallback(adjust_every_n_steps=4, verbose=False, advanced=HeteroBatchAdvanced(warmup_steps=2))
     restored = Restored(hetero)
     trainer = L.Trainer(
         accelerator="cpu",

@@ -28,6 +28,7 @@ from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
 from torch.utils.data import DataLoader
 
 from lightning_hetero import AsyncPSStrategy, HeteroBatchCallback, SlowdownEmulator
+from lightning_hetero.hetero_batch import HeteroBatchAdvanced
 from lightning_hetero.synthetic import MLPClassifier, SyntheticClassificationDataModule, make_classification
 
 
@@ -211,7 +212,9 @@ def run_slow(args, resume: bool = False):
     dm = SyntheticClassificationDataModule(num_samples=args.samples, batch_size=32, num_workers=args.num_workers)
     # BatchNorm needs two samples per rank in training
     hetero = HeteroBatchCallback(
-        adjust_every_n_steps=args.adjust_every, warmup_steps=2, deadband=0.05, min_batch_size=2 if extra else 1
+        adjust_every_n_steps=args.adjust_every,
+        min_batch_size=2 if extra else 1,
+        advanced=HeteroBatchAdvanced(warmup_steps=2, deadband=0.05),
     )
     recorder = Recorder(hetero)
     checkpoint = ModelCheckpoint(

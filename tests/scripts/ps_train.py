@@ -22,7 +22,7 @@ from lightning.pytorch.callbacks import Callback, EarlyStopping, ModelCheckpoint
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from lightning_hetero.hetero_batch import HeteroBatchCallback
+from lightning_hetero.hetero_batch import HeteroBatchAdvanced, HeteroBatchCallback
 from lightning_hetero.ps import AsyncPSStrategy
 from lightning_hetero.synthetic import MLPClassifier, make_classification
 
@@ -223,7 +223,9 @@ def main() -> None:
     callbacks = [recorder]
     if args.hetero:
         sizes = [int(size) for size in args.hetero.split(",")]
-        callbacks.append(HeteroBatchCallback(initial_batch_sizes=sizes, deadband=10.0, verbose=False))
+        callbacks.append(
+            HeteroBatchCallback(initial_batch_sizes=sizes, verbose=False, advanced=HeteroBatchAdvanced(deadband=10.0))
+        )
     if args.early_stop_acc is not None:
         callbacks.append(
             EarlyStopping(monitor="val_acc", mode="max", stopping_threshold=args.early_stop_acc, patience=1000)

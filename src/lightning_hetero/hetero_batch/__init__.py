@@ -1,14 +1,25 @@
 """Throughput-proportional per-rank batch sizes for synchronous training (OmniLearn's idea, inside Lightning).
 
-Modules: ``tuner`` (measured periods in, split decisions out: the cost model, ``policy`` and ``controller``),
-``sampler`` (global-batch slicing, exactly-once coverage), ``aggregation`` (the batch-weighted gradient mean: a
-weight on the loss gradient), ``lr_scaling``, ``loader`` (rebuilding the train loader) and ``callback`` (the
-Lightning glue). The split arithmetic itself is :mod:`lightning_hetero.allocation`.
+Modules: ``callback`` (the Lightning glue), ``settings`` (the callback's read-only settings, its expert knobs in
+:class:`HeteroBatchAdvanced`, and their checks), ``tuner`` (measured periods in, split decisions out), ``period``
+(when to adjust, the steps measured, the one exchange), ``cost_model``, ``policy`` and ``controller`` (the
+decision), ``timing`` (what a busy window leaves out), ``batches`` (global-batch slicing, the rebuilt loader),
+``gradients`` (the batch-weighted gradient mean) and ``memory`` (``memory_caps="auto"``). The split arithmetic
+itself is :mod:`lightning_hetero.allocation`.
 """
 
 from lightning_hetero.allocation import apportion
+from lightning_hetero.hetero_batch.batches import HeteroBatchSampler, SplitPlan
 from lightning_hetero.hetero_batch.callback import HeteroBatchCallback
 from lightning_hetero.hetero_batch.controller import BatchSizeController
-from lightning_hetero.hetero_batch.sampler import HeteroBatchSampler, SplitPlan
+from lightning_hetero.hetero_batch.settings import HeteroBatchAdvanced, HeteroBatchSettings
 
-__all__ = ["BatchSizeController", "HeteroBatchCallback", "HeteroBatchSampler", "SplitPlan", "apportion"]
+__all__ = [
+    "BatchSizeController",
+    "HeteroBatchAdvanced",
+    "HeteroBatchCallback",
+    "HeteroBatchSampler",
+    "HeteroBatchSettings",
+    "SplitPlan",
+    "apportion",
+]

@@ -3,7 +3,7 @@
 :class:`MemoryCaps` (pure) holds every rank's cap: this rank's is lowered when a step runs out of memory
 (:meth:`~MemoryCaps.lower`) or set from the memory a sample is measured to take on CUDA
 (:func:`cap_from_memory`), and all ranks' caps are read from the adjustment's exchange so that every rank splits
-within them (:func:`respect_caps`). :class:`MemoryGuard` is the Lightning glue: a step that raises
+within them (:func:`~lightning_hetero.hetero_batch.tuner.respect_caps`). :class:`MemoryGuard` is the Lightning glue: a step that raises
 ``torch.OutOfMemoryError`` in ``training_step`` is not lost; the rank frees memory and redoes it in chunks no larger
 than its new cap, accumulating their gradients into one backward, so DDP's all-reduce still sees the rank's whole
 batch: every sample is used once and the global batch stays exact. Until the next adjustment moves the split within
@@ -28,8 +28,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.distributed.fsdp import FullyShardedDataParallel
 from torch.nn.parallel import DistributedDataParallel
 
-from lightning_hetero.hetero_batch.chunking import chunk_size, run_in_chunks
-from lightning_hetero.hetero_batch.controller import BatchSizeController, Decision
+from lightning_hetero.hetero_batch.gradients import chunk_size, run_in_chunks
 
 log = logging.getLogger("lightning_hetero.hetero_batch")
 
@@ -129,36 +128,6 @@ def cap_from_memory(step_bytes: int, batch_size: int, available_bytes: int) -> i
     return max(1, math.floor(available_bytes * MEMORY_HEADROOM / per_sample))
 
 
-def respect_caps(
-    decision: Decision | None, current: Sequence[int], controller: BatchSizeController, caps: Sequence[int | None]
-) -> Decision | None:
-    """Put ``caps`` into ``controller``'s upper bounds; if the split in force (or the one decided) exceeds one,
-    return the nearest split within them instead (reason ``"memory"``). Caps that cannot hold the global batch
-    together are left out of the bounds (a warning says so): ranks over their cap then run in chunks.
-
-    Example::
-
-        >>> controller = BatchSizeController(global_batch_size=64, world_size=2)
-        >>> respect_caps(None, [32, 32], controller, [None, 20])
-        Decision(sizes=(44, 20), predicted_gain=0.0, apply=True, reason='memory')
-    """
-    upper = [hi if cap is None else min(hi, cap) for hi, cap in zip(controller.upper, caps, strict=True)]
-    if sum(upper) < controller.global_batch_size:
-        log.warning(
-            f"memory_caps='auto': the ranks' batches that fit in memory {upper} do not hold the global batch "
-            f"({controller.global_batch_size}); ranks over their cap run their batches in chunks"
-        )
-        return decision
-    controller.upper = upper
-    lower = [min(lo, hi) for lo, hi in zip(controller.lower, upper, strict=True)]
-    controller.lower = lower
-    sizes = tuple(current) if decision is None or not decision.apply else decision.sizes
-    if all(b <= hi for b, hi in zip(sizes, upper, strict=True)):
-        return decision
-    within = controller.propose([float(b) for b in sizes])  # in proportion, in multiples of batch_size_multiple
-    return Decision(within, 0.0, apply=True, reason="memory")
-
-
 def free_memory(device: torch.device) -> None:
     """Drop what an out-of-memory step left allocated (Python's garbage, the CUDA caching allocator's free blocks)."""
     gc.collect()
@@ -244,7 +213,7 @@ class MemoryGuard:
 
     def _piece(self, size: int) -> int:
         """The largest piece of a batch of ``size`` run at once: the batch, or chunks within the cap
-        (:func:`~lightning_hetero.hetero_batch.chunking.chunk_size`: multiples of ``batch_size_multiple``)."""
+        (:func:`~lightning_hetero.hetero_batch.gradients.chunk_size`: multiples of ``batch_size_multiple``)."""
         cap = self.caps.own
         return size if cap is None or size <= cap else chunk_size(cap, self.caps.multiple)
 

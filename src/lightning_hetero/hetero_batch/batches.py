@@ -1,4 +1,5 @@
-"""Splitting every global batch across ranks by the current per-rank sizes.
+"""Each rank's batches: every global batch split across ranks by the current per-rank sizes, the user's loader
+rebuilt around that split, and ``torch.compile`` told that their size changes.
 
 Each epoch draws one seeded permutation of the dataset, identical on every rank, and cuts it into global batches;
 rank ``k`` takes its slice of each global batch according to the split in force at that step. So every sample is
@@ -8,16 +9,35 @@ any step.
 A :class:`SplitPlan` records which split is in force from which step on. Changes are only ever planned for
 steps no rank's sampler has produced yet (DataLoader workers prefetch indices ahead of training), so all ranks
 use the same split for the same step.
+
+The new loader (:func:`build_hetero_loader`) keeps the user's dataset, ``collate_fn``, worker settings and
+shuffling, and draws its batches from the sampler: ``sampler=HeteroBatchSampler(...)`` with ``batch_size=None`` over
+a :class:`BatchIndexedDataset`, so batches are still collated in the worker processes.
+
+A compiled model specialises on input shapes: each new batch size would compile again (and torch's global limit
+stops recompiling after a few). HeteroBatch therefore marks the first dimension of each batch's tensors dynamic
+(:func:`mark_batch_dynamic`, ``torch._dynamo.maybe_mark_dynamic``: a model that needs a static size keeps it), draws
+sizes from multiples of ``batch_size_multiple`` (8 by default on CUDA), and :class:`RecompileWatch` warns, naming the
+rank, when this process has compiled more graphs than a bound since the fit started.
+
+Example::
+
+    >>> import torch
+    >>> batch = (torch.zeros(16, 3), torch.zeros(16, dtype=torch.long))
+    >>> mark_batch_dynamic(batch, size=16)
+    2
 """
 
 from __future__ import annotations
 
 import bisect
+import logging
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from torch.utils.data import Dataset, DistributedSampler
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, RandomSampler, SequentialSampler
 
 from lightning_hetero._deprecation import warn_renamed
 from lightning_hetero.allocation import apportion
@@ -193,3 +213,120 @@ class BatchIndexedDataset(Dataset):
 def passthrough(batch: Any) -> Any:
     """The DataLoader's ``collate_fn`` when :class:`BatchIndexedDataset` has already collated the batch."""
     return batch
+
+
+def starting_batch_size(dataloader: Any) -> int:
+    """The per-rank batch size the user's loader was built with; errors for loaders this callback cannot split."""
+    if not isinstance(dataloader, DataLoader):
+        raise TypeError(
+            "HeteroBatchCallback needs the train dataloader to be a single torch DataLoader, got "
+            f"{type(dataloader).__name__}; combined or multiple train loaders are not supported"
+        )
+    if isinstance(dataloader.dataset, IterableDataset):
+        raise TypeError(
+            "HeteroBatchCallback cannot split an IterableDataset (it draws each global batch from a permutation of "
+            "a map-style dataset); give the train DataLoader a map-style dataset with __len__ and __getitem__"
+        )
+    if dataloader.batch_size is None:
+        raise ValueError(
+            "HeteroBatchCallback reads the starting per-rank batch size from the train DataLoader's batch_size, "
+            "which is None (a custom batch_sampler?); build the loader with batch_size=..."
+        )
+    if not isinstance(dataloader.sampler, RandomSampler | SequentialSampler | DistributedSampler):
+        raise ValueError(
+            f"HeteroBatchCallback replaces the train sampler and cannot preserve a custom "
+            f"{type(dataloader.sampler).__name__}; use shuffle=True/False instead"
+        )
+    return int(dataloader.batch_size)
+
+
+def build_hetero_loader(dataloader: DataLoader, plan: SplitPlan, rank: int, seed: int, min_size: int = 1) -> DataLoader:
+    """A loader over ``dataloader``'s dataset yielding this rank's slice of each global batch under ``plan`` (at least
+    ``min_size`` samples a step, see :class:`~lightning_hetero.hetero_batch.batches.HeteroBatchSampler`)."""
+    shuffle = isinstance(dataloader.sampler, RandomSampler) or bool(getattr(dataloader.sampler, "shuffle", False))
+    sampler = HeteroBatchSampler(
+        dataloader.dataset,
+        plan,
+        rank=rank,
+        shuffle=shuffle,
+        seed=seed,
+        drop_last=dataloader.drop_last,
+        min_size=min_size,
+    )
+    worker_options: dict[str, Any] = {}
+    if dataloader.num_workers > 0:
+        worker_options = {
+            "prefetch_factor": dataloader.prefetch_factor,
+            "persistent_workers": dataloader.persistent_workers,
+        }
+    return DataLoader(
+        BatchIndexedDataset(dataloader.dataset, dataloader.collate_fn),
+        sampler=sampler,
+        batch_size=None,
+        collate_fn=passthrough,
+        num_workers=dataloader.num_workers,
+        pin_memory=dataloader.pin_memory,
+        timeout=dataloader.timeout,
+        worker_init_fn=dataloader.worker_init_fn,
+        multiprocessing_context=dataloader.multiprocessing_context,
+        generator=dataloader.generator,
+        **worker_options,
+    )
+
+
+log = logging.getLogger("lightning_hetero.hetero_batch")
+
+#: compiled graphs per rank beyond which :class:`RecompileWatch` warns
+RECOMPILE_BOUND = 8
+
+
+def mark_batch_dynamic(batch: Any, size: int) -> int:
+    """Mark dimension 0 of every tensor in ``batch`` whose first dimension is ``size`` as dynamic (sizes under 2
+    are left: torch specialises them); returns how many tensors were marked."""
+    if size < 2:
+        return 0
+    if isinstance(batch, torch.Tensor):
+        if batch.dim() > 0 and batch.shape[0] == size:
+            torch._dynamo.maybe_mark_dynamic(batch, 0)
+            return 1
+        return 0
+    items = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, tuple | list) else ()
+    return sum(mark_batch_dynamic(item, size) for item in items)
+
+
+def compiled_graphs() -> int:
+    """Graphs ``torch.compile`` has compiled in this process so far."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+class RecompileWatch:
+    """Warns once, naming the rank, when more than ``bound`` graphs were compiled since it was made.
+
+    Args:
+        rank: the rank named in the warning.
+        bound: graphs allowed before the warning.
+
+    Example::
+
+        >>> watch = RecompileWatch(rank=1, bound=8)
+        >>> watch.check(), watch.warned
+        (0, False)
+    """
+
+    def __init__(self, rank: int, bound: int = RECOMPILE_BOUND) -> None:
+        self.rank, self.bound = rank, bound
+        self.start = compiled_graphs()
+        self.warned = False
+
+    def check(self) -> int:
+        """Graphs compiled since the start; warns the first time they pass the bound."""
+        compiled = compiled_graphs() - self.start
+        if compiled > self.bound and not self.warned:
+            self.warned = True
+            log.warning(
+                f"HeteroBatch: rank {self.rank} has compiled {compiled} graphs (more than {self.bound}): its batch "
+                "sizes change faster than torch.compile's dynamic shapes absorb; set batch_size_multiple higher"
+            )
+        return compiled

@@ -1,7 +1,20 @@
+"""What a busy window leaves out: waits and the CPU quota; ranks that share one GPU are found and warned about,
+and nothing is gathered off CUDA."""
+
+from types import SimpleNamespace
+
 import torch
 
 from lightning_hetero.emulation.slowdown import SlowdownEmulator
-from lightning_hetero.hetero_batch.window import COLLECTIVES, ComputeEndMarks, WaitExclusion, quota_source
+from lightning_hetero.hetero_batch.timing import (
+    COLLECTIVES,
+    ComputeEndMarks,
+    WaitExclusion,
+    quota_source,
+    shared_device_warning,
+    shared_devices,
+    warn_shared_devices,
+)
 from lightning_hetero.measurement import BusyTimer, ComputeTimer
 
 
@@ -77,16 +90,36 @@ def test_compute_end_marks_close_the_compute_window_and_start_the_wait():
 
 
 def test_the_quota_comes_from_a_cfs_emulator_else_the_cgroup(monkeypatch):
-    monkeypatch.setattr("lightning_hetero.hetero_batch.window.cgroup_cpu_quota", lambda: 0.5)
+    monkeypatch.setattr("lightning_hetero.hetero_batch.timing.cgroup_cpu_quota", lambda: 0.5)
     assert quota_source([SlowdownEmulator({1: 4.0})], BusyTimer())() == 0.5  # a sleep emulator has no quota
     emulator = SlowdownEmulator({0: 4.0}, throttle="cfs")
     assert quota_source([emulator], BusyTimer())() is emulator.cpu_quota
 
 
 def test_without_a_quota_no_cpu_clock_is_read(monkeypatch):
-    monkeypatch.setattr("lightning_hetero.hetero_batch.window.cgroup_cpu_quota", lambda: None)
+    monkeypatch.setattr("lightning_hetero.hetero_batch.timing.cgroup_cpu_quota", lambda: None)
     busy = BusyTimer()
     assert quota_source([SlowdownEmulator({1: 4.0})], busy)() is None and busy.cpu_clock is None
-    monkeypatch.setattr("lightning_hetero.hetero_batch.window.cgroup_cpu_quota", lambda: 0.5)
+    monkeypatch.setattr("lightning_hetero.hetero_batch.timing.cgroup_cpu_quota", lambda: 0.5)
     busy = BusyTimer()
     assert quota_source([], busy)() == 0.5 and busy.cpu_clock is not None
+
+
+def test_ranks_with_the_same_host_and_gpu_are_grouped_and_named_in_the_warning():
+    ids = ["a/GPU-1", "b/GPU-1", "a/GPU-1", "a/GPU-2", "b/GPU-1", "a/GPU-1"]
+    assert shared_devices(ids) == [[0, 2, 5], [1, 4]]
+    warning = shared_device_warning(ids)
+    assert warning is not None and "ranks 0, 2, 5; ranks 1, 4 share one GPU" in warning
+
+
+def test_distinct_gpus_and_non_cuda_ranks_give_no_warning():
+    assert shared_device_warning(["a/GPU-1", "a/GPU-2", "b/GPU-1"]) is None
+    assert shared_device_warning(["", "", ""]) is None
+
+
+def test_off_cuda_nothing_is_gathered():
+    def refuse(tensor):
+        raise AssertionError("gathered off CUDA")
+
+    strategy = SimpleNamespace(world_size=4, global_rank=0, all_gather=refuse)
+    assert warn_shared_devices(strategy, torch.device("cpu"), BusyTimer()) is None

@@ -1,21 +1,44 @@
-"""What a rank's measured busy window leaves out: every wait for another rank, and the CPU quota it runs under.
+"""What a rank's measured busy window leaves out: every wait for another rank, the CPU quota it runs under, and the
+kernels of another rank on the same GPU.
 
 A fast rank that waits for a slow one inside its timed window would look slow. HeteroBatch therefore marks the end
 of a rank's own compute (:class:`ComputeEndMarks`, called by the gradient hook before the all-reduce waits), times
 DDP's buffer broadcast and the strategy's collectives as waits (:class:`WaitExclusion`), and costs a step under a
-CPU quota at least at the quota's rate (:func:`quota_source`).
+CPU quota at least at the quota's rate (:func:`quota_source`); :func:`start_measuring` sets all of this up at fit
+start. The measured steps reach the tuner through :class:`PendingSteps`, each once its clock can read it.
+
+Ranks that share one GPU cannot be measured apart: a GPU runs one process's kernels at a time (without MPS), so a
+rank's CUDA-event step times include the time the others' kernels held the device, the fast rank looks slower than
+it is and the split comes out too even. Measured on one H200 with two ranks, rank 1 slowed 3x: HeteroBatch settled
+at 176/80 where the best fixed split tried was 208/48, 0.83 of its throughput (docs/results.md, "GPU"). At fit start
+each CUDA rank's device is identified (host and GPU UUID), the ids are gathered, and ranks that share a device are
+warned about once (:func:`warn_shared_devices`); nothing else changes.
+
+Example::
+
+    >>> shared_devices(["a/GPU-1", "a/GPU-1", "b/GPU-1", "a/GPU-2"])
+    [[0, 1]]
+    >>> shared_devices(["", ""])  # not CUDA: never shared
+    []
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
+import socket
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import torch
+from lightning.pytorch.strategies import Strategy
 from torch.nn.parallel import DistributedDataParallel
 
-from lightning_hetero.contracts import CpuQuotaClock
-from lightning_hetero.measurement import BusyTimer, ComputeTimer, StepSpan, cgroup_cpu_quota
+from lightning_hetero.contracts import CpuQuotaClock, HeteroBatchStrategy
+from lightning_hetero.hetero_batch.period import gather_rows
+from lightning_hetero.measurement import BusyTimer, ComputeTimer, StepSpan, cgroup_cpu_quota, sustained_step_s
+from lightning_hetero.step_clock import HostClock, step_clock_for
 
 #: strategy methods that run collectives; time spent in them is waiting for other ranks, not this rank's cost
 COLLECTIVES = ("reduce", "all_gather", "broadcast", "barrier")
@@ -128,6 +151,32 @@ class PendingSteps:
 
     def __init__(self) -> None:
         self._queue: deque[tuple[tuple[int, ...], StepSpan, float] | None] = deque()
+        #: the split of the step in progress (``None`` before the first)
+        self.split: tuple[int, ...] | None = None
+        #: the CPUs the rank's quota allows (:func:`quota_source`; ``None``: no quota)
+        self.quota: Callable[[], float | None] = lambda: None
+
+    def next_step(self, span: StepSpan | None, cpu_s: float | None, split: tuple[int, ...], tuner: Any) -> None:
+        """The step in progress ended (``span``: ``None`` where it is not measured; ``cpu_s`` its CPU seconds, which
+        cost it at least their time at the quota's rate, see :func:`~lightning_hetero.measurement.sustained_step_s`)
+        and the next one runs at ``split``, whose first step is not measured when the split changed (it pays for the
+        change: allocator, caches); ``tuner`` is handed the steps that can be read now.
+
+        Example::
+
+            >>> class Tuner:
+            ...     def skip_next(self): print("the next step is not measured")
+            >>> pending = PendingSteps()
+            >>> pending.next_step(None, None, (8, 8), Tuner())
+            >>> pending.next_step(None, None, (12, 4), Tuner())
+            the next step is not measured
+        """
+        if span is not None and self.split is not None:
+            self.add(self.split, span, sustained_step_s(0.0, cpu_s, self.quota()))
+        if self.split is not None and split != self.split:
+            self.skip_next()
+        self.feed(tuner)
+        self.split = split
 
     def add(self, split: tuple[int, ...], span: StepSpan, floor_s: float) -> None:
         self._queue.append((split, span, floor_s))
@@ -173,3 +222,88 @@ def quota_source(callbacks: Iterable[Any], busy: BusyTimer) -> Callable[[], floa
     if quota is None:
         busy.cpu_clock = None
     return lambda: quota
+
+
+log = logging.getLogger(__name__)
+
+
+def device_id(device: torch.device) -> str:
+    """This process's GPU as ``"<host>/<uuid>"``; ``""`` when ``device`` is not CUDA.
+
+    Example::
+
+        >>> device_id(torch.device("cpu"))
+        ''
+    """
+    if device.type != "cuda":
+        return ""
+    return f"{socket.gethostname()}/{torch.cuda.get_device_properties(device).uuid}"
+
+
+def shared_devices(ids: list[str]) -> list[list[int]]:
+    """The groups of ranks (two or more, in rank order) whose ``ids`` are equal and not empty."""
+    groups: dict[str, list[int]] = {}
+    for rank, ident in enumerate(ids):
+        if ident:
+            groups.setdefault(ident, []).append(rank)
+    return [ranks for ranks in groups.values() if len(ranks) > 1]
+
+
+def _key(ident: str) -> int:
+    """A 60-bit integer for ``ident`` (0 for ``""``), to gather as a tensor on any backend."""
+    return int(hashlib.sha1(ident.encode()).hexdigest()[:15], 16) if ident else 0
+
+
+def shared_device_warning(ids: list[str]) -> str | None:
+    """The warning for the ranks of ``ids`` (one per rank) that share a GPU; ``None`` when none do.
+
+    Example::
+
+        >>> shared_device_warning(["h/GPU-1", "h/GPU-1"])[:45]
+        'HeteroBatch: ranks 0, 1 share one GPU. Each r'
+        >>> shared_device_warning(["h/GPU-1", "h/GPU-2"]) is None
+        True
+    """
+    groups = shared_devices(ids)
+    if not groups:
+        return None
+    names = "; ".join("ranks " + ", ".join(map(str, ranks)) for ranks in groups)
+    return (
+        f"HeteroBatch: {names} share one GPU. Each rank's step times then include the others' kernels, so the split "
+        "comes out too even (0.83 of the best fixed split measured on one H200); give each rank its own GPU"
+    )
+
+
+def warn_shared_devices(strategy: Strategy, device: torch.device, busy: BusyTimer) -> str | None:
+    """Gather every rank's device id (:func:`~.period.gather_rows`, the time a wait of ``busy``); rank 0 logs
+    :func:`shared_device_warning`, which every rank returns. Collective on CUDA (every rank calls it); elsewhere
+    nothing is gathered."""
+    if device.type != "cuda" or strategy.world_size < 2:
+        return None
+    keys = gather_rows(strategy, torch.tensor([_key(device_id(device))], dtype=torch.int64), busy).reshape(-1)
+    warning = shared_device_warning([str(key) if key else "" for key in keys.tolist()])
+    if warning and strategy.global_rank == 0:
+        log.warning(warning)
+    return warning
+
+
+def start_measuring(
+    trainer: Any, device: torch.device, timer: ComputeTimer, busy: BusyTimer, exclusion: WaitExclusion
+) -> tuple[ComputeEndMarks, Callable[[], float | None]]:
+    """At fit start: what ends a rank's compute (the marks the gradient hook or the strategy calls), the step clock
+    (CUDA events on the compute stream), the shared-GPU warning, the waits excluded from ``busy`` (DDP's buffer
+    broadcast, unless the strategy offers :class:`~lightning_hetero.contracts.HeteroBatchStrategy`; the strategy's
+    collectives) and where the CPU quota comes from (:func:`quota_source`). Collective on CUDA (every rank calls it).
+
+    Returns:
+        the compute-end marks and the CPU quota's source.
+    """
+    strategy, marks = trainer.strategy, ComputeEndMarks(timer, busy)
+    if isinstance(busy.step_clock, HostClock):  # an injected clock is kept
+        busy.step_clock = step_clock_for(device)
+    warn_shared_devices(strategy, device, busy)
+    if not isinstance(strategy, HeteroBatchStrategy) and isinstance(strategy.model, DistributedDataParallel):
+        exclusion.exclude_buffer_broadcast(strategy.model)
+    exclusion.exclude_strategy_collectives(strategy)
+    # a CPU quota (CFS) lets a waiting rank look fast: its steps are costed at the quota's rate (`sustained_step_s`)
+    return marks, quota_source(trainer.callbacks, busy)
