@@ -1,0 +1,227 @@
+"""ElasticHeteroBatchStrategy end to end: one worker in this process, and a job of separate worker processes
+(``tests/elastic/sync_worker.py``) that leave, come back and join."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+
+from lightning_hetero.elastic import CommitRecord, ElasticError, ElasticHeteroBatchStrategy, epoch_coverage, lineage
+from lightning_hetero.synthetic import MLPClassifier, SyntheticClassificationDataModule
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from elastic_job import free_port
+
+WORKER = Path(__file__).resolve().parent / "sync_worker.py"
+SAMPLES, BATCH = 200, 16
+CHUNKS = -(-SAMPLES // BATCH)
+
+
+def _chunk_samples(chunk: int) -> int:
+    return min(BATCH, SAMPLES - chunk * BATCH)
+
+
+def _trainer(strategy, epochs: int, **kwargs) -> L.Trainer:
+    settings = {
+        "accelerator": "cpu",
+        "devices": 1,
+        "max_epochs": epochs,
+        "logger": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "num_sanity_val_steps": 0,
+        "enable_checkpointing": False,
+    }
+    return L.Trainer(strategy=strategy, **(settings | kwargs))
+
+
+def _data(batch_size: int = BATCH) -> SyntheticClassificationDataModule:
+    return SyntheticClassificationDataModule(num_samples=SAMPLES, batch_size=batch_size)
+
+
+def test_one_worker_trains_each_global_batch_once_per_epoch_as_plain_training_does(tmp_path):
+    """Alone, a worker trains every global batch once per epoch, whole, with the same parameters as Lightning's own
+    single-device training on the same batches (the strategy's gradient is the global batch's)."""
+    strategy = ElasticHeteroBatchStrategy(lighthouse=f"http://localhost:{free_port()}", start_lighthouse=True)
+    records: list[CommitRecord] = []
+    strategy.on_commit = records.append
+    L.seed_everything(0)
+    model = MLPClassifier(hidden=16)
+    trainer = _trainer(strategy, 2, default_root_dir=tmp_path)
+    trainer.fit(model, datamodule=_data())
+    assert [r.round_chunks[0] for r in records] == list(range(CHUNKS)) * 2
+    assert [r.samples for r in records] == [_chunk_samples(c) for c in range(CHUNKS)] * 2
+    assert trainer.global_step == 2 * CHUNKS and trainer.current_epoch == 2
+    assert strategy.report["failed_steps"] == 0 and strategy.report["duplicates"] == 0
+
+    L.seed_everything(0)
+    plain = MLPClassifier(hidden=16)
+    _trainer("auto", 2, default_root_dir=tmp_path).fit(plain, datamodule=_data())
+    for ours, theirs in zip(model.parameters(), plain.parameters(), strict=True):
+        torch.testing.assert_close(ours, theirs)
+
+
+def test_min_workers_not_met_ends_the_worker_with_an_error_naming_it():
+    strategy = ElasticHeteroBatchStrategy(
+        lighthouse=f"http://localhost:{free_port()}",
+        start_lighthouse=True,
+        min_workers=2,
+        step_timeout_s=3,
+        join_timeout_s=1,
+    )
+    start = time.monotonic()
+    with pytest.raises(ElasticError, match=r"no quorum of min_workers=2 through the torchft lighthouse .* within 3 s"):
+        _trainer(strategy, 1).fit(MLPClassifier(hidden=16), datamodule=_data())
+    assert time.monotonic() - start < 60  # gave up, no hang (a wide margin)
+
+
+def test_settings_and_loaders_are_checked_by_name(monkeypatch):
+    monkeypatch.delenv("TORCHFT_LIGHTHOUSE", raising=False)
+    with pytest.raises(ValueError, match="TORCHFT_LIGHTHOUSE"):
+        ElasticHeteroBatchStrategy()
+    with pytest.raises(ValueError, match="min_workers"):
+        ElasticHeteroBatchStrategy(lighthouse="http://h:1", min_workers=0)
+    with pytest.raises(ValueError, match="join_timeout_s=10 must be below step_timeout_s=10"):
+        ElasticHeteroBatchStrategy(lighthouse="http://h:1", join_timeout_s=10, step_timeout_s=10)
+    strategy = ElasticHeteroBatchStrategy(lighthouse=f"http://127.0.0.1:{free_port()}")
+    with pytest.raises(ValueError, match="accumulate_grad_batches=2"):
+        _trainer(strategy, 1, accumulate_grad_batches=2).fit(MLPClassifier(hidden=16), datamodule=_data())
+
+
+class _Job:
+    """Worker processes of one job writing into ``out`` (what ``sync_worker.py`` writes, read back)."""
+
+    def __init__(self, out: Path, args: list[str]) -> None:
+        self.out = out
+        self.args = args
+        self.lighthouse = f"http://localhost:{free_port()}"
+        self.procs: dict[str, list[subprocess.Popen]] = collections.defaultdict(list)
+
+    def start(self, name: str, *args: str, host: bool = False) -> subprocess.Popen:
+        command = [sys.executable, str(WORKER), str(self.out), "--lighthouse", self.lighthouse, "--name", name]
+        command += [*self.args, *args, *(["--start-lighthouse"] if host else [])]
+        log = (self.out / f"{name}.log").open("a")
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs[name].append(proc)
+        return proc
+
+    def kill(self, name: str) -> None:
+        proc = self.procs[name][-1]
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+    def wait(self, timeout_s: float) -> dict[str, list[int | None]]:
+        """Every process's exit code (``None``: killed after ``timeout_s``)."""
+        deadline = time.monotonic() + timeout_s
+        codes: dict[str, list[int | None]] = {}
+        for name, procs in self.procs.items():
+            codes[name] = []
+            for proc in procs:
+                try:
+                    codes[name].append(proc.wait(timeout=max(0.1, deadline - time.monotonic())))
+                except subprocess.TimeoutExpired:
+                    codes[name].append(None)
+        self.close()
+        return codes
+
+    def close(self) -> None:
+        for procs in self.procs.values():
+            for proc in procs:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+
+    def commits(self) -> list[dict]:
+        rows = []
+        for path in self.out.glob("commits-*.jsonl"):
+            name, pid = path.stem.removeprefix("commits-").rsplit("-", 1)
+            rows += [{**json.loads(line), "pid": int(pid), "name": name} for line in path.read_text().splitlines()]
+        return sorted(rows, key=lambda row: row["t"])
+
+    def wait_until_trains(self, proc: subprocess.Popen, after: int = 0, timeout_s: float = 120) -> None:
+        """Until process ``proc`` has trained samples in more than ``after`` committed steps."""
+        deadline = time.monotonic() + timeout_s
+        while sum(1 for r in self.commits() if r["pid"] == proc.pid and r["own_samples"]) <= after:
+            assert proc.poll() is None, f"worker {proc.pid} exited with {proc.returncode}: {self.errors()}"
+            assert time.monotonic() < deadline, f"worker {proc.pid} trained nothing within {timeout_s} s"
+            time.sleep(0.2)
+
+    def history(self) -> list[CommitRecord]:
+        """The commits the parameters of the workers that finished descend from (they must end at the same one)."""
+        fields = {field.name for field in dataclasses.fields(CommitRecord)}
+        by_pid: dict[int, list[CommitRecord]] = collections.defaultdict(list)
+        for row in self.commits():
+            values = {k: tuple(v) if isinstance(v, list) else v for k, v in row.items() if k in fields}
+            by_pid[row["pid"]].append(CommitRecord(**values))
+        finished = {int(path.stem.rsplit("-", 1)[1]) for path in self.out.glob("worker-*.json")}
+        finals = {(by_pid[pid][-1].step, by_pid[pid][-1].digest) for pid in finished}
+        assert len(finals) == 1, f"the workers that finished end at different commits: {sorted(finals)}"
+        final = by_pid[next(iter(finished))][-1]
+        return lineage([record for records in by_pid.values() for record in records], final)
+
+    def results(self) -> dict[str, dict]:
+        return {(r := json.loads(p.read_text()))["name"]: r for p in sorted(self.out.glob("worker-*.json"))}
+
+    def errors(self) -> dict[str, str]:
+        return {path.stem: path.read_text() for path in sorted(self.out.glob("error-*.txt"))}
+
+
+@pytest.mark.multiprocess
+def test_workers_killed_restarted_and_added_keep_the_global_batch_the_ledger_and_one_state(tmp_path):
+    """A (hosting the lighthouse), B and C at different speeds; B is killed mid-run and restarted, D added, and two
+    workers whose model or data differ are refused. Every committed step of the job's history trained exactly its
+    global batch (each participant counting its own samples), every epoch trained each global batch once, the
+    finished workers hold the same parameters, and a restarted or added worker trained from a peer's state."""
+    stop = tmp_path / "stop"
+    job = _Job(tmp_path, ["--samples", str(SAMPLES), "--batch-size", str(BATCH), "--stop-file", str(stop)])
+    try:
+        a = job.start("a", "--step-sleep-s", "0.01", host=True)
+        b = job.start("b", "--step-sleep-s", "0.02")
+        c = job.start("c", "--step-sleep-s", "0.04")
+        for proc in (a, b, c):
+            job.wait_until_trains(proc, after=3)
+        job.kill("b")
+        trained_by_a = sum(1 for row in job.commits() if row["pid"] == a.pid and row["own_samples"])
+        job.wait_until_trains(a, after=trained_by_a + 3)  # the job goes on without B
+        b2 = job.start("b", "--step-sleep-s", "0.02")
+        d = job.start("d")
+        other_model = job.start("m", "--hidden", "24")
+        other_data = job.start("n", "--batch-size", "8")
+        for proc in (b2, d):
+            job.wait_until_trains(proc)
+        assert other_model.wait(timeout=120) != 0 and other_data.wait(timeout=120) != 0
+        stop.write_text(str(max(row["epoch"] for row in job.commits()) + 2))
+        codes = job.wait(timeout_s=180)
+    finally:
+        job.close()
+    assert codes["a"] == [0] and codes["c"] == [0] and codes["d"] == [0] and codes["b"] == [-9, 0], codes
+    errors = job.errors()
+    assert len(errors) == 2, errors
+    assert any("its model differs: parameter net.0.weight has shape [24, 32] here" in e for e in errors.values())
+    assert any("its data differs: global_batch_size is 8 here and 16 in the running job" in e for e in errors.values())
+    history = job.history()
+    assert [record.step for record in history] == list(range(1, len(history) + 1))
+    assert all(record.samples == _chunk_samples(record.round_chunks[0]) for record in history)
+    coverage = epoch_coverage(history, CHUNKS)
+    assert len(coverage) >= 3
+    assert all(epoch == {"trained": CHUNKS, "lost": 0, "duplicated": 0} for epoch in coverage.values()), coverage
+    results = job.results()
+    assert len({r["checksum"] for r in results.values()}) == 1, results
+    assert results["b"]["report"]["recovered"] and results["d"]["report"]["recovered"]
+    assert all(r["report"]["duplicates"] == 0 for r in results.values())
+    # the slowest worker's share of a step is below the fastest one's (wide: one step where both trained)
+    shared = collections.defaultdict(dict)
+    for row in job.commits():
+        shared[row["step"], row["digest"]][row["name"]] = row["own_samples"]
+    assert any(s.get("a", 0) > s.get("c", BATCH) > 0 for s in shared.values())
