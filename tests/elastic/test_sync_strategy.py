@@ -46,20 +46,20 @@ def _trainer(strategy, epochs: int, **kwargs) -> L.Trainer:
     return L.Trainer(strategy=strategy, **(settings | kwargs))
 
 
-def _data(batch_size: int = BATCH) -> SyntheticClassificationDataModule:
-    return SyntheticClassificationDataModule(num_samples=SAMPLES, batch_size=batch_size)
+def _data(shuffle: bool = True) -> SyntheticClassificationDataModule:
+    return SyntheticClassificationDataModule(num_samples=SAMPLES, batch_size=BATCH, shuffle=shuffle)
 
 
 def test_one_worker_trains_each_global_batch_once_per_epoch_as_plain_training_does(tmp_path):
     """Alone, a worker trains every global batch once per epoch, whole, with the same parameters as Lightning's own
-    single-device training on the same batches (the strategy's gradient is the global batch's)."""
+    single-device training on the same batches in the same order (the strategy's gradient is the global batch's)."""
     strategy = ElasticHeteroBatchStrategy(lighthouse=f"http://localhost:{free_port()}", start_lighthouse=True)
     records: list[CommitRecord] = []
     strategy.on_commit = records.append
     L.seed_everything(0)
     model = MLPClassifier(hidden=16)
     trainer = _trainer(strategy, 2, default_root_dir=tmp_path)
-    trainer.fit(model, datamodule=_data())
+    trainer.fit(model, datamodule=_data(shuffle=False))
     assert [r.round_chunks[0] for r in records] == list(range(CHUNKS)) * 2
     assert [r.samples for r in records] == [_chunk_samples(c) for c in range(CHUNKS)] * 2
     assert trainer.global_step == 2 * CHUNKS and trainer.current_epoch == 2
@@ -67,7 +67,7 @@ def test_one_worker_trains_each_global_batch_once_per_epoch_as_plain_training_do
 
     L.seed_everything(0)
     plain = MLPClassifier(hidden=16)
-    _trainer("auto", 2, default_root_dir=tmp_path).fit(plain, datamodule=_data())
+    _trainer("auto", 2, default_root_dir=tmp_path).fit(plain, datamodule=_data(shuffle=False))
     for ours, theirs in zip(model.parameters(), plain.parameters(), strict=True):
         torch.testing.assert_close(ours, theirs)
 
