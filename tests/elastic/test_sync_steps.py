@@ -27,9 +27,7 @@ def _commit(workers: list[SyncSteps], plans) -> list:
     return [w.commit(summed, plan) for w, plan in zip(workers, plans, strict=True)]
 
 
-@pytest.mark.parametrize(
-    "rates", [[1.0, 2.0, 3.0], [0.0, 0.0], [50.0, 0.0, 0.0, 10.0], [5.0, JOINING, 1.0], [0.0] * 9]
-)
+@pytest.mark.parametrize("rates", [[1.0, 2.0, 3.0], [0.0, 0.0], [50.0, 0.0, 0.0, 10.0], [5.0, JOINING, 1.0], [0.0] * 9])
 def test_a_split_trains_exactly_the_global_batch_and_a_newcomer_gets_the_slowest_share(rates):
     split = step_split(rates, 8)
     assert sum(split) == 8 and all(size >= 0 for size in split)

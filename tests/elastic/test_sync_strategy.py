@@ -16,6 +16,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_hetero.elastic import CommitRecord, ElasticError, ElasticHeteroBatchStrategy, epoch_coverage, lineage
 from lightning_hetero.synthetic import MLPClassifier, SyntheticClassificationDataModule
@@ -50,15 +51,17 @@ def _data(shuffle: bool = True) -> SyntheticClassificationDataModule:
     return SyntheticClassificationDataModule(num_samples=SAMPLES, batch_size=BATCH, shuffle=shuffle)
 
 
-def test_one_worker_trains_each_global_batch_once_per_epoch_as_plain_training_does(tmp_path):
+def test_one_worker_trains_each_global_batch_once_per_epoch_as_plain_training_does_and_resumes(tmp_path):
     """Alone, a worker trains every global batch once per epoch, whole, with the same parameters as Lightning's own
-    single-device training on the same batches in the same order (the strategy's gradient is the global batch's)."""
+    single-device training on the same batches in the same order (the strategy's gradient is the global batch's);
+    its checkpoint resumes the job, with or without torchft."""
     strategy = ElasticHeteroBatchStrategy(lighthouse=f"http://localhost:{free_port()}", start_lighthouse=True)
     records: list[CommitRecord] = []
     strategy.on_commit = records.append
     L.seed_everything(0)
     model = MLPClassifier(hidden=16)
-    trainer = _trainer(strategy, 2, default_root_dir=tmp_path)
+    checkpoint = ModelCheckpoint(dirpath=tmp_path, save_last=True)
+    trainer = _trainer(strategy, 2, default_root_dir=tmp_path, callbacks=[checkpoint], enable_checkpointing=True)
     trainer.fit(model, datamodule=_data(shuffle=False))
     assert [r.round_chunks[0] for r in records] == list(range(CHUNKS)) * 2
     assert [r.samples for r in records] == [_chunk_samples(c) for c in range(CHUNKS)] * 2
@@ -70,6 +73,16 @@ def test_one_worker_trains_each_global_batch_once_per_epoch_as_plain_training_do
     _trainer("auto", 2, default_root_dir=tmp_path).fit(plain, datamodule=_data(shuffle=False))
     for ours, theirs in zip(model.parameters(), plain.parameters(), strict=True):
         torch.testing.assert_close(ours, theirs)
+
+    saved = torch.load(tmp_path / "last.ckpt", weights_only=False)
+    assert saved["elastic_hetero_batch"]["steps"]["ledger"]["epoch"] == 2
+    _trainer("auto", 3, default_root_dir=tmp_path).fit(
+        MLPClassifier(hidden=16), datamodule=_data(), ckpt_path=tmp_path / "last.ckpt"
+    )
+    resumed = ElasticHeteroBatchStrategy(lighthouse=f"http://localhost:{free_port()}", start_lighthouse=True)
+    again = _trainer(resumed, 3, default_root_dir=tmp_path)
+    again.fit(MLPClassifier(hidden=16), datamodule=_data(shuffle=False), ckpt_path=tmp_path / "last.ckpt")
+    assert again.current_epoch == 3 and resumed.steps.ledger.epoch == 3 and again.global_step == 3 * CHUNKS
 
 
 def test_min_workers_not_met_ends_the_worker_with_an_error_naming_it():

@@ -128,7 +128,9 @@ class SyncSteps:
 
     def __init__(self, num_samples: int, global_batch_size: int, shuffle: bool, seed: int) -> None:
         if num_samples < 1 or global_batch_size < 1:
-            raise ValueError(f"need num_samples >= 1 and global_batch_size >= 1, got {num_samples}, {global_batch_size}")
+            raise ValueError(
+                f"need num_samples >= 1 and global_batch_size >= 1, got {num_samples}, {global_batch_size}"
+            )
         self.num_samples = num_samples
         self.global_batch_size = global_batch_size
         self.shuffle = shuffle
