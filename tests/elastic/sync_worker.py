@@ -61,6 +61,7 @@ def main() -> None:
     parser.add_argument("--step-sleep-s", type=float, default=0.0)
     parser.add_argument("--min-workers", type=int, default=1)
     parser.add_argument("--stop-file", default=None)
+    parser.add_argument("--no-shuffle", action="store_true", help="the training set in its order every epoch")
     args = parser.parse_args()
     torch.set_num_threads(1)
     logging.getLogger("lightning.fabric.utilities.seed").setLevel(logging.WARNING)
@@ -83,7 +84,9 @@ def main() -> None:
         log.write(json.dumps({**dataclasses.asdict(record), "own_samples": own, "t": time.time()}) + "\n")
 
     strategy.on_commit = on_commit
-    data = SyntheticClassificationDataModule(num_samples=args.samples, batch_size=args.batch_size)
+    data = SyntheticClassificationDataModule(
+        num_samples=args.samples, batch_size=args.batch_size, shuffle=not args.no_shuffle
+    )
     model = SleepyMLP(args.step_sleep_s, hidden=args.hidden)
     trainer = L.Trainer(
         accelerator="cpu",

@@ -238,3 +238,35 @@ def test_workers_killed_restarted_and_added_keep_the_global_batch_the_ledger_and
     for row in job.commits():
         shared[row["step"], row["digest"]][row["name"]] = row["own_samples"]
     assert any(s.get("a", 0) > s.get("c", BATCH) > 0 for s in shared.values())
+
+
+@pytest.mark.multiprocess
+def test_workers_at_different_speeds_train_as_one_process_does_on_the_same_global_batches(tmp_path):
+    """Three workers (one hosting the lighthouse), the split by speed changing from step to step: their parameters
+    after two epochs are those of Lightning's single-device training on the same global batches (up to float
+    summation order), so each step's gradient was the global batch's."""
+    stop = tmp_path / "stop"
+    stop.write_text("2")
+    job = _Job(
+        tmp_path, ["--samples", str(SAMPLES), "--batch-size", str(BATCH), "--no-shuffle", "--stop-file", str(stop)]
+    )
+    try:
+        job.start("a", "--step-sleep-s", "0.01", "--min-workers", "3", host=True)
+        job.start("b", "--step-sleep-s", "0.02", "--min-workers", "3")
+        job.start("c", "--step-sleep-s", "0.03", "--min-workers", "3")
+        codes = job.wait(timeout_s=240)
+    finally:
+        job.close()
+    assert codes == {"a": [0], "b": [0], "c": [0]}, (codes, job.errors())
+    history = job.history()
+    assert len(history) == 2 * CHUNKS and all(r.samples == _chunk_samples(r.round_chunks[0]) for r in history)
+    shares = collections.defaultdict(dict)
+    for row in job.commits():
+        shares[row["step"]][row["name"]] = row["own_samples"]
+    assert any(share["a"] > share["c"] + 2 for share in shares.values())  # the fastest trains more (wide margin)
+    L.seed_everything(0)
+    plain = MLPClassifier(hidden=16)
+    _trainer("auto", 2, default_root_dir=tmp_path).fit(plain, datamodule=_data(shuffle=False))
+    expected = float(sum(p.detach().double().sum() for p in plain.parameters()))
+    checksums = {r["checksum"] for r in job.results().values()}
+    assert len(checksums) == 1 and checksums.pop() == pytest.approx(expected, abs=1e-4)
