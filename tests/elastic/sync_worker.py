@@ -62,6 +62,7 @@ def main() -> None:
     parser.add_argument("--min-workers", type=int, default=1)
     parser.add_argument("--stop-file", default=None)
     parser.add_argument("--no-shuffle", action="store_true", help="the training set in its order every epoch")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
     args = parser.parse_args()
     torch.set_num_threads(1)
     logging.getLogger("lightning.fabric.utilities.seed").setLevel(logging.WARNING)
@@ -74,6 +75,7 @@ def main() -> None:
         replica_id=args.name,
         min_workers=args.min_workers,
         step_timeout_s=30,
+        device=args.device,
     )
     log = (out / f"commits-{tag}.jsonl").open("a", buffering=1)
     counted = [0]
@@ -89,7 +91,7 @@ def main() -> None:
     )
     model = SleepyMLP(args.step_sleep_s, hidden=args.hidden)
     trainer = L.Trainer(
-        accelerator="cpu",
+        accelerator="gpu" if args.device.startswith("cuda") else "cpu",
         devices=1,
         strategy=strategy,
         max_epochs=args.epochs,

@@ -347,9 +347,10 @@ class ElasticHeteroBatchStrategy(SingleDeviceStrategy):
                 return torch.zeros(size)
             if closure is not None:
                 self._train_share(closure, plan, output)
+            # on the CPU: torchft's group is gloo's (a model on a GPU pays one copy per step each way)
             grads = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
-            flat_buffers = torch.cat([b.detach().reshape(-1) for b in buffers]) if buffers else None
-            return steps.message(grads.detach(), flat_buffers, plan)
+            flat_buffers = torch.cat([b.detach().reshape(-1) for b in buffers]).cpu() if buffers else None
+            return steps.message(grads.detach().cpu(), flat_buffers, plan)
 
         summed, _, _ = membership.round(message)
         plan = planned[-1] if planned else None
@@ -384,8 +385,8 @@ class ElasticHeteroBatchStrategy(SingleDeviceStrategy):
         offset = 0
         with torch.no_grad():
             for tensor in params:
-                value = summed[offset : offset + tensor.numel()].view_as(tensor).to(tensor.dtype)
-                tensor.grad = value.clone()
+                value = summed[offset : offset + tensor.numel()].view_as(tensor)
+                tensor.grad = value.to(tensor.device, tensor.dtype, copy=True)
                 offset += tensor.numel()
             for buffer in buffers:
                 buffer.copy_(summed[offset : offset + buffer.numel()].view_as(buffer))
@@ -398,8 +399,8 @@ class ElasticHeteroBatchStrategy(SingleDeviceStrategy):
         the optimizer's state, the steps' state (the ledger)."""
         return {
             "signature": model_signature(self.lightning_module),
-            "params": self._flat().clone(),
-            "buffers": [b.detach().clone() for b in self._float_buffers()],
+            "params": self._flat().cpu().clone(),
+            "buffers": [b.detach().cpu().clone() for b in self._float_buffers()],
             "optimizer": copy.deepcopy(self.optimizers[0].state_dict()),
             "steps": copy.deepcopy(self._parts().state_dict()),
         }
