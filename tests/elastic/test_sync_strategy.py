@@ -4,11 +4,7 @@
 from __future__ import annotations
 
 import collections
-import dataclasses
 import importlib.util
-import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -19,13 +15,13 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from lightning_hetero.elastic import CommitRecord, ElasticError, ElasticHeteroBatchStrategy, epoch_coverage, lineage
+from lightning_hetero.elastic import CommitRecord, ElasticError, ElasticHeteroBatchStrategy, epoch_coverage
 from lightning_hetero.synthetic import MLPClassifier, SyntheticClassificationDataModule
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from elastic_job import free_port
+from elastic_job import ElasticJob, free_port
 
-WORKER = Path(__file__).resolve().parent / "sync_worker.py"
+WORKER = Path(__file__).resolve().parents[2] / "benchmarks" / "elastic_sync_worker.py"
 SAMPLES, BATCH = 200, 16
 CHUNKS = -(-SAMPLES // BATCH)
 
@@ -113,82 +109,17 @@ def test_settings_and_loaders_are_checked_by_name(monkeypatch):
         _trainer(strategy, 1, accumulate_grad_batches=2).fit(MLPClassifier(hidden=16), datamodule=_data())
 
 
-class _Job:
-    """Worker processes of one job writing into ``out`` (what ``sync_worker.py`` writes, read back)."""
+def _trains(job: ElasticJob, proc: subprocess.Popen, after: int = 0, timeout_s: float = 120) -> None:
+    """Wait until process ``proc`` has trained samples in more than ``after`` committed steps."""
+    deadline = time.monotonic() + timeout_s
+    while sum(1 for row in job.commits() if row["pid"] == proc.pid and row["own_samples"]) <= after:
+        assert proc.poll() is None, f"worker {proc.pid} exited with {proc.returncode}: {job.errors()}"
+        assert time.monotonic() < deadline, f"worker {proc.pid} trained nothing within {timeout_s} s"
+        time.sleep(0.2)
 
-    def __init__(self, out: Path, args: list[str]) -> None:
-        self.out = out
-        self.args = args
-        self.lighthouse = f"http://localhost:{free_port()}"
-        self.procs: dict[str, list[subprocess.Popen]] = collections.defaultdict(list)
 
-    def start(self, name: str, *args: str, host: bool = False) -> subprocess.Popen:
-        command = [sys.executable, str(WORKER), str(self.out), "--lighthouse", self.lighthouse, "--name", name]
-        command += [*self.args, *args, *(["--start-lighthouse"] if host else [])]
-        log = (self.out / f"{name}.log").open("a")
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        self.procs[name].append(proc)
-        return proc
-
-    def kill(self, name: str) -> None:
-        proc = self.procs[name][-1]
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-    def wait(self, timeout_s: float) -> dict[str, list[int | None]]:
-        """Every process's exit code (``None``: killed after ``timeout_s``)."""
-        deadline = time.monotonic() + timeout_s
-        codes: dict[str, list[int | None]] = {}
-        for name, procs in self.procs.items():
-            codes[name] = []
-            for proc in procs:
-                try:
-                    codes[name].append(proc.wait(timeout=max(0.1, deadline - time.monotonic())))
-                except subprocess.TimeoutExpired:
-                    codes[name].append(None)
-        self.close()
-        return codes
-
-    def close(self) -> None:
-        for procs in self.procs.values():
-            for proc in procs:
-                if proc.poll() is None:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
-
-    def commits(self) -> list[dict]:
-        rows = []
-        for path in self.out.glob("commits-*.jsonl"):
-            name, pid = path.stem.removeprefix("commits-").rsplit("-", 1)
-            rows += [{**json.loads(line), "pid": int(pid), "name": name} for line in path.read_text().splitlines()]
-        return sorted(rows, key=lambda row: row["t"])
-
-    def wait_until_trains(self, proc: subprocess.Popen, after: int = 0, timeout_s: float = 120) -> None:
-        """Until process ``proc`` has trained samples in more than ``after`` committed steps."""
-        deadline = time.monotonic() + timeout_s
-        while sum(1 for r in self.commits() if r["pid"] == proc.pid and r["own_samples"]) <= after:
-            assert proc.poll() is None, f"worker {proc.pid} exited with {proc.returncode}: {self.errors()}"
-            assert time.monotonic() < deadline, f"worker {proc.pid} trained nothing within {timeout_s} s"
-            time.sleep(0.2)
-
-    def history(self) -> list[CommitRecord]:
-        """The commits the parameters of the workers that finished descend from (they must end at the same one)."""
-        fields = {field.name for field in dataclasses.fields(CommitRecord)}
-        by_pid: dict[int, list[CommitRecord]] = collections.defaultdict(list)
-        for row in self.commits():
-            values = {k: tuple(v) if isinstance(v, list) else v for k, v in row.items() if k in fields}
-            by_pid[row["pid"]].append(CommitRecord(**values))
-        finished = {int(path.stem.rsplit("-", 1)[1]) for path in self.out.glob("worker-*.json")}
-        finals = {(by_pid[pid][-1].step, by_pid[pid][-1].digest) for pid in finished}
-        assert len(finals) == 1, f"the workers that finished end at different commits: {sorted(finals)}"
-        final = by_pid[next(iter(finished))][-1]
-        return lineage([record for records in by_pid.values() for record in records], final)
-
-    def results(self) -> dict[str, dict]:
-        return {(r := json.loads(p.read_text()))["name"]: r for p in sorted(self.out.glob("worker-*.json"))}
-
-    def errors(self) -> dict[str, str]:
-        return {path.stem: path.read_text() for path in sorted(self.out.glob("error-*.txt"))}
+def _results(job: ElasticJob) -> dict[str, dict]:
+    return {result["name"]: result for result in job.results()}
 
 
 @pytest.mark.multiprocess
@@ -198,22 +129,24 @@ def test_workers_killed_restarted_and_added_keep_the_global_batch_the_ledger_and
     global batch (each participant counting its own samples), every epoch trained each global batch once, the
     finished workers hold the same parameters, and a restarted or added worker trained from a peer's state."""
     stop = tmp_path / "stop"
-    job = _Job(tmp_path, ["--samples", str(SAMPLES), "--batch-size", str(BATCH), "--stop-file", str(stop)])
+    job = ElasticJob(
+        tmp_path, ["--samples", str(SAMPLES), "--batch-size", str(BATCH), "--stop-file", str(stop)], worker=WORKER
+    )
     try:
         a = job.start("a", "--step-sleep-s", "0.01", host=True)
         b = job.start("b", "--step-sleep-s", "0.02")
         c = job.start("c", "--step-sleep-s", "0.04")
         for proc in (a, b, c):
-            job.wait_until_trains(proc, after=3)
+            _trains(job, proc, after=3)
         job.kill("b")
         trained_by_a = sum(1 for row in job.commits() if row["pid"] == a.pid and row["own_samples"])
-        job.wait_until_trains(a, after=trained_by_a + 3)  # the job goes on without B
+        _trains(job, a, after=trained_by_a + 3)  # the job goes on without B
         b2 = job.start("b", "--step-sleep-s", "0.02")
         d = job.start("d")
         other_model = job.start("m", "--hidden", "24")
         other_data = job.start("n", "--batch-size", "8")
         for proc in (b2, d):
-            job.wait_until_trains(proc)
+            _trains(job, proc)
         assert other_model.wait(timeout=120) != 0 and other_data.wait(timeout=120) != 0
         stop.write_text(str(max(row["epoch"] for row in job.commits()) + 2))
         codes = job.wait(timeout_s=180)
@@ -230,7 +163,7 @@ def test_workers_killed_restarted_and_added_keep_the_global_batch_the_ledger_and
     coverage = epoch_coverage(history, CHUNKS)
     assert len(coverage) >= 3
     assert all(epoch == {"trained": CHUNKS, "lost": 0, "duplicated": 0} for epoch in coverage.values()), coverage
-    results = job.results()
+    results = _results(job)
     assert len({r["checksum"] for r in results.values()}) == 1, results
     assert results["b"]["report"]["recovered"] and results["d"]["report"]["recovered"]
     assert all(r["report"]["duplicates"] == 0 for r in results.values())
@@ -263,7 +196,7 @@ def test_workers_at_different_speeds_train_as_one_process_does_on_the_same_globa
     stop = tmp_path / "stop"
     stop.write_text("2")
     args = ["--samples", str(SAMPLES), "--batch-size", str(BATCH), "--no-shuffle", "--device", device]
-    job = _Job(tmp_path, [*args, "--stop-file", str(stop), "--min-workers", "3"])
+    job = ElasticJob(tmp_path, [*args, "--stop-file", str(stop), "--min-workers", "3"], worker=WORKER)
     try:
         job.start("a", "--step-sleep-s", "0.01", host=True)
         job.start("b", "--step-sleep-s", "0.02")
@@ -282,5 +215,5 @@ def test_workers_at_different_speeds_train_as_one_process_does_on_the_same_globa
     plain = MLPClassifier(hidden=16)
     _trainer("auto", 2, default_root_dir=tmp_path).fit(plain, datamodule=_data(shuffle=False))
     expected = float(sum(p.detach().double().sum() for p in plain.parameters()))
-    checksums = {r["checksum"] for r in job.results().values()}
+    checksums = {r["checksum"] for r in job.results()}
     assert len(checksums) == 1 and checksums.pop() == pytest.approx(expected, abs=1e-4 if device == "cpu" else 1e-3)

@@ -1,12 +1,13 @@
-"""One worker of a synchronous elastic job (``ElasticHeteroBatchStrategy``) on generated data; the tests start one
-process per "machine".
+"""One worker of a synchronous elastic job (``ElasticHeteroBatchStrategy``) on generated data; start one per
+"machine" (``elastic_job.ElasticJob(..., worker=...)`` does).
 
-Usage: python tests/elastic/sync_worker.py OUT_DIR --lighthouse http://localhost:PORT [--start-lighthouse] [options]
+Usage: python benchmarks/elastic_sync_worker.py OUT_DIR --lighthouse http://localhost:PORT [--start-lighthouse] [...]
 
-Appends one JSON line per committed step to ``OUT_DIR/commits-<name>-<pid>.jsonl`` (its ``CommitRecord`` and this
-worker's samples in the step), writes ``OUT_DIR/worker-<name>-<pid>.json`` at the end (its report, epochs, parameter
-checksum) and a failure to ``OUT_DIR/error-<name>-<pid>.txt``. A sleep per training step (``--step-sleep-s``)
-emulates a slower machine.
+Appends one JSON line per committed step to ``OUT_DIR/commits-<name>-<pid>.jsonl`` (its ``CommitRecord``, this
+worker's samples in the step, the time and the seconds since the process started), writes
+``OUT_DIR/worker-<name>-<pid>.json`` at the end (its report, validation accuracy, epochs, parameter checksum) and a
+failure to ``OUT_DIR/error-<name>-<pid>.txt``. A sleep per training step (``--step-sleep-s``) or per sample of the
+worker's share (``--sample-sleep-s``) emulates a slower machine.
 """
 
 import argparse
@@ -26,14 +27,16 @@ from lightning_hetero.synthetic import MLPClassifier, SyntheticClassificationDat
 
 
 class SleepyMLP(MLPClassifier):
-    """The synthetic MLP, each training step ``step_sleep_s`` longer (an emulated slower machine)."""
+    """The synthetic MLP, each training step ``step_sleep_s`` plus ``sample_sleep_s`` per sample longer (an emulated
+    slower machine)."""
 
-    def __init__(self, step_sleep_s: float, **kwargs) -> None:
+    def __init__(self, step_sleep_s: float, sample_sleep_s: float = 0.0, **kwargs) -> None:
         super().__init__(**kwargs)
         self.step_sleep_s = step_sleep_s
+        self.sample_sleep_s = sample_sleep_s
 
     def training_step(self, batch, batch_idx):
-        time.sleep(self.step_sleep_s)
+        time.sleep(self.step_sleep_s + self.sample_sleep_s * len(batch[1]))
         return super().training_step(batch, batch_idx)
 
 
@@ -59,11 +62,14 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--hidden", type=int, default=16)
     parser.add_argument("--step-sleep-s", type=float, default=0.0)
+    parser.add_argument("--sample-sleep-s", type=float, default=0.0)
     parser.add_argument("--min-workers", type=int, default=1)
     parser.add_argument("--stop-file", default=None)
     parser.add_argument("--no-shuffle", action="store_true", help="the training set in its order every epoch")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--started-at", type=float, default=None, help="time.time() when the process was started")
     args = parser.parse_args()
+    started_at = args.started_at or time.time()
     torch.set_num_threads(1)
     logging.getLogger("lightning.fabric.utilities.seed").setLevel(logging.WARNING)
     L.seed_everything(0)
@@ -83,13 +89,15 @@ def main() -> None:
     def on_commit(record: CommitRecord) -> None:
         own = strategy.report["samples"] - counted[0]
         counted[0] = strategy.report["samples"]
-        log.write(json.dumps({**dataclasses.asdict(record), "own_samples": own, "t": time.time()}) + "\n")
+        now = time.time()
+        row = {**dataclasses.asdict(record), "own_samples": own, "t": now, "since_start_s": now - started_at}
+        log.write(json.dumps(row) + "\n")
 
     strategy.on_commit = on_commit
     data = SyntheticClassificationDataModule(
         num_samples=args.samples, batch_size=args.batch_size, shuffle=not args.no_shuffle
     )
-    model = SleepyMLP(args.step_sleep_s, hidden=args.hidden)
+    model = SleepyMLP(args.step_sleep_s, args.sample_sleep_s, hidden=args.hidden)
     trainer = L.Trainer(
         accelerator="gpu" if args.device.startswith("cuda") else "cpu",
         devices=1,
@@ -110,6 +118,7 @@ def main() -> None:
     result = {
         "name": args.name,
         "report": strategy.report,
+        "val_acc": float(trainer.callback_metrics.get("val_acc", float("nan"))),
         "epochs": trainer.current_epoch,
         "global_step": trainer.global_step,
         "checksum": float(sum(p.detach().double().sum() for p in model.parameters())),
