@@ -64,6 +64,7 @@ def main() -> None:
     parser.add_argument("--step-sleep-s", type=float, default=0.0)
     parser.add_argument("--sample-sleep-s", type=float, default=0.0)
     parser.add_argument("--min-workers", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--stop-file", default=None)
     parser.add_argument("--no-shuffle", action="store_true", help="the training set in its order every epoch")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
@@ -72,7 +73,7 @@ def main() -> None:
     started_at = args.started_at or time.time()
     torch.set_num_threads(1)
     logging.getLogger("lightning.fabric.utilities.seed").setLevel(logging.WARNING)
-    L.seed_everything(0)
+    L.seed_everything(args.seed)
     out = Path(args.out)
     tag = f"{args.name}-{os.getpid()}"
     strategy = ElasticHeteroBatchStrategy(
@@ -95,7 +96,7 @@ def main() -> None:
 
     strategy.on_commit = on_commit
     data = SyntheticClassificationDataModule(
-        num_samples=args.samples, batch_size=args.batch_size, shuffle=not args.no_shuffle
+        num_samples=args.samples, batch_size=args.batch_size, shuffle=not args.no_shuffle, seed=args.seed
     )
     model = SleepyMLP(args.step_sleep_s, args.sample_sleep_s, hidden=args.hidden)
     trainer = L.Trainer(
