@@ -7,7 +7,8 @@ lighthouse. Runs, one after the other per seed:
 
 - ``undisturbed``: the four train ``--epochs`` epochs;
 - ``churn``: the same, and one speed-1 worker (not the host) is SIGKILLed half-way through every epoch and started
-  again at once (a fresh process that joins the running job); a fifth worker (speed 1) starts half-way through the
+  again at once (a fresh process that joins the running job), but not before its previous restart contributed (a
+  worker's start-up on a loaded host can outlast an epoch); a fifth worker (speed 1) starts half-way through the
   run.
 
 Reported per run: samples per second (from the host's first to its last committed step), the host's final
@@ -59,12 +60,15 @@ def run(kind: str, args: argparse.Namespace, seed: int, out: Path) -> dict[str, 
             job.start(name, *speed[name])
         for epoch in range(args.epochs if kind == "churn" else 0):
             middle = lambda e=epoch: sum(row["epoch"] == e for row in _host_steps(job)) >= chunks // 2  # noqa: E731
-            if not wait_for(middle, args.timeout_s):
+            contributed = lambda: (  # noqa: E731
+                not joined or job.first_contribution_s(joined[0]) is not None or job.procs["a"][0].poll() is not None
+            )
+            if not (wait_for(middle, args.timeout_s) and wait_for(contributed, args.timeout_s)):
                 break
             job.kill(KILLED)
-            joined.append(job.start(KILLED, *speed[KILLED]).pid)
+            joined.insert(0, job.start(KILLED, *speed[KILLED]).pid)
             if epoch == args.epochs // 2:
-                joined.append(job.start(ADDED, *speed[ADDED]).pid)
+                joined.append(job.start(ADDED, *speed[ADDED]).pid)  # last: the next kill waits for the restart
         codes = job.wait(timeout_s=args.timeout_s)
     finally:
         job.close()
