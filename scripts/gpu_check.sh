@@ -94,8 +94,11 @@ if ! "$PYTHON" -c 'import lightning_hetero' 2>/dev/null; then
     log "lightning_hetero is not installed: using $PWD/src"
 fi
 
-# 3. The tests marked `cuda` (only their files are collected: a module another extra needs cannot stop them)
+# 3. The tests marked `cuda` (only their files are collected: a module another extra needs cannot stop them).
+# Among them ElasticHeteroBatchStrategy's cell: three worker processes sharing the GPU train two epochs and must end
+# with the parameters of one process trained on the same global batches; it needs torchft (the [elastic] extra).
 mapfile -t cuda_files < <(grep -rl --include='test_*.py' 'pytest.mark.cuda' tests | sort)
+"$PYTHON" -c 'import torchft' 2>/dev/null || log "torchft missing: the elastic cuda tests skip (pip install -e '.[elastic]')"
 step tests "$TESTS_S" "$PYTHON" -m pytest -q -m cuda "${cuda_files[@]}" -p no:cacheprovider \
     --continue-on-collection-errors -rA --junitxml="$out/tests.xml"
 "$PYTHON" - "$out" <<'PY' || { failed=1; log "tests.json not written"; }

@@ -49,6 +49,9 @@ class CommitRecord:
     parent: str
     #: :func:`digest` of the parameters after the round's outer step
     digest: str
+    #: samples all participants trained in the step, each counting its own (``ElasticHeteroBatchStrategy``: the
+    #: global batch; 0 where not counted)
+    samples: int = 0
 
 
 def digest(flat: Tensor) -> str:

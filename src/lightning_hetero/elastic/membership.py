@@ -128,6 +128,8 @@ class Membership:
 
         self.lighthouse = lighthouse
         self.lost_after_s = lost_after_s
+        self.min_workers = min_workers
+        self.round_timeout_s = round_timeout_s
         timeout = timedelta(seconds=round_timeout_s)
         # The replica group's own store (one process per group). The quorum hands its address to every participant
         # (the store of torchft's cross-worker group is the primary's), so it is this machine's name, as torchft's
@@ -205,7 +207,10 @@ class Membership:
         cause = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         if not reachable(self.lighthouse):
             return ElasticError(f"lost the torchft lighthouse at {self.lighthouse}: {cause}")
-        return ElasticError(f"no quorum through the torchft lighthouse at {self.lighthouse}: {cause}")
+        return ElasticError(
+            f"no quorum of min_workers={self.min_workers} through the torchft lighthouse at {self.lighthouse} within "
+            f"{self.round_timeout_s:g} s: {cause}"
+        )
 
     @property
     def step(self) -> int:
