@@ -1,10 +1,13 @@
-"""What the studies' training runs share: a quiet CPU Trainer, a train/validation split of the generated data, a
-perceptron with optional emulated compute, and a per-epoch recorder of training times."""
+"""What the studies' training runs share: a quiet CPU Trainer, a train/validation split of the generated data,
+per-rank slowdowns, emulated compute (a sleep or a busy loop) in a perceptron, the callbacks that time steps and
+epochs, a start barrier for jobs run side by side, and the flags of a child's command line."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -38,6 +41,47 @@ def classification_split(
     return TensorDataset(x[:samples], y[:samples]), TensorDataset(x[samples:], y[samples:])
 
 
+def slowdown_factors(workers: int, hl: float) -> list[float]:
+    """Per-rank slowdowns from 1 (rank 0) to ``hl`` (the last rank), geometrically spaced.
+
+    Example::
+
+        >>> slowdown_factors(2, 4.0), [round(f, 2) for f in slowdown_factors(3, 4.0)], slowdown_factors(1, 4.0)
+        ([1.0, 4.0], [1.0, 2.0, 4.0], [1.0])
+    """
+    if workers == 1:
+        return [1.0]
+    return [hl ** (rank / (workers - 1)) for rank in range(workers)]
+
+
+def flags(**values: Any) -> list[str]:
+    """A child's command-line words for ``values`` (``cost_s`` -> ``--cost-s``; ``True``: the bare flag; ``False``
+    and ``None``: nothing).
+
+    Example::
+
+        >>> flags(cost_s=0.5, breakdown=True, quick=False, out=None)
+        ['--cost-s', '0.5', '--breakdown']
+    """
+    words: list[str] = []
+    for key, value in values.items():
+        if value is not None and value is not False:
+            words += [f"--{key.replace('_', '-')}"] + ([] if value is True else [str(value)])
+    return words
+
+
+def spend(seconds: float, compute: str = "sleep") -> None:
+    """Emulated compute: sleep ``seconds`` (no CPU used: ranks do not compete for the host's cores), or with
+    ``compute="spin"`` spend them on the process's CPU clock in a busy loop (ranks compete as real compute does,
+    and a CPU quota throttles it)."""
+    if compute == "sleep":
+        time.sleep(seconds)
+        return
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+
+
 class MLP(L.LightningModule):
     """A perceptron ``features -> hidden... -> classes``, SGD with momentum, ``val_acc`` logged across ranks.
 
@@ -47,9 +91,13 @@ class MLP(L.LightningModule):
         hidden: the hidden layers' widths.
         lr: SGD learning rate.
         momentum: SGD momentum.
-        cost_s: emulated compute: each training step also sleeps this many seconds per sample (summed in
-            ``slept_s``).
+        cost_s: emulated compute (:func:`spend`) per sample of each training step.
         activation: the hidden layers' activation.
+        overhead_s: emulated compute per training step.
+        compute: how the compute is emulated (``"sleep"`` or ``"spin"``, see :func:`spend`).
+
+    Notes:
+        ``emulated_cpu_s`` sums the sleeps, so that a CPU quota can charge them as compute (:meth:`cpu_clock`).
     """
 
     def __init__(
@@ -61,26 +109,36 @@ class MLP(L.LightningModule):
         momentum: float,
         cost_s: float = 0.0,
         activation: type[nn.Module] = nn.ReLU,
+        overhead_s: float = 0.0,
+        compute: str = "sleep",
     ) -> None:
         super().__init__()
-        self.lr, self.momentum, self.cost_s = lr, momentum, cost_s
+        self.lr, self.momentum, self.cost_s, self.overhead_s, self.compute = lr, momentum, cost_s, overhead_s, compute
         layers: list[nn.Module] = []
         width = features
         for size in hidden:
             layers += [nn.Linear(width, size), activation()]
             width = size
         self.net = nn.Sequential(*layers, nn.Linear(width, classes))
-        self.slept_s = 0.0
+        self.emulated_cpu_s = 0.0
+
+    def step_cost_s(self, samples: int) -> float:
+        """The emulated compute of a training step on ``samples`` samples."""
+        return self.overhead_s + self.cost_s * samples
+
+    def cpu_clock(self) -> float:
+        """The process's CPU time plus the emulated sleeps (``SlowdownEmulator``'s ``cpu_clock`` for a quota)."""
+        return time.process_time() + self.emulated_cpu_s
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch
-        if self.cost_s > 0:
-            started = time.perf_counter()
-            time.sleep(self.cost_s * x.shape[0])
-            self.slept_s += time.perf_counter() - started
+        seconds = self.step_cost_s(x.shape[0])
+        if seconds > 0:
+            spend(seconds, self.compute)
+            self.emulated_cpu_s += seconds if self.compute == "sleep" else 0.0
         return nn.functional.cross_entropy(self(x), y)
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
@@ -133,3 +191,50 @@ class TrainingTimes(Callback):
     def extra(self, trainer: L.Trainer, mode: str) -> dict[str, Any]:
         """More fields for this epoch's record (none here)."""
         return {}
+
+
+class StepClock(Callback):
+    """A rank's clock per training step: its start and end (``perf_counter``) and its local batch size."""
+
+    def __init__(self) -> None:
+        self.starts: list[float] = []
+        self.ends: list[float] = []
+        self.local_sizes: list[int] = []
+
+    @override
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self.starts.append(time.perf_counter())
+        self.local_sizes.append(int(batch[0].shape[0]))
+
+    @override
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        self.ends.append(time.perf_counter())
+
+    def gather_sizes(self, trainer: L.Trainer) -> list[list[int]]:
+        """Every rank's local batch sizes, step by step (an all-gather: every rank calls it)."""
+        if trainer.world_size == 1:
+            return [self.local_sizes]
+        gathered: list[Any] = [None] * trainer.world_size
+        torch.distributed.all_gather_object(gathered, self.local_sizes)
+        return gathered
+
+
+class StartTogether(Callback):
+    """Jobs run side by side wait for each other before training, as the ranks of a distributed job do, so that no
+    job's measured epochs overlap another's start-up (imports take seconds of CPU).
+
+    Args:
+        folder: a folder shared by the jobs.
+        jobs: how many jobs meet there.
+    """
+
+    def __init__(self, folder: str | Path, jobs: int) -> None:
+        self.folder, self.jobs = Path(folder), jobs
+
+    @override
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        (self.folder / f"ready-{os.getpid()}").touch()
+        while len(list(self.folder.glob("ready-*"))) < self.jobs:
+            time.sleep(0.01)
