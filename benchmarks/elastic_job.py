@@ -1,5 +1,5 @@
 """An elastic job on this machine: workers of ``elastic_worker.py`` started one by one as separate processes (as on
-separate machines), killed and restarted at will, and what they wrote read back. Used by ``bench_elastic.py`` and
+separate machines), killed and restarted at will, and what they wrote read back. Used by the elastic scenarios and
 by the tests in ``tests/elastic/`` (which add ``benchmarks/`` to ``sys.path``).
 """
 

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +98,17 @@ def run_jobs(
 def run_job(command: Sequence[str], timeout_s: float = 1200, env: dict[str, str] | None = None) -> str:
     """One job, as :func:`run_jobs`."""
     return run_jobs([command], timeout_s, env)[0]
+
+
+def run_json(
+    command: Callable[[Path], Sequence[str]], timeout_s: float = 1200, env: dict[str, str] | None = None
+) -> Any:
+    """Runs the job ``command(out)`` (as :func:`run_job`), which writes JSON to ``out`` (a file in a temporary
+    folder), and returns what it wrote."""
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        out = Path(tmp) / "result.json"
+        run_job(command(out), timeout_s, env)
+        return json.loads(out.read_text())
 
 
 def run_ranks(

@@ -1,10 +1,13 @@
-"""The statistics the studies report: medians that tolerate empty input, paired ratios, interleaving orders."""
+"""The statistics the studies report: medians that tolerate empty input, paired ratios, interleaving orders, the time
+to reach an accuracy, and the batch splits proportional to speed that the sweeps try."""
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
+
+from lightning_hetero.allocation import apportion
 
 T = TypeVar("T")
 
@@ -40,3 +43,44 @@ def rotating_order(arms: Sequence[T], repeats: int) -> list[T]:
 def spread(values: Sequence[float]) -> dict[str, Any]:
     """Median, worst (lowest) and best of ``values``."""
     return {"median": median(values), "worst": min(values, default=None), "best": max(values, default=None)}
+
+
+def time_to_target(
+    epochs: list[dict[str, Any]], target: float, curve: list[tuple[float, float]] | None = None
+) -> float | None:
+    """Training seconds until the validation accuracy first reaches ``target``: the first ``(train_s, acc)`` point
+    of ``curve`` that does, or without a curve the cumulative training time at the first epoch end that does.
+
+    Example::
+
+        >>> epochs = [{"train_s": 2.0, "val_acc": 0.8}, {"train_s": 3.0, "val_acc": 0.9}]
+        >>> time_to_target(epochs, 0.85), time_to_target(epochs, 0.95) is None
+        (5.0, True)
+        >>> time_to_target(epochs, 0.85, curve=[(0.5, 0.7), (2.6, 0.86), (5.0, 0.9)])
+        2.6
+    """
+    if curve:
+        return next((train_s for train_s, acc in curve if acc >= target), None)
+    elapsed = 0.0
+    for epoch in epochs:
+        elapsed += epoch["train_s"]
+        if epoch["val_acc"] is not None and epoch["val_acc"] >= target:
+            return elapsed
+    return None
+
+
+def proportional_splits(speeds: Sequence[float], total: int, gammas: Sequence[float] = (1.0,)) -> list[list[int]]:
+    """``total`` samples split in proportion to ``speed ** gamma`` for each of ``gammas`` (at least one each), each
+    distinct split once.
+
+    Example::
+
+        >>> proportional_splits([1.0, 0.25], 64, (1.0, 3.0))
+        [[52, 12], [63, 1]]
+    """
+    splits: list[list[int]] = []
+    for gamma in gammas:
+        split = apportion([speed**gamma for speed in speeds], total, [1] * len(speeds), [total] * len(speeds))
+        if split not in splits:
+            splits.append(split)
+    return splits

@@ -1,33 +1,20 @@
 """Does asynchronous training keep BSP's accuracy with the user's own (BSP) hyper-parameters?
 
-One recipe, tuned for synchronous training (SGD lr 0.1, momentum 0.9, batch 32 per worker, a 32-64-4 MLP on
-generated 4-class data, 4 epochs), trained by ``AsyncPSStrategy`` in four ways, side by side:
+One recipe tuned for synchronous training (SGD lr 0.1, momentum 0.9, batch 32 per worker, a 32-64-4 MLP on
+generated 4-class data, 4 epochs), trained by ``AsyncPSStrategy`` in several ways, side by side:
 
-- ``bsp``: synchronous all-reduce (DDP semantics) throughout;
-- ``asp_none``: ASP with ``asynchrony_compensation=None`` (the user's hyper-parameters as they are);
-- ``asp``: ASP with the default settings (``asynchrony_compensation="auto"``, ``overlap_round_trip=True``);
-- ``hybrid``: ``AsyncPSStrategy(mode="bsp")`` + ``SyncSwitchCallback(FixedFractionPolicy(0.25))``, default settings;
-- optional: ``asp_dc`` (``asynchrony_compensation="dc"``), ``hybrid_none`` (the hybrid without compensation),
-  ``reverse`` (the hybrid's phases in the opposite order: ASP first, then BSP for the last epochs) and
-  ``asp_textbook`` (``asp`` with ``overlap_round_trip=False``: each worker waits for its reply; in results from
-  before issue 25, ``asp`` was textbook ASP and ``asp_overlap`` today's default).
+- ``bsp``: synchronous all-reduce throughout; ``asp``: ASP at its defaults; ``asp_none``: ASP with
+  ``asynchrony_compensation=None``; ``asp_dc``: with ``"dc"``; ``asp_textbook``: with ``overlap_round_trip=False``;
+- ``hybrid``: ``AsyncPSStrategy(mode="bsp")`` + ``SyncSwitchCallback(FixedFractionPolicy(0.25))``;
+  ``hybrid_none``: the same without compensation; ``reverse``: the hybrid's phases in the opposite order.
 
-Compute is emulated by sleeping ``--cost-s`` per sample in the training step, so that 8 workers fit on a 2-core host;
-heterogeneity level HL (fastest / slowest) slows rank k by ``HL ** (k / (N - 1))`` with ``SlowdownEmulator`` (rank 0,
-which hosts the server, is the fastest); ``--throttle cfs`` slows them by a CPU quota instead (``SlowdownEmulator``'s
-CFS mode, the sleeps charged as CPU time). Cells: workers x HL x seed; within a cell the configurations run one after
-another, so their comparison is side by side on the same host load.
-
-Usage:
-    python -m benchmarks run asp_accuracy [--quick] [--workers 2,4,8] [--hl 1,4] [--seeds 0,1,2]
-        [--configs bsp,asp_none,asp,hybrid] [--budget-s 2400] [--throttle sleep|cfs]
+Compute is emulated by sleeping ``--cost-s`` per sample in the training step; heterogeneity level HL slows rank k by
+``HL ** (k / (N - 1))`` with ``SlowdownEmulator`` (sleeps, or with ``--throttle cfs`` a CPU quota charged the sleeps
+too). Cells: workers x HL x seed, ordered 2 and 4 workers at the highest HL first; within a cell the configurations
+run one after another on the same host load. ``--budget-s`` starts no new cell after that many seconds.
 
 Writes ``benchmarks/results/asp_accuracy.json`` (``--out``): every run (final and per-epoch accuracy, training time,
-staleness, the hyper-parameters in force per epoch) and mean +- sd per cell; prints a table; draws
-``asp_accuracy.png`` when matplotlib is installed. ``--budget-s`` stops starting new cells after that many seconds
-(cells are ordered 2 and 4 workers at HL4 first, then 8 workers, then HL1); the JSON records which cells ran.
-``--quick`` (2 workers, HL4, one seed, 2 short epochs) writes ``asp_accuracy_quick.json``. ``--merge A.json B.json``
-recomputes the table (and plot) from the runs of earlier result files into ``--out``.
+staleness, the hyper-parameters in force per epoch) and mean +- sd per cell, paired with BSP by seed; prints a table.
 """
 
 from __future__ import annotations
@@ -48,31 +35,30 @@ from torch.utils.data import DataLoader
 
 from benchmarks.harness.grid import Cell, scaled
 from benchmarks.harness.launch import ROOT as ROOT_DIR
-from benchmarks.harness.launch import run_job, scenario_command
-from benchmarks.harness.models import TrainingTimes, classification_split, quiet_trainer
+from benchmarks.harness.launch import run_json, scenario_command
+from benchmarks.harness.models import MLP, TrainingTimes, classification_split, flags, quiet_trainer, slowdown_factors
 from benchmarks.harness.record import write_json
 from lightning_hetero import AsyncPSStrategy, SlowdownEmulator, SyncSwitchCallback
 from lightning_hetero.ps.compensation import AsynchronyCompensator
 from lightning_hetero.switching import FixedFractionPolicy, SchedulePolicy
 from lightning_hetero.switching.policies import share_in_epochs
-from lightning_hetero.synthetic import MLPClassifier
 
 ROOT = ROOT_DIR
 RESULTS = ROOT / "benchmarks" / "results"
 CONFIGS = ("bsp", "asp_none", "asp", "hybrid", "asp_dc", "hybrid_none", "reverse", "asp_textbook")
-
-
-def slowdown_factors(workers: int, hl: float) -> list[float]:
-    """Per-rank slowdowns from 1 (rank 0) to ``hl`` (the last rank), geometrically spaced.
-
-    Example::
-
-        >>> slowdown_factors(2, 4.0), [round(f, 2) for f in slowdown_factors(3, 4.0)], slowdown_factors(2, 1.0)
-        ([1.0, 4.0], [1.0, 2.0, 4.0], [1.0, 1.0])
-    """
-    if workers == 1:
-        return [1.0]
-    return [hl ** (rank / (workers - 1)) for rank in range(workers)]
+#: the settings a run's child process is given
+CHILD_FLAGS = (
+    "epochs",
+    "samples",
+    "val_samples",
+    "noise",
+    "cost_s",
+    "lr",
+    "momentum",
+    "batch_size",
+    "bsp_fraction",
+    "throttle",
+)
 
 
 def mean_sd(values: list[float]) -> tuple[float, float]:
@@ -84,21 +70,6 @@ def mean_sd(values: list[float]) -> tuple[float, float]:
         ((2.0, 1.4142135623730951), (2.0, 0.0))
     """
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
-
-
-class SleepMLP(MLPClassifier):
-    """The synthetic MLP whose training step also sleeps ``cost_s`` per sample (emulated compute)."""
-
-    def __init__(self, cost_s: float, lr: float, momentum: float) -> None:
-        super().__init__(lr=lr, momentum=momentum)
-        self.cost_s = cost_s
-        self.emulated_cpu_s = 0.0  # the sleeps, charged to a CPU quota (``--throttle cfs``) as compute
-
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        x, y = batch
-        time.sleep(self.cost_s * x.shape[0])
-        self.emulated_cpu_s += self.cost_s * x.shape[0]
-        return nn.functional.cross_entropy(self(x), y)
 
 
 class EpochRecorder(TrainingTimes):
@@ -128,15 +99,9 @@ def run_one(args: argparse.Namespace) -> None:
     recorder = EpochRecorder()
     callbacks: list[Callback] = [recorder]
     slowed = {rank: factor for rank, factor in enumerate(factors) if factor > 1.0}
-    model = SleepMLP(args.cost_s, args.lr, args.momentum)
+    model = MLP(32, 4, [64], args.lr, args.momentum, args.cost_s, nn.Tanh)
     if slowed:
-        callbacks.append(
-            SlowdownEmulator(
-                factors=slowed,
-                throttle=args.throttle,
-                cpu_clock=lambda: time.process_time() + model.emulated_cpu_s,
-            )
-        )
+        callbacks.append(SlowdownEmulator(factors=slowed, throttle=args.throttle, cpu_clock=model.cpu_clock))
     compensation = None if args.config.endswith("_none") else ("dc" if args.config == "asp_dc" else "auto")
     hybrid = args.config.startswith("hybrid")
     mode = "bsp" if args.config == "bsp" or hybrid else "asp"
@@ -179,18 +144,12 @@ def run_one(args: argparse.Namespace) -> None:
 
 
 def launch(args: argparse.Namespace, config: str, workers: int, level: float, seed: int) -> dict[str, Any]:
-    out = RESULTS / f".asp_accuracy_{os.getpid()}.json"
-    command = [
-        *scenario_command("asp_accuracy"), "--run", config, "--n", str(workers), "--level", str(level), "--seed", str(seed),
-        "--out", str(out), "--epochs", str(args.epochs), "--samples", str(args.samples),
-        "--val-samples", str(args.val_samples), "--noise", str(args.noise), "--cost-s", str(args.cost_s),
-        "--lr", str(args.lr), "--momentum", str(args.momentum), "--batch-size", str(args.batch_size),
-        "--bsp-fraction", str(args.bsp_fraction), "--throttle", args.throttle,
-    ]  # fmt: skip
+    settings = {key: getattr(args, key) for key in CHILD_FLAGS}
+    command = lambda out: scenario_command(  # noqa: E731
+        "asp_accuracy", *flags(run=config, n=workers, level=level, seed=seed, out=out, **settings)
+    )
     load_before, started = os.getloadavg()[0], time.perf_counter()
-    run_job(command)
-    result = json.loads(out.read_text())
-    out.unlink()
+    result = run_json(command)
     epochs = result["epochs"]
     summary = result["server_summary"] or {}
     asp_epochs = [e for e in epochs if e["mode"] == "asp"]
@@ -295,61 +254,6 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         )
 
 
-def plot(rows: list[dict[str, Any]], path: Path) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    levels = sorted({row["hl"] for row in rows})
-    figure, axes = plt.subplots(1, len(levels), figsize=(5 * len(levels), 4), squeeze=False)
-    for axis, level in zip(axes[0], levels, strict=True):
-        for config in CONFIGS[1:]:
-            points = sorted(
-                (r["workers"], r["acc_vs_bsp_points"], r["acc_vs_bsp_points_sd"])
-                for r in rows
-                if r["hl"] == level and r["config"] == config and r["acc_vs_bsp_points"] is not None
-            )
-            if points:
-                xs, ys, sds = zip(*points, strict=True)
-                axis.errorbar(xs, ys, yerr=sds, marker="o", capsize=3, label=config)
-        axis.axhline(0.0, color="black", linewidth=0.8)
-        axis.set_xticks(sorted({r["workers"] for r in rows}))
-        axis.set(title=f"HL{level:g}", xlabel="workers", ylabel="final accuracy - BSP's (points, paired by seed)")
-        axis.legend()
-    figure.tight_layout()
-    figure.savefig(path)
-    return True
-
-
-def merge(paths: list[Path], out: Path) -> None:
-    """One report from several result files: their runs, conditions and cell lists, the table recomputed."""
-    reports = [json.loads(path.read_text()) for path in paths]
-    runs = [run for report in reports for run in report["runs"]]
-    ran = {(run["workers"], run["hl"], run["seed"]) for run in runs}
-    skipped = [cell for report in reports for cell in report["cells_skipped_for_budget"]]
-    rows = summarise(runs)
-    print_table(rows)
-    merged = {
-        "merged_from": [str(path) for path in paths],
-        "conditions": [report["conditions"] for report in reports],
-        "cells_ran": [cell for report in reports for cell in report["cells_ran"]],
-        "cells_skipped_for_budget": [
-            cell for cell in skipped if (cell["workers"], cell["hl"], cell["seed"]) not in ran
-        ],
-        "compensation_cost_us_per_update": reports[-1]["compensation_cost_us_per_update"],
-        "median_asp_update_interval_us": reports[-1]["median_asp_update_interval_us"],
-        "rows": rows,
-        "runs": runs,
-    }
-    write_json(out, merged)
-    print(f"wrote {out}")
-    if plot(rows, out.with_suffix(".png")):
-        print(f"wrote {out.with_suffix('.png')}")
-
-
 def cell_order(workers: list[int], levels: list[float]) -> list[tuple[int, float]]:
     """2 and 4 workers at the highest HL first, then more workers, then the lower HLs.
 
@@ -396,7 +300,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--configs", default="bsp,asp_none,asp,hybrid")
     parser.add_argument("--budget-s", type=float, default=3000.0, help="start no new cell after this many seconds")
     parser.add_argument("--out", type=Path, default=None, help="default: results/asp_accuracy[_quick].json")
-    parser.add_argument("--merge", type=Path, nargs="+", help="recompute the table from these result files")
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--samples", type=int, default=4096)
     parser.add_argument("--val-samples", type=int, default=2048)
@@ -426,9 +329,6 @@ def main(args: argparse.Namespace) -> None:
         return
     if args.out is None:
         args.out = RESULTS / ("asp_accuracy_quick.json" if args.quick else "asp_accuracy.json")
-    if args.merge:
-        merge(args.merge, args.out)
-        return
     if args.quick:
         args.workers, args.hl, args.seeds, args.epochs, args.samples = "2", "4", "0", 2, 2048
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
@@ -472,7 +372,7 @@ def main(args: argparse.Namespace) -> None:
     report = {
         "conditions": {
             **{k: v for k, v in vars(args).items() if k not in ("run", "n", "level", "seed", "config", "out")},
-            "model": "MLPClassifier 32-64-4 (tanh), SGD",
+            "model": "MLP 32-64-4 (tanh), SGD",
             "emulation": "training step sleeps cost_s per sample; SlowdownEmulator slows rank k by HL**(k/(N-1))"
             + (
                 " as a CPU quota (throttle='cfs', 100 ms periods; the sleeps count as CPU)"
@@ -493,8 +393,3 @@ def main(args: argparse.Namespace) -> None:
     }
     write_json(args.out, report)
     print(f"wrote {args.out}")
-    png = args.out.with_suffix(".png")
-    if plot(rows, png):
-        print(f"wrote {png}")
-    else:
-        print("matplotlib not installed: no plot")

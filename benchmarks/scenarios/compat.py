@@ -8,18 +8,12 @@ global batch 16. For each usage and feature: the median over seeds of the final 
 ``sync_dist`` makes the ranks' mean; a run that stopped mid-epoch without validating, as DDP does at ``max_steps``,
 is validated after ``fit``), and its distance from plain DDP's median on the same usage.
 
-Usage:
-    python -m benchmarks run compat                  # 3 seeds, ~8 minutes on 2 cores
-    python -m benchmarks run compat --seeds 0 --features ddp,asp   # a quick look
-    python -m benchmarks run compat --out benchmarks/results/compat.json   # replace the committed results
-
 Writes ``benchmarks/results/local/compat.json`` unless ``--out`` names another file, and prints the table.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
 import statistics
 import subprocess
@@ -129,14 +123,7 @@ def format_table(rows: Sequence[dict[str, Any]], features: Sequence[str]) -> str
 
 
 def conditions(seeds: Sequence[int], wall_s: float) -> dict[str, Any]:
-    def version(name: str) -> str | None:
-        try:
-            return importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            return None
-
     return {
-        "versions": {name: version(name) for name in ("torch", "lightning", "lightning-hetero")},
         "worker": "tests/scripts/compat_cells.py " + " ".join(DATA),
         "ranks": "2 CPU processes, gloo, rank 1 slowed 3 x (SlowdownEmulator sleep)",
         "model": "MLPClassifier 32-64-8 (BatchNorm variant for batchnorm), SGD lr 0.1 (0.05 with BatchNorm)",

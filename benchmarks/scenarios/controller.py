@@ -31,15 +31,14 @@ import json
 import os
 import platform
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
 from benchmarks.harness.grid import Cell
-from benchmarks.harness.launch import RESULTS, child_env, module_command, run_job
+from benchmarks.harness.launch import RESULTS, child_env, module_command, run_json
 from benchmarks.harness.models import flags
 from benchmarks.harness.record import write_json
-from benchmarks.harness.stats import paired_ratios, rotating_order
+from benchmarks.harness.stats import paired_ratios, proportional_splits, rotating_order
 from lightning_hetero.hetero_batch.cadence import STEADY_PERIOD
 
 GLOBAL_BATCH = 64
@@ -53,14 +52,10 @@ TWO_RANKS = {"HL2": [1.0, 2.0], "HL4": [1.0, 4.0], "HL8": [1.0, 8.0]}
 
 
 def launch(factors: list[float], runs: list[dict], throttle: str, steps: int, **extra: object) -> list[dict]:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "result.json"
-        factors_text = ",".join(f"{f:.4g}" for f in factors)
-        cmd = module_command("controller_worker", out, "--runs", json.dumps(runs), *flags(
-            throttle=throttle, factors=factors_text, steps=steps, global_batch=GLOBAL_BATCH, adjust_every=PERIOD, **extra
-        ))  # fmt: skip
-        run_job(cmd, env=child_env(PYTHONWARNINGS="ignore"))
-        return json.loads(out.read_text())
+    settings = flags(throttle=throttle, factors=",".join(f"{f:.4g}" for f in factors), steps=steps,
+                     global_batch=GLOBAL_BATCH, adjust_every=PERIOD, **extra)  # fmt: skip
+    command = lambda out: module_command("controller_worker", out, "--runs", json.dumps(runs), *settings)  # noqa: E731
+    return run_json(command, env=child_env(PYTHONWARNINGS="ignore"))
 
 
 def throughput(result: dict, skip: int) -> float:
@@ -105,21 +100,13 @@ def settling(splits: list[tuple[int, ...]], switch: int, before: tuple[int, ...]
 
 def speed_split(factors: list[float], gamma: float = 1.0) -> list[int]:
     """The global batch split in proportion to speed**gamma (speed: 1 / slowdown factor)."""
-    from lightning_hetero.allocation import apportion
-
-    n = len(factors)
-    return apportion([(1 / f) ** gamma for f in factors], GLOBAL_BATCH, [1] * n, [GLOBAL_BATCH] * n)
+    return proportional_splits([1 / f for f in factors], GLOBAL_BATCH, [gamma])[0]
 
 
 def static_candidates(factors: list[float]) -> list[list[int]]:
     """Splits proportional to speed**gamma, around the plain proportional split (gamma = 1)."""
     gammas = [0.7, 0.85, 1.0, 1.15, 1.3, 1.6] if len(factors) == 2 else [0.8, 1.0, 1.3]
-    candidates = []
-    for gamma in gammas:
-        split = speed_split(factors, gamma)
-        if split not in candidates:
-            candidates.append(split)
-    return candidates
+    return proportional_splits([1 / f for f in factors], GLOBAL_BATCH, gammas)
 
 
 def arm_runs(results: list[dict], arm: dict) -> list[dict]:

@@ -38,6 +38,7 @@ from typing import Any
 
 from benchmarks.harness.launch import RESULTS, ROOT
 from benchmarks.harness.record import write_json
+from benchmarks.harness.stats import proportional_splits
 from lightning_hetero.allocation import apportion
 from lightning_hetero.emulation.config import load_config
 from lightning_hetero.emulation.docker_backend import DockerBackend
@@ -138,18 +139,12 @@ def static_splits(standalone: list[float], global_batch: int) -> list[list[int]]
         [[95, 33], [103, 25], [114, 14], [127, 1]]
     """
     n = len(standalone)
-    candidates = []
-    for gamma in SWEEP_GAMMAS:
-        split = apportion([x**gamma for x in standalone], global_batch, [1] * n, [global_batch] * n)
-        if split not in candidates:
-            candidates.append(split)
+    candidates = proportional_splits(standalone, global_batch, SWEEP_GAMMAS)
     slowest = min(range(n), key=lambda k: standalone[k])
     floor = apportion(
         [0.0 if k == slowest else x for k, x in enumerate(standalone)], global_batch, [1] * n, [global_batch] * n
     )
-    if floor not in candidates:
-        candidates.append(floor)
-    return candidates
+    return candidates + ([floor] if floor not in candidates else [])
 
 
 class Cluster:

@@ -1,31 +1,18 @@
-"""Benchmark: elastic local SGD (``ElasticLocalSGDStrategy`` on torchft) with workers that leave and join, against
-the same job undisturbed, on CPU.
+"""Elastic local SGD (``ElasticLocalSGDStrategy`` on torchft) with workers that leave and join, against the same job
+undisturbed, on CPU.
 
 Four workers, each its own process (``elastic_worker.py``, one per "machine"), with speeds 1, 1, 2 and 4; the first
-hosts the lighthouse. ``--throttle sleep`` (default): a training step sleeps ``--base-step-s`` over the speed;
-``--throttle quota``: a step is ``--base-step-s x --base-quota`` CPU seconds of real work (a busy loop) under a CPU
-quota of ``--base-quota x speed`` CPUs (``SlowdownEmulator(throttle="cfs")``, charged from ``fit``'s start, so the
-imports run unthrottled). Runs, one after the other per seed:
+hosts the lighthouse. Speeds are emulated by a step sleep of ``--base-step-s`` over the speed, or with ``--throttle
+quota`` by ``--base-step-s x --base-quota`` CPU seconds of real work under a CPU quota of ``--base-quota x speed``
+CPUs (charged from ``fit``'s start). Runs per seed: ``undisturbed``; ``churn``: one speed-1 worker is SIGKILLed in the
+middle of every epoch (after ``--kill-delay-s`` plus a seeded random ``0..--kill-jitter-s``) and started again at
+once; ``join``: a fifth worker starts half-way through.
 
-- ``undisturbed``: the four train ``--epochs`` epochs;
-- ``churn``: the same, and one speed-1 worker (not the lighthouse's host) is SIGKILLed in the middle of every epoch
-  (``--kill-delay-s`` after the epoch's first commit plus a seeded random ``0..--kill-jitter-s``, about a round, so
-  the kills land at every phase of a round, round ends included) and started again at once (a fresh process that
-  joins the running job);
-- ``join``: the same four, and a fifth worker (speed 1) starts half-way through the run.
-
-Reported per run: samples per second (the epochs' samples over the time from the first to the last committed
-round), the final validation accuracy (the host's model, the whole validation set), each restarted or added
-worker's time from its process start to the end of its imports, to its first round end (joined) and to its first
-committed round that trained a chunk (its first contribution), and per epoch the batches lost (never trained in
-a committed round) and duplicated (trained in more than one), from the workers' own commit logs. With ``--soak N``
-the script instead runs one job through N kill-and-restart cycles and reports hangs (processes still running at
-the end), exit codes and the same coverage.
-
-Prints a table and writes ``benchmarks/results/elastic.json`` (``elastic_soak.json`` for ``--soak``; ``--out`` names
-another).
-
-Usage: python -m benchmarks run elastic [--seeds 1] [--epochs 4] [--throttle quota] [--out NAME.json] [--soak 20]
+Reported per run: samples per second (first to last committed round), the final validation accuracy, each restarted
+or added worker's time from its process start to its imports' end, its first round end and its first contribution,
+and per epoch the batches lost and duplicated, from the workers' commit logs. ``--soak N`` runs one job through N
+kill-and-restart cycles instead and reports hangs and the same coverage. Writes ``benchmarks/results/elastic.json``
+(``elastic_soak.json``; ``--out`` names another) and prints a table.
 """
 
 from __future__ import annotations
@@ -37,7 +24,6 @@ import platform
 import random
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -199,9 +185,6 @@ def main(args: argparse.Namespace) -> None:
     RESULTS.mkdir(exist_ok=True)
     conditions = {
         "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, shared CPU host",
-        "commit": subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-        ).stdout.strip(),
         "load_avg_at_start": os.getloadavg(),
         **{k: v for k, v in vars(args).items()},
         "speeds": SPEEDS,

@@ -1,22 +1,14 @@
-"""An elastic worker's start-up under a real Docker CPU quota: how long a (re)started worker in a container limited
-to ``--cpus Q`` takes from ``docker run`` to its first contribution (``bench_elastic.py``'s quota runs charge the
-quota from ``fit``'s start, so their imports run unthrottled; here the whole process is throttled, as on a small
-machine).
+"""An elastic worker's start-up under a real Docker CPU quota: seconds from ``docker run --cpus Q`` to a (re)started
+worker's first contribution, the whole process throttled as on a small machine (the elastic scenario's quota runs
+charge the quota from ``fit``'s start only).
 
-Three workers on this host as in ``bench_elastic.py`` (``a`` hosting the lighthouse, ``c``, ``d``: sleep-emulated
-speeds 1, 2, 4, a speed-1 step sleeping 0.3 s, 4,800 samples in batches of 16, the strategy's defaults). Once the job
-has committed 4 rounds, a fourth worker (speed 1) is started: first as a plain process on the host (the baseline),
-then in a container of ``--image`` for each quota (``none``: a container without a quota), ``--repeats`` times
-each. A container runs ``docker run --network host --cpus Q`` with this worktree and the host's site-packages
-mounted at their own paths, so it runs this code with the host's packages on the image's Python. Each start is read
-from the worker's commit log: seconds from the start (``docker run``) to the end of its imports, to its first round
-end (joined: the state fetched) and to its first committed round that trained a batch (its first contribution; the
-goal of issue 28 is 10 s). Then the worker is killed (``docker rm -f``, a machine lost) and the next one started.
-Also per quota: the seconds of ``docker run ... python -c pass`` (the container's and the interpreter's own start).
-
-Prints a table and writes ``benchmarks/results/elastic_docker_startup.json`` (``--out`` names another).
-
-Usage: python -m benchmarks run elastic_docker_startup [--cpus none,1.0,0.5,0.25] [--repeats 2] [--image IMAGE]
+Three workers run on the host as in the elastic scenario (``a`` hosting the lighthouse, ``c``, ``d``: speeds 1, 2, 4,
+a speed-1 step sleeping 0.3 s). Once the job has committed 4 rounds a fourth worker is started, first as a plain
+process (the baseline), then in a container of ``--image`` for each quota (``none``: no quota), ``--repeats`` times
+each, with this worktree and the host's site-packages mounted at their own paths. Each start is read from the
+worker's commit log: seconds to the end of its imports, to its first round end and to its first committed round
+that trained a batch; then the worker is killed (a machine lost) and the next one started. Also per quota: the
+seconds of ``docker run ... python -c pass``. Writes ``benchmarks/results/elastic_docker_startup.json`` (``--out``).
 """
 
 from __future__ import annotations
@@ -88,10 +80,8 @@ def main(args: argparse.Namespace) -> None:
     quotas = args.cpus.split(",")
     out = Path(tempfile.mkdtemp(prefix="elastic-docker-"))
     job = ElasticJob(out, COMMON)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
     conditions = {
         **vars(args),
-        "commit": commit.stdout.strip(),
         "load_avg_at_start": os.getloadavg(),
         "job": "a (lighthouse), c, d on the host, step sleeps 0.3, 0.15, 0.075 s; the started worker 0.3 s; "
         + " ".join(COMMON),

@@ -20,28 +20,24 @@ Usage: python -m benchmarks run hetero_batch [--repeats 1] [--cost-s 0.0003] [--
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
 from benchmarks.harness.grid import Cell
-from benchmarks.harness.launch import RESULTS, child_env, module_command, run_job
+from benchmarks.harness.launch import RESULTS, child_env, module_command, run_json
+from benchmarks.harness.models import flags
 from benchmarks.harness.record import write_json
 
 
 def run(method: str, factors: str, cost_s: float, epochs: int = 4, **extra: object) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "result.json"
-        cmd = module_command("hetero_batch_worker", out, "--method", method, "--factors", factors, "--cost-s", cost_s)
-        cmd += ["--epochs", str(epochs)]
-        for key, value in extra.items():
-            cmd += [f"--{key.replace('_', '-')}", str(value)]
-        run_job(cmd, timeout_s=600, env=child_env(PYTHONWARNINGS="ignore"))
-        return json.loads(out.read_text())
+    def command(out: Path) -> list[str]:
+        settings = flags(method=method, factors=factors, cost_s=cost_s, epochs=epochs, **extra)
+        return module_command("hetero_batch_worker", out, *settings)
+
+    return run_json(command, timeout_s=600, env=child_env(PYTHONWARNINGS="ignore"))
 
 
 def step_throughputs(result: dict) -> list[float]:

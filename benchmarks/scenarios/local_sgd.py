@@ -1,54 +1,26 @@
 """Local SGD (``AsyncPSStrategy(mode="local")``) against BSP, HeteroBatch BSP and ASP on emulated heterogeneous workers.
 
-Five configurations train the same recipe (SGD lr 0.1, momentum 0.9, batch 32 per rank: BSP's hyper-parameters, used
-as the inner optimizer by local SGD) side by side, cell by cell:
+The configurations train the same recipe (SGD lr 0.1, momentum 0.9, batch 32 per rank; local SGD's inner optimizer)
+side by side, cell by cell: ``ddp`` (``DDPStrategy``), ``hetero`` (DDP + ``HeteroBatchCallback``), ``asp``,
+``local_equal`` (the same local steps per rank, DiLoCo), ``local_prop`` (local steps proportional to measured speed,
+pseudo-gradients averaged: the default) and ``local_prop_samples`` (``pseudo_gradient_weighting="samples"``). A
+round is ``--round-steps`` local steps per rank on average; the outer step is plain averaging (``SGD(lr=1.0)``;
+DiLoCo's Nesterov SGD: ``--outer-lr 0.7 --outer-momentum 0.9``).
 
-- ``ddp``: Lightning's ``DDPStrategy`` (BSP);
-- ``hetero``: DDP + ``HeteroBatchCallback`` (per-rank batch sizes proportional to speed, BSP);
-- ``asp``: ``AsyncPSStrategy(mode="asp")`` (default asynchrony compensation);
-- ``local_equal``: ``AsyncPSStrategy(mode="local", local_steps="equal")`` (DiLoCo: the same local steps per rank);
-- ``local_prop``: ``AsyncPSStrategy(mode="local")`` (local steps proportional to measured speed, pseudo-gradients
-  combined as a plain mean over the ranks, the default);
-- ``local_prop_samples``: the same with ``pseudo_gradient_weighting="samples"`` (weighted by the samples each rank
-  trained in the round, so the fast ranks dominate).
+Data: ``make_classification`` with ``--classes`` clusters at ``--noise`` (``--classes 256 --noise 1.5`` keeps rising
+for three epochs). Workers: N processes; HL slows rank k by ``HL ** (k / (N - 1))`` with ``SlowdownEmulator``
+(sleeps, or ``--throttle cfs``: a CPU quota). Models: ``light`` is a 32-512-512-C tanh MLP; ``heavy`` the same whose
+step also sleeps ``--heavy-cost-s`` per sample. The summed standalone bound is measured before each seed's runs by
+N single processes side by side, each with its rank's slowdown, for ``--standalone-s`` seconds.
 
-Local SGD rounds are ``--round-steps`` local steps per rank on average (``round_samples = round_steps x N x 32``)
-with plain averaging as the outer step by default (``SGD(lr=1.0)``; DiLoCo's Nesterov SGD: ``--outer-lr 0.7
---outer-momentum 0.9``, which overshoots in runs this short, see docs/results.md).
+Measured per run: throughput (training samples per second over the epochs after the first, first rank's start to
+last rank's end of training) and its ratio to the standalone bound; payload bytes per training sample; accuracy
+against the seed's ddp run; time to reach ddp's final accuracy minus 0.5 points, from parameter copies all ranks
+agree on (after each round end in local SGD, every ``--curve-steps`` steps in ddp and hetero), evaluated after
+training. ``--breakdown`` also records where local SGD ranks' time went (``local_sgd_breakdown.py``).
 
-Data: ``make_classification`` with ``--classes`` Gaussian clusters (default 4, noise 4: a task this MLP learns in
-its first epoch; ``--classes 256 --noise 1.5`` keeps rising for three epochs and separates the methods' speed of
-learning).
-
-Workers: N processes on this host; heterogeneity level HL slows rank k by ``HL ** (k / (N - 1))`` with
-``SlowdownEmulator`` (sleeps; ``--throttle cfs``: a CPU quota of 1/factor CPUs, ``SlowdownEmulator``'s CFS mode,
-which with the light model throttles real compute, the standalone runs' too). Models: ``light`` is a 32-512-512-4
-MLP (0.28M parameters) with no extra compute (a step is a few ms, as long as moving its parameters); ``heavy`` is the
-same MLP whose training step also sleeps ``--heavy-cost-s`` per sample (emulated compute, not charged to a quota). The summed standalone bound is measured before each seed's runs by
-N single-process runs started side by side (each with its rank's slowdown) for ``--standalone-s`` seconds.
-
-Measured per run: throughput (training samples per second, epochs after the first, from the first rank's start of
-an epoch to the last rank's end of its training, validation excluded) and its ratio
-to the summed standalone bound; payload bytes each rank hands to the collective or the server per training sample
-(measured for local SGD, from the parameter count for the others: 4P per step for an all-reduce, 8P for an ASP push +
-pull); accuracy after the same epochs (differences to ddp paired by seed); time to reach ddp's final accuracy minus
-0.5 points (the seed's ddp run), on a clock finer than epochs: rank 0 keeps a copy of the parameters all ranks
-agree on, with its training time (in local SGD after every round end, in ddp and hetero every ``--curve-steps``
-steps), and evaluates them on the validation set after training (untimed); ASP, whose ranks never agree inside an
-epoch, is timed at epoch ends.
-
-Usage:
-    python -m benchmarks run local_sgd [--quick] [--workers 2,4,8] [--hl 1,4,8] [--models light,heavy]
-        [--seeds 0,1,2] [--configs ddp,hetero,asp,local_equal,local_prop,local_prop_samples] [--classes 4]
-        [--budget-s 1800] [--breakdown] [--throttle sleep|cfs]
-
-``--breakdown`` (local SGD configurations) also records each rank's timeline and prints where the ranks' time went:
-compute, idle at round ends, the round-end all-reduce, claims, between batches, the epoch's edges
-(``benchmarks/scenarios/local_sgd_breakdown.py``; stored per run under ``breakdown``).
-
-Writes ``benchmarks/results/local_sgd.json`` (``--out``; ``--quick``: ``local_sgd_quick.json``, 2 workers, HL4, light,
-seed 0, 2 epochs) and prints a table. ``--budget-s`` starts no new cell after that many seconds; the JSON lists the
-cells that ran and those skipped.
+Writes ``benchmarks/results/local_sgd.json`` (``--out``; ``--quick``: ``local_sgd_quick.json``, 2 workers, HL4,
+light, seed 0, 2 epochs) and prints a table; ``--budget-s`` starts no new cell after that many seconds.
 """
 
 from __future__ import annotations
@@ -57,6 +29,7 @@ import argparse
 import json
 import os
 import statistics
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -71,55 +44,17 @@ from torch.utils.data import DataLoader, TensorDataset
 from benchmarks.harness.grid import Cell, scaled
 from benchmarks.harness.launch import ROOT as ROOT_DIR
 from benchmarks.harness.launch import child_env, run_job, run_jobs, scenario_command
-from benchmarks.harness.models import MLP
+from benchmarks.harness.models import MLP, StartTogether, classification_split, flags, quiet_trainer, slowdown_factors
 from benchmarks.harness.record import write_json
-from benchmarks.harness.stats import median
+from benchmarks.harness.stats import median, time_to_target
 from benchmarks.scenarios.local_sgd_breakdown import BreakdownRecorder, collect, format_breakdown
 from lightning_hetero import AsyncPSStrategy, HeteroBatchCallback, SlowdownEmulator
-from lightning_hetero.synthetic import make_classification
 
 ROOT = ROOT_DIR
 RESULTS = ROOT / "benchmarks" / "results"
 CONFIGS = ("ddp", "hetero", "asp", "local_equal", "local_prop", "local_prop_samples")
 MODELS = ("light", "heavy")
 FEATURES, HIDDEN, BATCH = 32, 512, 32
-
-
-def slowdown_factors(workers: int, hl: float) -> list[float]:
-    """Per-rank slowdowns from 1 (rank 0) to ``hl`` (the last rank), geometrically spaced.
-
-    Example::
-
-        >>> slowdown_factors(2, 4.0), [round(f, 2) for f in slowdown_factors(3, 4.0)], slowdown_factors(1, 4.0)
-        ([1.0, 4.0], [1.0, 2.0, 4.0], [1.0])
-    """
-    if workers == 1:
-        return [1.0]
-    return [hl ** (rank / (workers - 1)) for rank in range(workers)]
-
-
-def time_to_target(
-    epochs: list[dict[str, Any]], target: float, curve: list[tuple[float, float]] | None = None
-) -> float | None:
-    """Training seconds until the validation accuracy first reaches ``target``: the first ``(train_s, acc)`` point
-    of ``curve`` that does, or without a curve the cumulative training time at the first epoch end that does.
-
-    Example::
-
-        >>> epochs = [{"train_s": 2.0, "val_acc": 0.8}, {"train_s": 3.0, "val_acc": 0.9}]
-        >>> time_to_target(epochs, 0.85), time_to_target(epochs, 0.95) is None
-        (5.0, True)
-        >>> time_to_target(epochs, 0.85, curve=[(0.5, 0.7), (2.6, 0.86), (5.0, 0.9)])
-        2.6
-    """
-    if curve:
-        return next((train_s for train_s, acc in curve if acc >= target), None)
-    elapsed = 0.0
-    for epoch in epochs:
-        elapsed += epoch["train_s"]
-        if epoch["val_acc"] is not None and epoch["val_acc"] >= target:
-            return elapsed
-    return None
 
 
 def curve_times(epochs: list[dict[str, Any]], snapshots: list[tuple[int, float]]) -> list[float]:
@@ -237,35 +172,20 @@ class StandaloneMeter(Callback):
             self.end = time.perf_counter()
 
 
-def datasets(args: argparse.Namespace) -> tuple[TensorDataset, TensorDataset]:
-    data = make_classification(
-        args.samples + args.val_samples, FEATURES, args.classes, seed=args.seed, noise=args.noise
-    )
-    x, y = data.tensors
-    return TensorDataset(x[: args.samples], y[: args.samples]), TensorDataset(x[args.samples :], y[args.samples :])
-
-
 def run_one(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     L.seed_everything(args.seed, verbose=False)
-    train, val = datasets(args)
+    train, val = classification_split(args.samples, args.val_samples, args.seed, args.noise, FEATURES, args.classes)
     factors = slowdown_factors(args.n, args.level)
     callbacks: list[Callback] = []
     slowed = {rank: factor for rank, factor in enumerate(factors) if factor > 1.0}
     cost_s = args.heavy_cost_s if args.model == "heavy" else 0.0
     if args.config == "standalone":
-        # start together: a process still importing torch would slow the others' measurement
-        Path(f"{args.out}.ready").touch()
-        while len(list(Path(args.out).parent.glob(f"{Path(args.barrier).name}*.ready"))) < args.barrier_n:
-            time.sleep(0.05)
         meter = StandaloneMeter()
         slow = [SlowdownEmulator(factors={0: args.level}, throttle=args.throttle)] if args.level > 1.0 else []
-        callbacks = [meter, *slow]
-        trainer = L.Trainer(
-            accelerator="cpu", devices=1, max_time={"seconds": args.standalone_s}, max_epochs=-1, callbacks=callbacks,
-            logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-            limit_val_batches=0,
-        )  # fmt: skip
+        callbacks = [meter, StartTogether(args.barrier, args.barrier_n), *slow]
+        trainer = quiet_trainer(devices=1, max_time={"seconds": args.standalone_s}, max_epochs=-1, callbacks=callbacks,
+                                limit_val_batches=0)  # fmt: skip
         trainer.fit(
             MLP(FEATURES, args.classes, [HIDDEN] * 2, args.lr, args.momentum, cost_s, nn.Tanh),
             DataLoader(train, batch_size=BATCH, shuffle=True),
@@ -300,11 +220,8 @@ def run_one(args: argparse.Namespace) -> None:
         )
         if args.breakdown:
             callbacks.append(BreakdownRecorder(str(args.out)))
-    trainer = L.Trainer(
-        accelerator="cpu", devices=args.n, strategy=strategy, max_epochs=args.epochs, callbacks=callbacks,
-        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        num_sanity_val_steps=0,
-    )  # fmt: skip
+    trainer = quiet_trainer(devices=args.n, strategy=strategy, max_epochs=args.epochs, callbacks=callbacks,
+                            num_sanity_val_steps=0)  # fmt: skip
     model = MLP(FEATURES, args.classes, [HIDDEN] * 2, args.lr, args.momentum, cost_s, nn.Tanh)
     params = sum(p.numel() for p in model.parameters())
     trainer.fit(
@@ -332,35 +249,30 @@ def run_one(args: argparse.Namespace) -> None:
         torch.distributed.destroy_process_group()
 
 
+#: the settings a run's child process is given
+CHILD_FLAGS = ("epochs", "samples", "val_samples", "noise", "lr", "momentum", "heavy_cost_s", "round_steps",
+               "standalone_s", "outer_lr", "outer_momentum", "barrier", "barrier_n", "classes", "curve_steps",
+               "throttle", "breakdown")  # fmt: skip
+
+
 def child_command(args: argparse.Namespace, config: str, model: str, n: int, level: float, seed: int, out: Path):
-    return [
-        *scenario_command("local_sgd"), "--run", config, "--model", model, "--n", str(n), "--level", str(level),
-        "--seed", str(seed), "--out", str(out), "--epochs", str(args.epochs), "--samples", str(args.samples),
-        "--val-samples", str(args.val_samples), "--noise", str(args.noise), "--lr", str(args.lr),
-        "--momentum", str(args.momentum), "--heavy-cost-s", str(args.heavy_cost_s),
-        "--round-steps", str(args.round_steps), "--standalone-s", str(args.standalone_s),
-        "--outer-lr", str(args.outer_lr), "--outer-momentum", str(args.outer_momentum),
-        "--barrier", str(args.barrier), "--barrier-n", str(args.barrier_n), "--classes", str(args.classes),
-        "--curve-steps", str(args.curve_steps), "--throttle", args.throttle,
-        *(["--breakdown"] if args.breakdown else []),
-    ]  # fmt: skip
+    settings = {key: getattr(args, key) for key in CHILD_FLAGS}
+    return scenario_command(
+        "local_sgd", *flags(run=config, model=model, n=n, level=level, seed=seed, out=out, **settings)
+    )
 
 
 def standalone_bound(args: argparse.Namespace, model: str, n: int, level: float) -> list[float]:
     """Each rank's standalone samples/s, measured by N single processes side by side."""
-    prefix = f".local_sgd_standalone_{os.getpid()}_{time.time_ns()}_"
-    outs = [RESULTS / f"{prefix}{rank}.json" for rank in range(n)]
-    args.barrier, args.barrier_n = RESULTS / prefix, n
-    commands = [
-        child_command(args, "standalone", model, 1, factor, 0, out)
-        for factor, out in zip(slowdown_factors(n, level), outs, strict=True)
-    ]
-    run_jobs(commands, 600, child_env(OMP_NUM_THREADS="1"))
-    rates = [json.loads(out.read_text())["samples_per_s"] for out in outs]
-    for out in outs:
-        out.unlink()
-        Path(f"{out}.ready").unlink()
-    return rates
+    with tempfile.TemporaryDirectory(prefix="local-sgd-standalone-") as tmp:
+        outs = [Path(tmp, f"{rank}.json") for rank in range(n)]
+        args.barrier, args.barrier_n = tmp, n  # the jobs start training together (imports take seconds of CPU)
+        commands = [
+            child_command(args, "standalone", model, 1, factor, 0, out)
+            for factor, out in zip(slowdown_factors(n, level), outs, strict=True)
+        ]
+        run_jobs(commands, 600, child_env(OMP_NUM_THREADS="1"))
+        return [json.loads(out.read_text())["samples_per_s"] for out in outs]
 
 
 def launch(args: argparse.Namespace, config: str, model: str, n: int, level: float, seed: int) -> dict[str, Any]:
@@ -534,7 +446,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--throttle", choices=("sleep", "cfs"), default="sleep", help="SlowdownEmulator's mode: sleeps or a CPU quota"
     )
-    parser.add_argument("--barrier", type=Path, default=RESULTS / ".none", help=argparse.SUPPRESS)
+    parser.add_argument("--barrier", default="", help=argparse.SUPPRESS)
     parser.add_argument("--barrier-n", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--run", choices=(*CONFIGS, "standalone"), help=argparse.SUPPRESS)
     parser.add_argument("--model", choices=MODELS, default="light", help=argparse.SUPPRESS)

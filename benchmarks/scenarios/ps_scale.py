@@ -2,9 +2,8 @@
 parameters, with sleep-emulated compute (or a CPU quota, ``--emulation quota``).
 
 Every worker is one Lightning process (gloo on loopback; the parameter server runs as threads in rank 0). A step
-sleeps ``step_ms`` and then runs a real forward and backward through one linear layer of the configured size (or
-``--layers`` layers of as many parameters in all) on a batch of 2, so the gradient is dense and as large as the
-model. Workers are equally fast.
+sleeps ``step_ms`` and then runs a real forward and backward through one linear layer of the configured size on a
+batch of 2, so the gradient is dense and as large as the model. Workers are equally fast.
 
 - **ASP / ideal**: ASP's samples per second against the sum of the workers' standalone throughputs, measured the
   same way (N single-process jobs side by side, plain Lightning, the same model, sleep, batch and optimizer).
@@ -20,7 +19,7 @@ turn) and medians reported. Writes ``benchmarks/results/ps_scale.json`` (``--jso
 
 Usage::
 
-    python -m benchmarks run ps_scale --quick                # the issue's three goal configurations
+    python -m benchmarks run ps_scale                        # the issue's three goal configurations
     python -m benchmarks run ps_scale --configs 2x0.25Mx5,4x4.3Mx65 --repeats 3 \
         --variant 'default={}' --variant 'textbook={"overlap_round_trip": false}'
 """
@@ -59,8 +58,6 @@ from lightning_hetero.ps.server import ParameterServer
 RESULTS = RESULTS_DIR / "ps_scale.json"
 #: model name -> width of the square linear layer (``width * (width + 1)`` parameters)
 MODELS = {"0.25M": 500, "4.3M": 2073, "17M": 4123}
-WORKERS = (2, 4, 8, 16)
-STEPS_MS = (5.0, 65.0)
 #: the issue's goal configurations (a 3 ms sleep makes the ~4.5 ms steps of the issue's first goal)
 QUICK = ("2x0.25Mx3", "4x4.3Mx65", "16x0.25Mx65")
 BATCH = 2
@@ -70,26 +67,12 @@ OUT_DEST = "json"
 
 
 class ScaleModel(L.LightningModule):
-    """``layers`` square linear layers of about as many parameters in all as one ``width x width`` layer;
-    ``training_step`` sleeps ``step_ms`` first (the emulated compute).
+    """One square linear layer ``width`` wide; ``training_step`` sleeps ``step_ms`` first (the emulated compute)."""
 
-    Args:
-        width: the width of the one-layer model.
-        step_ms: the emulated compute per step, in milliseconds.
-        layers: the number of layers (each ``width / sqrt(layers)`` wide), e.g. 4 so that server shards, which
-            hold whole tensors, can be balanced.
-
-    Example::
-
-        >>> sum(p.numel() for p in ScaleModel(2073, 0.0, layers=4).parameters())  # "4.3M" in 4 layers
-        4297328
-    """
-
-    def __init__(self, width: int, step_ms: float, layers: int = 1) -> None:
+    def __init__(self, width: int, step_ms: float) -> None:
         super().__init__()
-        self.width = round(width / math.sqrt(layers))
-        stack = [nn.Linear(self.width, self.width) for _ in range(layers)]
-        self.layer = stack[0] if layers == 1 else nn.Sequential(*stack)
+        self.width = width
+        self.layer = nn.Linear(width, width)
         self.step_s = step_ms / 1000
         self.slept_s = 0.0
 
@@ -125,7 +108,7 @@ def train(args: argparse.Namespace) -> None:
     # under a quota q, the emulated compute is q x step_ms charged as CPU time: an idle host's step still takes about
     # step_ms, and the real work (the server, the pushes) is stretched by 1/q, as in a container at q CPUs
     quota = args.quota if args.emulation == "quota" else 1.0
-    model = ScaleModel(MODELS[args.model], args.step_ms * quota, args.layers)
+    model = ScaleModel(MODELS[args.model], args.step_ms * quota)
     data = TensorDataset(torch.randn(args.samples, model.width), torch.randn(args.samples, model.width))
     windows = EpochWindows()
     callbacks: list[Callback] = [windows]
@@ -202,7 +185,7 @@ def measure(args: argparse.Namespace, config: dict, variants: list[dict], rotati
     """One repeat of one configuration: N standalone workers side by side, and ASP with N workers for each variant,
     in an order rotated by ``rotation`` (so that no variant always runs first or last)."""
     workers = config["workers"]
-    common = {"model": config["model"], "step_ms": config["step_ms"], "layers": args.layers}
+    common = {"model": config["model"], "step_ms": config["step_ms"]}
     standalone_job = {**common, "strategy": "single", "devices": 1, "epochs": args.epochs}
     standalone_job["samples"] = _samples(config, args.epoch_s, 1)
     names = ["standalone"] + [variant["label"] for variant in variants]
@@ -316,7 +299,6 @@ def print_table(summary: dict[str, dict[str, dict]], costs: dict[str, dict]) -> 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--role", default="main", choices=["main", "train"])
-    parser.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK)}")
     parser.add_argument("--configs", default="", help="comma-separated WORKERSxMODELxSTEP_MS, e.g. 4x4.3Mx65")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=3, help="the first is warm-up")
@@ -341,7 +323,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--step-ms", type=float, default=5.0)
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--samples", type=int, default=1024)
-    parser.add_argument("--layers", type=int, default=1, help="split the model in this many square layers")
     parser.add_argument("--start-together", default="", help="standalone jobs: a folder where they meet to start")
     parser.add_argument("--start-together-jobs", type=int, default=1)
     parser.add_argument(
@@ -396,12 +377,7 @@ def main(args: argparse.Namespace) -> None:
     if args.role == "train":
         train(args)
         return
-    if args.configs:
-        configs = args.configs.split(",")
-    elif args.quick:
-        configs = list(QUICK)
-    else:
-        configs = [f"{n}x{m}x{s:g}" for s in STEPS_MS for m in MODELS for n in WORKERS]
+    configs = (args.configs or ",".join(QUICK)).split(",")
     parsed = {name: parse_config(name) for name in configs}
     variants = [parse_variant(text) for text in args.variant]
     variants = variants or [parse_variant("asp={}")]
@@ -423,7 +399,7 @@ def main(args: argparse.Namespace) -> None:
                 "torch_threads_per_process": 1,
                 "torch": torch.__version__,
                 "lightning": L.__version__,
-                "model": f"{args.layers} square linear layer(s) of the model's size in all, batch {BATCH}, SGD "
+                "model": f"1 square linear layer of the model's size, batch {BATCH}, SGD "
                 "momentum 0.9; equal workers; compute emulated by sleeping step_ms in training_step",
                 "epochs": f"{args.epochs}, the first not measured; ideal epochs of ~{args.epoch_s} s",
                 "emulation": args.emulation if args.emulation == "sleep" else f"CPU quota of {args.quota} CPU",

@@ -1,29 +1,14 @@
 """BSP vs ASP vs the BSP-then-ASP hybrid (SyncSwitchCallback) on a generated task with emulated heterogeneity.
 
-Each configuration trains the same model on the same data with ``AsyncPSStrategy`` on N CPU processes, rank 1
-slowed by ``SlowdownEmulator`` (it computes ``--slowdown`` times slower). The configurations:
+Each configuration trains the same MLP on the same data with ``AsyncPSStrategy`` on N CPU processes, rank 1 slowed
+``--slowdown`` times by ``SlowdownEmulator``: ``bsp``, ``asp``, ``hybrid`` (BSP for ``--bsp-fraction`` of the epochs,
+then ASP), ``reverse`` (the hybrid's phases in the opposite order, to test Sync-Switch's claim that BSP first wins)
+and ``asp_hetero`` (ASP plus ``HeteroBatchCallback``, to test OmniLearn's claim that heterogeneity-aware batches
+raise ASP's accuracy); ``switch_cost`` times six alternating switches of the CIFAR ResNet-20 of ``examples/``.
 
-- ``bsp``: synchronous all-reduce throughout.
-- ``asp``: asynchronous parameter server throughout.
-- ``hybrid``: BSP for ``--bsp-fraction`` of the epochs (rounded up), then ASP (``FixedFractionPolicy``).
-- ``reverse``: the hybrid's phases in the opposite order: ASP first for as many epochs as the hybrid spends in ASP,
-  then BSP for the rest (a schedule string such as ``"asp:0-8,bsp:9-"``), to test Sync-Switch's claim that BSP
-  first beats the reverse order.
-- ``asp_hetero``: ASP plus ``HeteroBatchCallback`` (per-rank batch sizes rebalanced at epoch ends from measured
-  compute), to test OmniLearn's claim that heterogeneity-aware batches raise ASP's accuracy.
-- ``switch_cost``: not a training comparison; the switch cost for the CIFAR ResNet-20 of ``examples/`` (0.27M
-  parameters, SGD with momentum) over six alternating switches.
-
-Rank 0 records, per epoch, the training time (validation excluded) and the validation accuracy. The table shows the
-final accuracy, the total training time, the time to reach ``--target`` accuracy and the cost of each mode switch.
-
-Usage:
-    python -m benchmarks run sync_switch [--workers 2] [--epochs 12] [--slowdown 4] [--bsp-fraction 0.25]
-        [--configs bsp,asp,hybrid,reverse,asp_hetero,switch_cost] [--tag NAME]
-
-``--configs`` picks a subset (default: all). Results go to ``benchmarks/results/sync_switch_<N>workers.json``
-(``sync_switch_<N>workers_<tag>.json`` with ``--tag``). Lightning's launcher re-runs this script for ranks 1..N-1,
-so each configuration runs in its own child process (``--config``).
+The table shows the final accuracy, the training time (validation excluded), the time to reach ``--target`` accuracy
+and each mode switch's cost. Results go to ``benchmarks/results/sync_switch_<N>workers[_<tag>].json``; each
+configuration runs in its own child process (``--config``).
 """
 
 from __future__ import annotations
@@ -41,9 +26,10 @@ from lightning.pytorch.callbacks import Callback
 from torch.utils.data import DataLoader
 
 from benchmarks.harness.launch import ROOT as ROOT_DIR
-from benchmarks.harness.launch import run_job, scenario_command
+from benchmarks.harness.launch import run_json, scenario_command
 from benchmarks.harness.models import MLP, TrainingTimes, classification_split, quiet_trainer
 from benchmarks.harness.record import write_json
+from benchmarks.harness.stats import time_to_target
 from lightning_hetero.emulation.slowdown import SlowdownEmulator
 from lightning_hetero.hetero_batch import HeteroBatchCallback
 from lightning_hetero.ps import AsyncPSStrategy
@@ -178,24 +164,12 @@ def run_config(args: argparse.Namespace) -> None:
 
 def launch(config: str) -> dict:
     """Run one configuration in a child process (Lightning's launcher starts its other ranks from it)."""
-    out = RESULTS / f".sync_switch_{config}.json"
-    command = [*scenario_command("sync_switch"), *sys.argv[3:], "--config", config, "--out", str(out)]
+    command = lambda out: [*scenario_command("sync_switch"), *sys.argv[3:], "--config", config, "--out", str(out)]  # noqa: E731
     load_before, started = os.getloadavg(), time.perf_counter()
-    run_job(command, timeout_s=1800)
-    result = json.loads(out.read_text())
-    out.unlink()
+    result = run_json(command, timeout_s=1800)
     result["wall_s"] = time.perf_counter() - started
     result["load_average_1_5_15min_before_and_after"] = [load_before, os.getloadavg()]
     return result
-
-
-def time_to(epochs: list[dict], target: float) -> float | None:
-    elapsed = 0.0
-    for record in epochs:
-        elapsed += record["train_s"]
-        if record["val_acc"] >= target:
-            return elapsed
-    return None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -252,7 +226,7 @@ def main(args: argparse.Namespace) -> None:
                 "final_acc": epochs[-1]["val_acc"],
                 "best_acc": max(e["val_acc"] for e in epochs),
                 "train_s": sum(e["train_s"] for e in epochs),
-                "time_to_target_s": time_to(epochs, target),
+                "time_to_target_s": time_to_target(epochs, target),
                 "modes": "".join("B" if e["mode"] == "bsp" else "A" for e in epochs),
                 "switch_cost_s": [s["cost_s"] for s in run["switches"]],
                 "final_split": run.get("final_split"),
