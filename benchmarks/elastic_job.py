@@ -1,6 +1,6 @@
-"""An elastic job on this machine: workers of ``elastic_worker.py`` started one by one as separate processes (as on
-separate machines), killed and restarted at will, and what they wrote read back. Used by the elastic scenarios and
-by the tests in ``tests/elastic/`` (which add ``benchmarks/`` to ``sys.path``).
+"""An elastic job on this machine: workers of ``examples/elastic/elastic_worker.py`` started one by one as separate
+processes (as on separate machines), killed and restarted at will, and what they wrote read back. Used by the elastic
+scenarios and by the tests in ``tests/elastic/`` (which add ``benchmarks/`` to ``sys.path``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 from benchmarks.harness.launch import free_port
 from lightning_hetero.elastic.commits import CommitRecord, epoch_coverage, lineage
 
-WORKER = Path(__file__).resolve().parent / "elastic_worker.py"
+WORKER = Path(__file__).resolve().parents[1] / "examples" / "elastic" / "elastic_worker.py"
 
 
 def wait_for(predicate, timeout_s: float, poll_s: float = 0.1) -> bool:

@@ -1,6 +1,6 @@
 """An ASP job under torchrun's elastic agent on this machine: one agent per emulated node (``torchrun
 --nproc-per-node=1``, the c10d rendezvous on a local port), started, killed and waited for at will, and what the
-workers of ``asp_torchrun_worker.py`` wrote read back. Used by the asp_torchrun scenario and by
+workers of ``examples/elastic/asp_torchrun_worker.py`` wrote read back. Used by the asp_torchrun scenario and by
 ``tests/elastic/test_torchrun.py`` (which adds ``benchmarks/`` to ``sys.path``).
 
 The launch is the recipe of docs/elastic.md: ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (torch's shared rendezvous
@@ -24,7 +24,7 @@ from typing import Any
 
 from benchmarks.harness.launch import free_port
 
-WORKER = Path(__file__).resolve().parent / "asp_torchrun_worker.py"
+WORKER = Path(__file__).resolve().parents[1] / "examples" / "elastic" / "asp_torchrun_worker.py"
 RDZV_CONF = "last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=3"
 
 

@@ -1,10 +1,10 @@
 """Elastic local SGD (``ElasticLocalSGDStrategy`` on torchft) with workers that leave and join, against the same job
 undisturbed, on CPU.
 
-Four workers, each its own process (``elastic_worker.py``, one per "machine"), with speeds 1, 1, 2 and 4; the first
-hosts the lighthouse. Speeds are emulated by a step sleep of ``--base-step-s`` over the speed, or with ``--throttle
-quota`` by ``--base-step-s x --base-quota`` CPU seconds of real work under a CPU quota of ``--base-quota x speed``
-CPUs (charged from ``fit``'s start). Runs per seed: ``undisturbed``; ``churn``: one speed-1 worker is SIGKILLed in the
+Four workers, each its own process (``examples/elastic/elastic_worker.py``, one per "machine"), with speeds 1, 1, 2
+and 4; the first hosts the lighthouse. Speeds are emulated by a step sleep of ``--base-step-s`` over the speed, or
+with ``--throttle quota`` by ``--base-step-s x --base-quota`` CPU seconds of real work under a CPU quota of
+``--base-quota x speed`` CPUs (charged from ``fit``'s start). Runs per seed: ``undisturbed``; ``churn``: one speed-1 worker is SIGKILLed in the
 middle of every epoch (after ``--kill-delay-s`` plus a seeded random ``0..--kill-jitter-s``) and started again at
 once; ``join``: a fifth worker starts half-way through.
 
