@@ -4,6 +4,7 @@ epochs, a start barrier for jobs run side by side, and the flags of a child's co
 
 from __future__ import annotations
 
+import argparse
 import os
 import time
 from collections.abc import Sequence
@@ -14,7 +15,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 from torch import nn
-from torch.utils.data import TensorDataset
+from torch.utils.data import DataLoader, TensorDataset
 from typing_extensions import override
 
 from lightning_hetero.synthetic import make_classification
@@ -39,6 +40,22 @@ def classification_split(
     """``samples`` training and ``val_samples`` validation samples of one :func:`make_classification` draw."""
     x, y = make_classification(samples + val_samples, features, classes, seed=seed, noise=noise).tensors
     return TensorDataset(x[:samples], y[:samples]), TensorDataset(x[samples:], y[samples:])
+
+
+def fit(
+    trainer: L.Trainer, model: L.LightningModule, train: TensorDataset, val: TensorDataset, batch_size: int
+) -> None:
+    """``trainer.fit`` on shuffled training batches of ``batch_size`` and validation batches of 1024."""
+    trainer.fit(model, DataLoader(train, batch_size=batch_size, shuffle=True), DataLoader(val, batch_size=1024))
+
+
+def add_child_flags(parser: Any, configs: Sequence[str]) -> None:
+    """The hidden flags with which a study runs one of its cells in a child process: ``--run CONFIG`` on ``--n``
+    ranks at heterogeneity level ``--level`` with ``--seed``."""
+    parser.add_argument("--run", choices=configs, help=argparse.SUPPRESS)
+    parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--level", type=float, help=argparse.SUPPRESS)
+    parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
 
 
 def slowdown_factors(workers: int, hl: float) -> list[float]:

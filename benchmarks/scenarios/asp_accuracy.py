@@ -31,20 +31,16 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 from torch import nn
-from torch.utils.data import DataLoader
 
+from benchmarks.harness import models
 from benchmarks.harness.grid import Cell, scaled
-from benchmarks.harness.launch import ROOT as ROOT_DIR
-from benchmarks.harness.launch import run_json, scenario_command
-from benchmarks.harness.models import MLP, TrainingTimes, classification_split, flags, quiet_trainer, slowdown_factors
+from benchmarks.harness.launch import RESULTS, run_json, scenario_command
 from benchmarks.harness.record import write_json
 from lightning_hetero import AsyncPSStrategy, SlowdownEmulator, SyncSwitchCallback
 from lightning_hetero.ps.compensation import AsynchronyCompensator
 from lightning_hetero.switching import FixedFractionPolicy, SchedulePolicy
 from lightning_hetero.switching.policies import share_in_epochs
 
-ROOT = ROOT_DIR
-RESULTS = ROOT / "benchmarks" / "results"
 CONFIGS = ("bsp", "asp_none", "asp", "hybrid", "asp_dc", "hybrid_none", "reverse", "asp_textbook")
 #: the settings a run's child process is given
 CHILD_FLAGS = (
@@ -72,7 +68,7 @@ def mean_sd(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
-class EpochRecorder(TrainingTimes):
+class EpochRecorder(models.TrainingTimes):
     """Rank 0, per epoch: mode, training seconds (validation excluded), validation accuracy, hyper-parameters."""
 
     def __init__(self) -> None:
@@ -94,12 +90,12 @@ class EpochRecorder(TrainingTimes):
 def run_one(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     L.seed_everything(args.seed, verbose=False)
-    train, val = classification_split(args.samples, args.val_samples, args.seed, args.noise)
-    factors = slowdown_factors(args.n, args.level)
+    train, val = models.classification_split(args.samples, args.val_samples, args.seed, args.noise)
+    factors = models.slowdown_factors(args.n, args.level)
     recorder = EpochRecorder()
     callbacks: list[Callback] = [recorder]
     slowed = {rank: factor for rank, factor in enumerate(factors) if factor > 1.0}
-    model = MLP(32, 4, [64], args.lr, args.momentum, args.cost_s, nn.Tanh)
+    model = models.MLP(32, 4, [64], args.lr, args.momentum, args.cost_s, nn.Tanh)
     if slowed:
         callbacks.append(SlowdownEmulator(factors=slowed, throttle=args.throttle, cpu_clock=model.cpu_clock))
     compensation = None if args.config.endswith("_none") else ("dc" if args.config == "asp_dc" else "auto")
@@ -119,18 +115,14 @@ def run_one(args: argparse.Namespace) -> None:
         fault_timeout_s=300,
         overlap_round_trip=args.config != "asp_textbook",
     )
-    trainer = quiet_trainer(
+    trainer = models.quiet_trainer(
         devices=args.n,
         strategy=strategy,
         max_epochs=args.epochs,
         callbacks=callbacks,
         num_sanity_val_steps=0,
     )
-    trainer.fit(
-        model,
-        train_dataloaders=DataLoader(train, batch_size=args.batch_size, shuffle=True),
-        val_dataloaders=DataLoader(val, batch_size=1024),
-    )
+    models.fit(trainer, model, train, val, args.batch_size)
     if trainer.is_global_zero:
         result = {
             "epochs": recorder.epochs,
@@ -146,7 +138,7 @@ def run_one(args: argparse.Namespace) -> None:
 def launch(args: argparse.Namespace, config: str, workers: int, level: float, seed: int) -> dict[str, Any]:
     settings = {key: getattr(args, key) for key in CHILD_FLAGS}
     command = lambda out: scenario_command(  # noqa: E731
-        "asp_accuracy", *flags(run=config, n=workers, level=level, seed=seed, out=out, **settings)
+        "asp_accuracy", *models.flags(run=config, n=workers, level=level, seed=seed, out=out, **settings)
     )
     load_before, started = os.getloadavg()[0], time.perf_counter()
     result = run_json(command)
@@ -316,10 +308,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--momentum", type=float, default=0.9)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--bsp-fraction", type=float, default=0.25)
-    parser.add_argument("--run", choices=CONFIGS, help=argparse.SUPPRESS)
-    parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--level", type=float, help=argparse.SUPPRESS)
-    parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    models.add_child_flags(parser, CONFIGS)
 
 
 def main(args: argparse.Namespace) -> None:

@@ -7,8 +7,6 @@ Runs are interleaved (undisturbed, disturbed) per seed. Reported per run: the fi
 over the whole validation set), whether every epoch covered every training sample exactly once (checked by sample
 index, counting what the lost worker pushed before dying), the server's update count and the wall time.
 Prints a table and writes ``benchmarks/results/faults.json``.
-
-Usage: python -m benchmarks run faults [--quick] [--seeds 3] [--epochs 6]
 """
 
 from __future__ import annotations

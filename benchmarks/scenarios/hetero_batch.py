@@ -1,20 +1,11 @@
-"""Benchmark: HeteroBatchCallback against plain DDP on 2 CPU ranks, one slowed 4x (issue 3's targets).
+"""HeteroBatchCallback against plain DDP on 2 CPU ranks, one slowed 4x (``benchmarks/hetero_batch_worker.py``).
 
-Runs, side by side in one invocation:
-  1. each kind of rank alone (factor 1 and factor 4): the ideal throughput is the sum of the two;
-  2. plain DDP and HeteroBatch DDP with rank 1 slowed 4x;
-  3. plain DDP and HeteroBatch DDP with equal ranks (the callback's overhead);
-  4. HeteroBatch DDP where the slow rank changes mid-run (rank 1 slow, then rank 0 slow): steps until the
-     throughput is back within 10% of ideal, in adjustment periods.
-
-Throughput is the median over steady-state steps of global samples per step / step wall time (rank 0's clock),
-skipping the first epoch. Prints a table and writes JSON to benchmarks/results/hetero_batch.json.
-
-HeteroBatch adjusts every ``--adjust-every`` steps (default 8, 2 warm-up steps); ``--defaults`` runs
-``HeteroBatchCallback()`` with every setting at its default instead (early adjustments in the first epoch, then at
-epoch ends).
-
-Usage: python -m benchmarks run hetero_batch [--repeats 1] [--cost-s 0.0003] [--defaults]
+Runs, interleaved ``--repeats`` times: each kind of rank alone (factor 1 and 4; the ideal is their sum); plain DDP
+and HeteroBatch with rank 1 slowed 4x, and with equal ranks (the callback's overhead); then once, HeteroBatch where
+the slow rank changes mid-run: steps until the throughput is back within 10% of the ideal. Throughput is the median
+over the steps after the first epoch of global samples per step over the step's wall time (rank 0's clock).
+HeteroBatch adjusts every ``--adjust-every`` steps (2 warm-up steps), or with ``--defaults`` at every setting's
+default. Prints a table and writes ``benchmarks/results/hetero_batch.json``.
 """
 
 from __future__ import annotations

@@ -42,16 +42,22 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from benchmarks.harness.grid import Cell, scaled
-from benchmarks.harness.launch import ROOT as ROOT_DIR
-from benchmarks.harness.launch import child_env, run_job, run_jobs, scenario_command
-from benchmarks.harness.models import MLP, StartTogether, classification_split, flags, quiet_trainer, slowdown_factors
+from benchmarks.harness.launch import RESULTS, child_env, run_job, run_jobs, scenario_command
+from benchmarks.harness.models import (
+    MLP,
+    StartTogether,
+    add_child_flags,
+    classification_split,
+    fit,
+    flags,
+    quiet_trainer,
+    slowdown_factors,
+)
 from benchmarks.harness.record import write_json
 from benchmarks.harness.stats import median, time_to_target
 from benchmarks.scenarios.local_sgd_breakdown import BreakdownRecorder, collect, format_breakdown
 from lightning_hetero import AsyncPSStrategy, HeteroBatchCallback, SlowdownEmulator
 
-ROOT = ROOT_DIR
-RESULTS = ROOT / "benchmarks" / "results"
 CONFIGS = ("ddp", "hetero", "asp", "local_equal", "local_prop", "local_prop_samples")
 MODELS = ("light", "heavy")
 FEATURES, HIDDEN, BATCH = 32, 512, 32
@@ -224,11 +230,7 @@ def run_one(args: argparse.Namespace) -> None:
                             num_sanity_val_steps=0)  # fmt: skip
     model = MLP(FEATURES, args.classes, [HIDDEN] * 2, args.lr, args.momentum, cost_s, nn.Tanh)
     params = sum(p.numel() for p in model.parameters())
-    trainer.fit(
-        model,
-        train_dataloaders=DataLoader(train, batch_size=BATCH, shuffle=True),
-        val_dataloaders=DataLoader(val, batch_size=1024),
-    )
+    fit(trainer, model, train, val, BATCH)
     if trainer.is_global_zero:
         rounds = getattr(strategy, "local_rounds", None)
         times = curve_times(recorder.epochs, [(epoch, wall) for epoch, wall, _ in curve.snapshots])
@@ -448,11 +450,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--barrier", default="", help=argparse.SUPPRESS)
     parser.add_argument("--barrier-n", type=int, default=1, help=argparse.SUPPRESS)
-    parser.add_argument("--run", choices=(*CONFIGS, "standalone"), help=argparse.SUPPRESS)
     parser.add_argument("--model", choices=MODELS, default="light", help=argparse.SUPPRESS)
-    parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--level", type=float, help=argparse.SUPPRESS)
-    parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    add_child_flags(parser, (*CONFIGS, "standalone"))
 
 
 def main(args: argparse.Namespace) -> None:

@@ -1,4 +1,4 @@
-"""Where a local-SGD run's time goes, per rank: ``bench_local_sgd.py --breakdown``.
+"""Where a local-SGD run's time goes, per rank: ``python -m benchmarks run local_sgd --breakdown``.
 
 :class:`BreakdownRecorder` (a callback, one per rank) timestamps every batch's start and end, every round-end
 all-reduce of ``AsyncPSStrategy(mode="local")`` (entry, exit, and the process's CPU time inside it) and every claim
@@ -16,9 +16,8 @@ seconds per category over the measured epochs (all but the first), summed over t
   batch start and last batch end (the epoch's start and end hooks, the wait for the last rank to finish).
 
 ``arrival_after_first_s`` lists, per round end, each rank's entry after the first rank's. The categories of one rank
-add up to the epoch spans. Every round end is recorded on every rank in the same order
-(the ranks call the same sequence of collectives), so entries can be compared across ranks; all ranks run on one
-host, whose ``time.time()`` they share.
+add up to the epoch spans; round ends are compared across ranks in order (all ranks call the same collectives) on
+the one host's ``time.time()``.
 """
 
 from __future__ import annotations

@@ -9,10 +9,6 @@ repeated ``--repeats`` times with the variants interleaved. Variants:
 - ``log_float_sync``: the same with ``sync_dist=True`` (no other rank: Lightning's bookkeeping only);
 - ``epoch_log``: two ``EpochLog.report`` calls (a torchmetrics update each; ``self.log`` once an epoch).
 
-Usage::
-
-    python -m benchmarks run log_cost [--steps 400] [--repeats 3] [--json benchmarks/results/log_cost.json]
-
 Prints a table (µs per step for the two calls, median of repeats, and each repeat) and writes the JSON.
 """
 

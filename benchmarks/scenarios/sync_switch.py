@@ -25,9 +25,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch.utils.data import DataLoader
 
-from benchmarks.harness.launch import ROOT as ROOT_DIR
-from benchmarks.harness.launch import run_json, scenario_command
-from benchmarks.harness.models import MLP, TrainingTimes, classification_split, quiet_trainer
+from benchmarks.harness.launch import RESULTS, ROOT, run_json, scenario_command
+from benchmarks.harness.models import MLP, TrainingTimes, classification_split, fit, quiet_trainer
 from benchmarks.harness.record import write_json
 from benchmarks.harness.stats import time_to_target
 from lightning_hetero.emulation.slowdown import SlowdownEmulator
@@ -37,8 +36,6 @@ from lightning_hetero.switching import FixedFractionPolicy
 from lightning_hetero.switching.callback import SyncSwitchCallback
 from lightning_hetero.switching.policies import share_in_epochs
 
-ROOT = ROOT_DIR
-RESULTS = ROOT / "benchmarks" / "results"
 CONFIGS = ("bsp", "asp", "hybrid", "reverse", "asp_hetero")
 ALL = (*CONFIGS, "switch_cost")
 ALTERNATING = "bsp:0,asp:1,bsp:2,asp:3,bsp:4,asp:5,bsp:6-"
@@ -136,11 +133,7 @@ def run_config(args: argparse.Namespace) -> None:
         max_epochs=args.epochs,
         callbacks=callbacks,
     )
-    trainer.fit(
-        model,
-        train_dataloaders=DataLoader(train, batch_size=args.batch_size, shuffle=True),
-        val_dataloaders=DataLoader(val, batch_size=1024),
-    )
+    fit(trainer, model, train, val, args.batch_size)
     if trainer.is_global_zero:
         result = {
             "config": args.config,
@@ -164,7 +157,8 @@ def run_config(args: argparse.Namespace) -> None:
 
 def launch(config: str) -> dict:
     """Run one configuration in a child process (Lightning's launcher starts its other ranks from it)."""
-    command = lambda out: [*scenario_command("sync_switch"), *sys.argv[3:], "--config", config, "--out", str(out)]  # noqa: E731
+    argv = [*sys.argv[3:], "--config", config]  # the parent's own flags (python -m benchmarks run sync_switch ...)
+    command = lambda out: [*scenario_command("sync_switch"), *argv, "--out", str(out)]  # noqa: E731
     load_before, started = os.getloadavg(), time.perf_counter()
     result = run_json(command, timeout_s=1800)
     result["wall_s"] = time.perf_counter() - started

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from benchmarks.harness.models import slowdown_factors
 from benchmarks.scenarios import asp_accuracy as bench
 
 
@@ -15,10 +16,10 @@ def _run(config, seed, acc, train_s, workers=2, staleness=None, momentum=None):
 
 
 def test_slowdown_factors_span_the_heterogeneity_level_with_rank_zero_fastest():
-    factors = bench.slowdown_factors(8, 4.0)
+    factors = slowdown_factors(8, 4.0)
     assert factors[0] == 1.0 and factors[-1] == pytest.approx(4.0)
     assert factors == sorted(factors)
-    assert bench.slowdown_factors(4, 1.0) == [1.0] * 4
+    assert slowdown_factors(4, 1.0) == [1.0] * 4
 
 
 def test_summary_pairs_differences_to_bsp_by_seed():
