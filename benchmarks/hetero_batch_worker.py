@@ -8,7 +8,6 @@ emulated machines from competing for the host's cores. Rank 0 writes each step's
 from __future__ import annotations
 
 import argparse
-import json
 from datetime import timedelta
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import torch
 from lightning.pytorch.strategies import DDPStrategy
 from torch import nn
 
-from benchmarks.harness.models import MLP, StepClock, quiet_trainer
+from benchmarks.harness.models import MLP, StepClock, finish, quiet_trainer
 from lightning_hetero import HeteroBatchCallback
 from lightning_hetero.synthetic import SyntheticClassificationDataModule
 
@@ -63,17 +62,14 @@ def main() -> None:
     model = FactorMLP(args.cost_s, factors, after, args.switch_step)
     trainer.fit(model, datamodule=SyntheticClassificationDataModule(num_samples=args.samples, batch_size=args.batch))
     sizes = clock.gather_sizes(trainer)
-    if trainer.is_global_zero:
-        result = {
-            "times": clock.ends,
-            "global_sizes": [sum(step) for step in zip(*sizes, strict=True)],
-            "local_sizes": sizes,
-            "history": [] if hetero is None else hetero.history,
-            "final_split": None if hetero is None else list(hetero.batch_sizes),
-        }
-        args.out.write_text(json.dumps(result))
-    if torch.distributed.is_initialized():  # a gloo group left alive can abort the interpreter at exit
-        torch.distributed.destroy_process_group()
+    result = {
+        "times": clock.ends,
+        "global_sizes": [sum(step) for step in zip(*sizes, strict=True)],
+        "local_sizes": sizes,
+        "history": [] if hetero is None else hetero.history,
+        "final_split": None if hetero is None else list(hetero.batch_sizes),
+    }
+    finish(trainer, args.out, result)
 
 
 if __name__ == "__main__":

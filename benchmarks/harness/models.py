@@ -1,10 +1,12 @@
-"""What the studies' training runs share: a quiet CPU Trainer, a train/validation split of the generated data,
-per-rank slowdowns, emulated compute (a sleep or a busy loop) in a perceptron, the callbacks that time steps and
-epochs, a start barrier for jobs run side by side, and the flags of a child's command line."""
+"""What the studies' training runs share: a quiet CPU Trainer, a train/validation split of the generated data and
+its fit, per-rank slowdowns, emulated compute (a sleep or a busy loop) in a perceptron, the callbacks that time steps
+and epochs, a start barrier for jobs run side by side, a child's command-line flags, and the result's JSON written
+as a run ends."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
 from collections.abc import Sequence
@@ -49,13 +51,22 @@ def fit(
     trainer.fit(model, DataLoader(train, batch_size=batch_size, shuffle=True), DataLoader(val, batch_size=1024))
 
 
-def add_child_flags(parser: Any, configs: Sequence[str]) -> None:
+def add_child_flags(parser: argparse.ArgumentParser, configs: Sequence[str]) -> None:
     """The hidden flags with which a study runs one of its cells in a child process: ``--run CONFIG`` on ``--n``
     ranks at heterogeneity level ``--level`` with ``--seed``."""
     parser.add_argument("--run", choices=configs, help=argparse.SUPPRESS)
     parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--level", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+
+
+def finish(trainer: L.Trainer, path: str | Path, result: Any, every_rank: bool = False) -> None:
+    """Writes ``result`` as JSON to ``path`` on rank 0 (or on ``every_rank``), then leaves the process group: a gloo
+    group left alive can abort the interpreter at exit."""
+    if every_rank or trainer.is_global_zero:
+        Path(path).write_text(json.dumps(result, default=str))
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 def slowdown_factors(workers: int, hl: float) -> list[float]:

@@ -1,5 +1,5 @@
-"""Results with their conditions: every JSON a study writes carries the commit, the load average, the versions and
-the host's cores it was measured with."""
+"""Results with their conditions (every JSON a study writes carries the commit, the load average, the versions and
+the host's cores it was measured with), and the tables the studies print."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import os
 import platform
 import subprocess
 import time
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,3 +48,22 @@ def write_json(path: Path | str, payload: dict[str, Any], indent: int | None = 1
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload | {"harness_conditions": conditions()}, indent=indent, default=str))
     return path
+
+
+def table(header: Sequence[str], rows: Iterable[Sequence[Any]], formats: Sequence[str] = ()) -> str:
+    """``rows`` under ``header``, each column right-aligned to its widest cell; a cell is formatted with its column's
+    entry of ``formats`` (missing or ``""``: as it prints), and ``None`` prints as ``-``.
+
+    Example::
+
+        >>> print(table(["config", "ratio"], [["asp", 0.912], ["local", None]], ["", ".2f"]))
+        config  ratio
+           asp   0.91
+         local      -
+    """
+    specs = [*formats, *[""] * (len(header) - len(formats))]
+    cells = [list(header)] + [
+        ["-" if v is None else format(v, f) for v, f in zip(row, specs, strict=True)] for row in rows
+    ]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    return "\n".join("  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True)) for row in cells)

@@ -20,7 +20,6 @@ staleness, the hyper-parameters in force per epoch) and mean +- sd per cell, pai
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
@@ -35,7 +34,7 @@ from torch import nn
 from benchmarks.harness import models
 from benchmarks.harness.grid import Cell, scaled
 from benchmarks.harness.launch import RESULTS, run_json, scenario_command
-from benchmarks.harness.record import write_json
+from benchmarks.harness.record import table, write_json
 from lightning_hetero import AsyncPSStrategy, SlowdownEmulator, SyncSwitchCallback
 from lightning_hetero.ps.compensation import AsynchronyCompensator
 from lightning_hetero.switching import FixedFractionPolicy, SchedulePolicy
@@ -123,16 +122,8 @@ def run_one(args: argparse.Namespace) -> None:
         num_sanity_val_steps=0,
     )
     models.fit(trainer, model, train, val, args.batch_size)
-    if trainer.is_global_zero:
-        result = {
-            "epochs": recorder.epochs,
-            "server_summary": strategy.server_summary,
-            "switches": switch.switches if switch else [],
-            "factors": factors,
-        }
-        Path(args.out).write_text(json.dumps(result, default=str))
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+    result = {"epochs": recorder.epochs, "server_summary": strategy.server_summary, "factors": factors}
+    models.finish(trainer, args.out, result | {"switches": switch.switches if switch else []})
 
 
 def launch(args: argparse.Namespace, config: str, workers: int, level: float, seed: int) -> dict[str, Any]:
@@ -225,25 +216,17 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
-    header = (
-        f"{'N':>2} {'HL':>3} {'config':>11} {'seeds':>5} {'acc mean+-sd':>15} {'vs BSP pt (paired)':>18} "
-        f"{'train s':>8} {'vs BSP':>6} {'stal mean/max':>13} {'mom. in ASP':>11}"
-    )
-    print(header)
-    for row in rows:
-        vs = (
-            "-"
-            if row["acc_vs_bsp_points"] is None
-            else f"{row['acc_vs_bsp_points']:+.2f}+-{row['acc_vs_bsp_points_sd']:.2f}"
-        )
-        time_vs = "-" if row["time_vs_bsp"] is None else f"{row['time_vs_bsp']:.2f}x"
-        stale = "-" if row["staleness_mean"] is None else f"{row['staleness_mean']:.2f}/{row['staleness_max']}"
-        momentum = "-" if row["asp_momentum_effective"] is None else f"{row['asp_momentum_effective']:.3f}"
-        print(
-            f"{row['workers']:>2} {row['hl']:>3g} {row['config']:>11} {len(row['seeds']):>5} "
-            f"{row['acc_mean']:>8.4f}+-{row['acc_sd']:.4f} {vs:>18} {row['train_s_mean']:>8.1f} {time_vs:>6} "
-            f"{stale:>13} {momentum:>11}"
-        )
+    header = ["N", "HL", "config", "seeds", "acc mean+-sd", "vs BSP pt (paired)", "train s", "vs BSP", "stal mean/max",
+              "mom. in ASP"]  # fmt: skip
+    cells = [
+        [r["workers"], r["hl"], r["config"], len(r["seeds"]), f"{r['acc_mean']:.4f}+-{r['acc_sd']:.4f}",
+         None if r["acc_vs_bsp_points"] is None else f"{r['acc_vs_bsp_points']:+.2f}+-{r['acc_vs_bsp_points_sd']:.2f}",
+         r["train_s_mean"], None if r["time_vs_bsp"] is None else f"{r['time_vs_bsp']:.2f}x",
+         None if r["staleness_mean"] is None else f"{r['staleness_mean']:.2f}/{r['staleness_max']}",
+         r["asp_momentum_effective"]]
+        for r in rows
+    ]  # fmt: skip
+    print(table(header, cells, ["", "g", "", "", "", "", ".1f", "", "", ".3f"]))
 
 
 def cell_order(workers: list[int], levels: list[float]) -> list[tuple[int, float]]:

@@ -35,19 +35,7 @@ USAGES = (
     "plain", "max_steps", "max_time", "onecycle", "batchnorm", "limit_train_batches", "val_check_interval",
     "val_check_batches", "accumulate",
 )  # fmt: skip
-DATA = [
-    "--samples",
-    "1024",
-    "--epochs",
-    "3",
-    "--noise",
-    "3.0",
-    "--classes",
-    "8",
-    "--max-time-s",
-    "3",
-    "--final-validate",
-]
+DATA = ["--samples", "1024", "--epochs", "3", "--noise", "3.0", "--classes", "8", "--max-time-s", "3", "--final-validate"]  # fmt: skip
 TARGET_POINTS = 5.0
 
 #: why ``--grid`` does not apply

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -37,7 +36,7 @@ from pathlib import Path
 from benchmarks.harness.grid import Cell
 from benchmarks.harness.launch import RESULTS, child_env, module_command, run_json
 from benchmarks.harness.models import flags
-from benchmarks.harness.record import write_json
+from benchmarks.harness.record import table, write_json
 from benchmarks.harness.stats import paired_ratios, proportional_splits, rotating_order
 from lightning_hetero.hetero_batch.cadence import STEADY_PERIOD
 
@@ -312,23 +311,22 @@ def homogeneous_scenario(args: argparse.Namespace) -> dict:
 
 def print_table(args: argparse.Namespace, results: list[dict]) -> None:
     cadence = "the default cadence" if args.defaults else f"adjust every {PERIOD} steps"
-    print(
-        f"\nController benchmark ({platform.machine()}, {os.cpu_count()} cores, load average "
-        f"{os.getloadavg()[0]:.1f}; global batch {GLOBAL_BATCH}; {cadence}; {args.repeats} "
-        f"interleaved repeats, medians)"
-    )
-    print(
-        f"{'scenario':<24} {'ctrl/s':>7} {'best static':>18} {'fraction':>8} {'vs sweep max':>12} {'changes':>7} "
-        f"{'inversion':>9} {'late changes':>12}"
-    )
-    for row in results:
-        if "fraction_of_best_static" in row:
-            best = f"{row['best_static_samples_per_s']:.0f} {row['best_static_split']}"
-            print(
-                f"{row['title']:<24} {row['controller_samples_per_s']:>7.0f} {best:>18} "
-                f"{row['fraction_of_best_static']:>8.3f} {row['fraction_of_sweep_max']:>12.3f} "
-                f"{row['split_changes']:>7} {row['worst_inversion']:>9} {row['late_changes']!s:>12}"
-            )
+    print(f"\nController: global batch {GLOBAL_BATCH}; {cadence}; {args.repeats} interleaved repeats, medians")
+    keys = ("controller_samples_per_s", "best_static_samples_per_s", "best_static_split", "fraction_of_best_static",
+            "fraction_of_sweep_max", "split_changes", "worst_inversion", "late_changes")  # fmt: skip
+    header = [
+        "scenario",
+        "ctrl/s",
+        "best static/s",
+        "split",
+        "fraction",
+        "vs sweep max",
+        "changes",
+        "inversion",
+        "late",
+    ]
+    cells = [[row["title"], *(row[key] for key in keys)] for row in results if "fraction_of_best_static" in row]
+    print(table(header, cells, ["", ".0f", ".0f", "", ".3f", ".3f"]))
     for row in results:
         if "settled_periods" in row:
             print(

@@ -39,7 +39,7 @@ def worker(args: argparse.Namespace) -> None:
     from torch import nn
     from torch.utils.data import DataLoader, Dataset
 
-    from benchmarks.harness.models import quiet_trainer
+    from benchmarks.harness.models import finish, quiet_trainer
     from lightning_hetero.ps import AsyncPSStrategy
     from lightning_hetero.synthetic import MLPClassifier, make_classification
 
@@ -106,8 +106,7 @@ def worker(args: argparse.Namespace) -> None:
         "updates": strategy.version,
         "fit_s": time.perf_counter() - start,
     }
-    (Path(args.out) / f"rank{trainer.global_rank}.json").write_text(json.dumps(report))
-    torch.distributed.destroy_process_group()
+    finish(trainer, Path(args.out) / f"rank{trainer.global_rank}.json", report, every_rank=True)
 
 
 def run(seed: int, epochs: int, samples: int, disturbed: bool, out: Path) -> dict:

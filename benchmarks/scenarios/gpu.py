@@ -28,7 +28,8 @@ from torch.utils.data import DataLoader
 from benchmarks.harness.launch import RESULTS as RESULTS_DIR
 from benchmarks.harness.launch import run_ranks, scenario_command
 from benchmarks.harness.models import classification_split, quiet_trainer
-from benchmarks.harness.record import write_json
+from benchmarks.harness.record import table, write_json
+from benchmarks.harness.stats import median
 from lightning_hetero import AsyncPSStrategy, HeteroBatchCallback, SlowdownEmulator
 from lightning_hetero.hetero_batch.compile_shapes import compiled_graphs
 from lightning_hetero.synthetic import MLPClassifier
@@ -254,20 +255,12 @@ def main(args: argparse.Namespace) -> None:
                 print(f"gpu: {case} seed {seed}: {failures[-1]['why']}", file=sys.stderr, flush=True)
             summary = {"conditions": conditions, "runs": runs, "goals": summarize(runs), "failures": failures}
             write_json(out / "summary.json", summary)
-    table = [
-        f"{'case':<10} {'fit s':>8} {'val acc':>8}  split (last seed)  graphs/rank (last seed)   medians over seeds"
-    ]
-    for case, reports in runs.items():
-        if not reports:
-            table.append(f"{case:<10} {'failed':>8}")
-            continue
-        fit = statistics.median(r["fit_s"] for r in reports)
-        acc = statistics.median(r["val_acc"] for r in reports)
-        last = reports[-1]
-        table.append(f"{case:<10} {fit:>8.1f} {acc:>8.3f}  {last['final_split'] or '-'!s:<17} "
-                     f"{last['compiled_graphs_per_rank']}")  # fmt: skip
-    table.append(json.dumps(summary["goals"], indent=1))
-    (out / "table.txt").write_text("\n".join(table) + "\n")
-    print("\n".join(table))
+    header = ["case", "fit s (median)", "val acc (median)", "split (last seed)", "graphs/rank (last seed)"]
+    cells = [[case, median(r["fit_s"] for r in reports), median(r["val_acc"] for r in reports),
+              reports[-1]["final_split"] if reports else "failed", reports[-1]["compiled_graphs_per_rank"] if reports
+              else None] for case, reports in runs.items()]  # fmt: skip
+    text = table(header, cells, ["", ".1f", ".3f", "", ""]) + "\n" + json.dumps(summary["goals"], indent=1)
+    (out / "table.txt").write_text(text + "\n")
+    print(text)
     if failures:
         sys.exit(f"gpu: {len(failures)} of {len(cases) * args.seeds} runs failed (summary.json: failures)")

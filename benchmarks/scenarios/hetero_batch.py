@@ -11,8 +11,6 @@ default. Prints a table and writes ``benchmarks/results/hetero_batch.json``.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -20,7 +18,7 @@ from pathlib import Path
 from benchmarks.harness.grid import Cell
 from benchmarks.harness.launch import RESULTS, child_env, module_command, run_json
 from benchmarks.harness.models import flags
-from benchmarks.harness.record import write_json
+from benchmarks.harness.record import table, write_json
 
 
 def run(method: str, factors: str, cost_s: float, epochs: int = 4, **extra: object) -> dict:
@@ -131,15 +129,11 @@ def main(args: argparse.Namespace) -> None:
     ddp_ratio = throughput["DDP, rank 1 slowed 4x"] / ideal
     equal_ratio = throughput["HeteroBatch, equal ranks"] / throughput["DDP, equal ranks"]
     print(
-        f"\nHeteroBatchCallback benchmark ({platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
-        f"emulated cost {cost * 1e3:.2f} ms/sample at factor 1; global batch {2 * batch}; {args.samples} samples/epoch)"
+        f"\nHeteroBatch: {cost * 1e3:.2f} ms/sample at factor 1; global batch {2 * batch}; {args.samples} samples/epoch"
     )
-    print(f"{'configuration':<34} {'samples/s (median)':>18} {'vs ideal':>9} {'final split':>12}")
-    print(f"{'rank alone, factor 1':<34} {fast_alone:>18.0f}")
-    print(f"{'rank alone, factor 4':<34} {slow_alone:>18.0f}")
-    print(f"{'ideal (sum of the two)':<34} {ideal:>18.0f} {1.0:>9.2f}")
-    for name, value, split in rows:
-        print(f"{name:<34} {value:>18.0f} {value / ideal:>9.2f} {split or ''!s:>12}")
+    cells = [["rank alone, factor 1", fast_alone, None, None], ["rank alone, factor 4", slow_alone, None, None],
+             ["ideal (sum of the two)", ideal, 1.0, None], *([n, v, v / ideal, s] for n, v, s in rows)]  # fmt: skip
+    print(table(["configuration", "samples/s (median)", "vs ideal", "final split"], cells, ["", ".0f", ".2f"]))
     print(f"\nHeteroBatch / ideal, one rank 4x slower: {hetero_ratio:.2f} (target >= 0.90); plain DDP: {ddp_ratio:.2f}")
     print(f"HeteroBatch / DDP, equal ranks: {equal_ratio:.3f} (target >= 0.97)")
     cadence = "adjusting with the defaults" if args.defaults else f"periods of {args.adjust_every} steps"

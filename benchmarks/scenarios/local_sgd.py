@@ -53,7 +53,7 @@ from benchmarks.harness.models import (
     quiet_trainer,
     slowdown_factors,
 )
-from benchmarks.harness.record import write_json
+from benchmarks.harness.record import table, write_json
 from benchmarks.harness.stats import median, time_to_target
 from benchmarks.scenarios.local_sgd_breakdown import BreakdownRecorder, collect, format_breakdown
 from lightning_hetero import AsyncPSStrategy, HeteroBatchCallback, SlowdownEmulator
@@ -368,21 +368,15 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
-    print(
-        f"{'model':>5} {'N':>2} {'HL':>3} {'config':>11} {'seeds':>5} {'samples/s':>9} {'of bound':>8} "
-        f"{'of busy':>7} {'B/sample':>9} {'acc':>6} {'vs ddp pt':>9} {'t to ddp-0.5 (s)':>16}"
-    )
-    for row in rows:
-        bound = "-" if row["of_standalone_bound"] is None else f"{row['of_standalone_bound']:.2f}"
-        busy = "-" if row["of_local_busy_bound"] is None else f"{row['of_local_busy_bound']:.2f}"
-        vs = "-" if row["acc_vs_ddp_points"] is None else f"{row['acc_vs_ddp_points']:+.2f}"
-        reached = f"{row['reached_ddp_acc']}/{len(row['seeds'])}"
-        tta = "-" if row["time_to_ddp_acc_s"] is None else f"{row['time_to_ddp_acc_s']:.1f}"
-        print(
-            f"{row['model']:>5} {row['workers']:>2} {row['hl']:>3g} {row['config']:>11} {len(row['seeds']):>5} "
-            f"{row['throughput']:>9.0f} {bound:>8} {busy:>7} {row['bytes_per_sample']:>9.0f} {row['acc']:>6.4f} {vs:>9} "
-            f"{tta:>10} ({reached})"
-        )
+    header = ["model", "N", "HL", "config", "seeds", "samples/s", "of bound", "of busy", "B/sample", "acc", "vs ddp pt",
+              "t to ddp-0.5 (s)", "reached"]  # fmt: skip
+    cells = [
+        [r["model"], r["workers"], r["hl"], r["config"], len(r["seeds"]), r["throughput"], r["of_standalone_bound"],
+         r["of_local_busy_bound"], r["bytes_per_sample"], r["acc"], r["acc_vs_ddp_points"], r["time_to_ddp_acc_s"],
+         f"{r['reached_ddp_acc']}/{len(r['seeds'])}"]
+        for r in rows
+    ]  # fmt: skip
+    print(table(header, cells, ["", "", "g", "", "", ".0f", ".2f", ".2f", ".0f", ".4f", "+.2f", ".1f"]))
 
 
 def default_out(args: argparse.Namespace) -> Path:

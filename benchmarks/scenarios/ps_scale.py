@@ -39,7 +39,6 @@ from pathlib import Path
 
 import lightning as L
 import torch
-import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -47,8 +46,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from benchmarks.harness.grid import Cell
 from benchmarks.harness.launch import RESULTS as RESULTS_DIR
 from benchmarks.harness.launch import child_env, run_jobs, scenario_command
-from benchmarks.harness.models import StartTogether, flags, quiet_trainer
-from benchmarks.harness.record import write_json
+from benchmarks.harness.models import StartTogether, finish, flags, quiet_trainer
+from benchmarks.harness.record import table, write_json
 from lightning_hetero import SlowdownEmulator
 from lightning_hetero.ps import AsyncPSStrategy
 from lightning_hetero.ps.layout import FlatLayout
@@ -124,9 +123,7 @@ def train(args: argparse.Namespace) -> None:
                             num_sanity_val_steps=0, limit_val_batches=0)  # fmt: skip
     trainer.fit(model, DataLoader(data, batch_size=BATCH, shuffle=True))
     report = {"windows": windows.windows, "server_summary": getattr(trainer.strategy, "server_summary", None)}
-    Path(args.out, f"rank{trainer.global_rank}.json").write_text(json.dumps(report))
-    if dist.is_initialized():
-        dist.destroy_process_group()  # an undestroyed gloo group can abort the interpreter at exit
+    finish(trainer, Path(args.out, f"rank{trainer.global_rank}.json"), report, every_rank=True)
 
 
 def parse_config(text: str) -> dict:
@@ -274,25 +271,24 @@ def summarise(runs: list[dict], label: str) -> dict:
 
 
 def print_table(summary: dict[str, dict[str, dict]], costs: dict[str, dict]) -> None:
-    print(
-        f"\n{'config':<13}{'variant':<10}{'ASP/ideal':>10}{'(repeats)':>24}{'ASP s/s':>9}{'ideal s/s':>10}"
-        f"{'step ms':>8}{'busy':>6}{'us/MB':>7}{'stale':>6}{'/first':>7}"
+    keys = (
+        "asp_samples_per_s_median",
+        "ideal_samples_per_s_median",
+        "standalone_step_ms_median",
+        "server_busy_fraction_median",
+        "server_us_per_mb_median",
+        "staleness_mean_median",
+        "over_first_median",
     )
-    for name, by_variant in summary.items():
-        for label, row in by_variant.items():
-            each = ", ".join(f"{x:.2f}" for x in row["asp_over_ideal_each"])
-
-            def text(value: float | None, spec: str) -> str:
-                return "-" if value is None else format(value, spec)
-
-            print(
-                f"{name:<13}{label:<10}{row['asp_over_ideal_median']:>10.2f}{each:>24}"
-                f"{row['asp_samples_per_s_median']:>9.0f}{row['ideal_samples_per_s_median']:>10.0f}"
-                f"{row['standalone_step_ms_median']:>8.1f}{text(row['server_busy_fraction_median'], '.2f'):>6}"
-                f"{text(row['server_us_per_mb_median'], '.0f'):>7}{text(row['staleness_mean_median'], '.2f'):>6}"
-                f"{text(row['over_first_median'], '.2f'):>7}"
-            )
-    print()
+    header = ["config", "variant", "ASP/ideal", "(repeats)", "ASP s/s", "ideal s/s", "step ms", "busy", "us/MB",
+              "stale", "/first"]  # fmt: skip
+    rows = [
+        [name, label, row["asp_over_ideal_median"], ", ".join(f"{x:.2f}" for x in row["asp_over_ideal_each"])]
+        + [row[key] for key in keys]
+        for name, by_variant in summary.items()
+        for label, row in by_variant.items()
+    ]
+    print("\n" + table(header, rows, ["", "", ".2f", "", ".0f", ".0f", ".1f", ".2f", ".0f", ".2f", ".2f"]) + "\n")
     for model, cost in costs.items():
         print(f"server apply {model:<6} {cost['us_per_update']:>9.0f} us/update  {cost['us_per_mb']:>7.0f} us/MB")
 

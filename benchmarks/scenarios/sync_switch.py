@@ -14,11 +14,9 @@ configuration runs in its own child process (``--config``).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
-from pathlib import Path
 
 import lightning as L
 import torch
@@ -26,8 +24,8 @@ from lightning.pytorch.callbacks import Callback
 from torch.utils.data import DataLoader
 
 from benchmarks.harness.launch import RESULTS, ROOT, run_json, scenario_command
-from benchmarks.harness.models import MLP, TrainingTimes, classification_split, fit, quiet_trainer
-from benchmarks.harness.record import write_json
+from benchmarks.harness.models import MLP, TrainingTimes, classification_split, finish, fit, quiet_trainer
+from benchmarks.harness.record import table, write_json
 from benchmarks.harness.stats import time_to_target
 from lightning_hetero.emulation.slowdown import SlowdownEmulator
 from lightning_hetero.hetero_batch import HeteroBatchCallback
@@ -95,9 +93,8 @@ def measure_switch_cost(args: argparse.Namespace) -> None:
         limit_val_batches=0,
     )
     trainer.fit(model, train_dataloaders=DataLoader(dataset, batch_size=16, shuffle=True))
-    if trainer.is_global_zero:
-        parameters = sum(p.numel() for p in model.parameters())
-        Path(args.out).write_text(json.dumps({"parameters": parameters, "switches": switch.switches}))
+    parameters = sum(p.numel() for p in model.parameters())
+    finish(trainer, args.out, {"parameters": parameters, "switches": switch.switches})
 
 
 def run_config(args: argparse.Namespace) -> None:
@@ -127,32 +124,17 @@ def run_config(args: argparse.Namespace) -> None:
         hetero = HeteroBatchCallback(verbose=False)
         callbacks.append(hetero)
     strategy = AsyncPSStrategy(mode=mode)
-    trainer = quiet_trainer(
-        devices=args.workers,
-        strategy=strategy,
-        max_epochs=args.epochs,
-        callbacks=callbacks,
-    )
+    trainer = quiet_trainer(devices=args.workers, strategy=strategy, max_epochs=args.epochs, callbacks=callbacks)
     fit(trainer, model, train, val, args.batch_size)
-    if trainer.is_global_zero:
-        result = {
-            "config": args.config,
-            "epochs": recorder.epochs,
-            "switches": switch.switches if switch else [],
-            "server_summary": strategy.server_summary,
-        }
-        if hetero is not None:
-            result["final_split"] = list(hetero.batch_sizes or ())
-            result["split_history"] = [
-                {
-                    "epoch": entry["epoch"],
-                    "from": list(entry["from"]),
-                    "to": list(entry["to"]),
-                    "costs_overhead_s_per_sample_s": [list(cost) for cost in entry["costs"]],
-                }
-                for entry in hetero.history
-            ]
-        Path(args.out).write_text(json.dumps(result, default=str))
+    result = {"config": args.config, "epochs": recorder.epochs, "switches": switch.switches if switch else []}
+    result["server_summary"] = strategy.server_summary
+    if hetero is not None:
+        result["final_split"] = list(hetero.batch_sizes or ())
+        result["split_history"] = [
+            {"epoch": e["epoch"], "from": e["from"], "to": e["to"], "costs_overhead_s_per_sample_s": e["costs"]}
+            for e in hetero.history
+        ]
+    finish(trainer, args.out, result)
 
 
 def launch(config: str) -> dict:
@@ -233,15 +215,12 @@ def main(args: argparse.Namespace) -> None:
             f"target accuracy {target:.4f} ({target_text}); rank 1 {args.slowdown}x slower; {args.workers} workers; "
             f"{args.epochs} epochs"
         )
-        print(f"{'config':>10} {'final acc':>9} {'train s':>8} {'to target s':>11} {'vs BSP':>7}  modes")
-        bsp_time = next((row["train_s"] for row in rows if row["config"] == "bsp"), None)
-        for row in rows:
-            to_target = "never" if row["time_to_target_s"] is None else f"{row['time_to_target_s']:.1f}"
-            vs_bsp = "-" if bsp_time is None else f"{row['train_s'] / bsp_time:.2f}x"
-            print(
-                f"{row['config']:>10} {row['final_acc']:>9.4f} {row['train_s']:>8.1f} {to_target:>11} "
-                f"{vs_bsp:>7}  {row['modes']}"
-            )
+        bsp_s = next((row["train_s"] for row in rows if row["config"] == "bsp"), None)
+        cells = [[r["config"], r["final_acc"], r["train_s"], "never" if r["time_to_target_s"] is None else
+                  f"{r['time_to_target_s']:.1f}", None if bsp_s is None else r["train_s"] / bsp_s, r["modes"]]
+                 for r in rows]  # fmt: skip
+        header = ["config", "final acc", "train s", "to target s", "vs BSP", "modes"]
+        print(table(header, cells, ["", ".4f", ".1f", "", ".2f"]))
         for row in rows:
             for cost in row["switch_cost_s"]:
                 print(f"{row['config']}: switch cost {cost * 1000:.1f} ms")
