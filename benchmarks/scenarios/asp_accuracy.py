@@ -240,10 +240,6 @@ def cell_order(workers: list[int], levels: list[float]) -> list[tuple[int, float
     return [(n, level) for level in sorted(levels, reverse=True) for n in sorted(workers)]
 
 
-def default_out(args: argparse.Namespace) -> Path:
-    return RESULTS / ("asp_accuracy_quick.json" if args.quick else "asp_accuracy.json")
-
-
 def grid_axes(args: argparse.Namespace) -> dict[str, list[Cell] | str]:
     """From the command line's cells, one condition varied at a time."""
     other = "cfs" if args.throttle == "sleep" else "sleep"
@@ -268,13 +264,12 @@ def figures(payload: dict) -> dict[str, float]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--quick", action="store_true", help="2 workers, HL4, seed 0, 2 epochs of 2048 samples")
     parser.add_argument("--workers", default="2,4,8")
     parser.add_argument("--hl", default="4,1")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--configs", default="bsp,asp_none,asp,hybrid")
     parser.add_argument("--budget-s", type=float, default=3000.0, help="start no new cell after this many seconds")
-    parser.add_argument("--out", type=Path, default=None, help="default: results/asp_accuracy[_quick].json")
+    parser.add_argument("--out", type=Path, default=RESULTS / "asp_accuracy.json")
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--samples", type=int, default=4096)
     parser.add_argument("--val-samples", type=int, default=2048)
@@ -299,10 +294,6 @@ def main(args: argparse.Namespace) -> None:
         args.config = args.run
         run_one(args)
         return
-    if args.out is None:
-        args.out = RESULTS / ("asp_accuracy_quick.json" if args.quick else "asp_accuracy.json")
-    if args.quick:
-        args.workers, args.hl, args.seeds, args.epochs, args.samples = "2", "4", "0", 2, 2048
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     unknown = sorted(set(configs) - set(CONFIGS))
     if unknown:

@@ -357,7 +357,6 @@ def write(args: argparse.Namespace, results: list[dict], started: float) -> None
         "steps": args.steps,
         "repeats": args.repeats,
         "paired_repeats": args.paired,
-        "quick": args.quick,
         "cost_s": args.cost_s,
         "load_average": os.getloadavg(),
         "wall_s": time.time() - started,
@@ -366,7 +365,6 @@ def write(args: argparse.Namespace, results: list[dict], started: float) -> None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--quick", action="store_true", help="2-rank scenarios only, 1 repeat, 1 pair, 64 steps")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=96)
     parser.add_argument("--paired", type=int, default=5, help="controller / best-static pairs (0: sweep only)")
@@ -377,10 +375,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compute", choices=["sleep", "spin"], default="spin", help="with --factors")
     parser.add_argument("--cost-s", type=float, default=0.001, help="emulated compute per sample at factor 1")
     parser.add_argument("--out", type=Path, default=RESULTS / "controller.json")
-
-
-def default_out(args: argparse.Namespace) -> Path:
-    return args.out
 
 
 def grid_axes(args: argparse.Namespace) -> dict[str, list[Cell] | str]:
@@ -417,8 +411,6 @@ def figures(payload: dict) -> dict[str, float]:
 
 
 def main(args: argparse.Namespace) -> None:
-    if args.quick:
-        args.repeats, args.steps, args.paired = 1, 64, 1
     started = time.time()
     # (title, scenario, its name, factors, throttle, compute, options); "cfs cpu, 4 ranks": quotas summing to 1.6
     # CPUs (4 CPU-bound ranks at full speed would oversubscribe the 2 cores)
@@ -441,13 +433,12 @@ def main(args: argparse.Namespace) -> None:
         ("first epoch cfs cpu 1/4, 2 ranks", first_epoch_scenario, "first epoch cfs cpu 1/4", [1.0, 4.0], "cfs",
          "spin", {}),
     ]  # fmt: skip
-    if not args.quick:
-        plan += [(f"sleep {k}, 4 ranks", static_scenario, k, f, "sleep", "sleep", {}) for k, f in FOUR_RANKS.items()]
-        plan += [
-            ("cfs, 4 ranks", static_scenario, "cfs 1,1/2,1/2,1/4", [1.0, 2.0, 2.0, 4.0], "cfs", "sleep", {}),
-            ("cfs cpu, 4 ranks", static_scenario, "cfs cpu 1/2,1/2,1/2,1/8", [2.0, 2.0, 2.0, 8.0], "cfs", "spin", {}),
-            ("flip HL4, 4 ranks", flip_scenario, "flip HL4", FOUR_RANKS["HL4"], "sleep", "sleep", {}),
-        ]
+    plan += [(f"sleep {k}, 4 ranks", static_scenario, k, f, "sleep", "sleep", {}) for k, f in FOUR_RANKS.items()]
+    plan += [
+        ("cfs, 4 ranks", static_scenario, "cfs 1,1/2,1/2,1/4", [1.0, 2.0, 2.0, 4.0], "cfs", "sleep", {}),
+        ("cfs cpu, 4 ranks", static_scenario, "cfs cpu 1/2,1/2,1/2,1/8", [2.0, 2.0, 2.0, 8.0], "cfs", "spin", {}),
+        ("flip HL4, 4 ranks", flip_scenario, "flip HL4", FOUR_RANKS["HL4"], "sleep", "sleep", {}),
+    ]
     if args.factors:
         name = f"custom {args.throttle} {args.compute} {args.factors}"
         factors = [float(f) for f in args.factors.split(",")]

@@ -139,7 +139,6 @@ def run(seed: int, epochs: int, samples: int, disturbed: bool, out: Path) -> dic
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="command")
-    parser.add_argument("--quick", action="store_true", help="1 seed, 3 epochs, 2048 samples")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--samples", type=int, default=4096)
@@ -154,8 +153,6 @@ def main(args: argparse.Namespace) -> None:
     if args.command == "worker":
         worker(args)
         return
-    if args.quick:
-        args.seeds, args.epochs, args.samples = 1, 3, 2048
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for seed in range(args.seeds):

@@ -58,10 +58,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=RESULTS / "hetero_batch.json")
 
 
-def default_out(args: argparse.Namespace) -> Path:
-    return args.out
-
-
 def grid_axes(args: argparse.Namespace) -> dict[str, list[Cell] | str]:
     """From the command line's point: HeteroBatch over the ideal with one rank 4x slower."""
     return {

@@ -327,10 +327,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quota", type=float, default=0.5, help="with --emulation quota: CPUs per worker")
 
 
-def default_out(args: argparse.Namespace) -> Path:
-    return Path(args.json)
-
-
 def _reshape(configs: str, workers: float = 1.0, step: float = 1.0) -> str:
     """``--configs`` with each configuration's workers and step time scaled.
 
