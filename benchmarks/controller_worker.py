@@ -33,7 +33,7 @@ def one_run(args: argparse.Namespace, run: dict, world: int) -> dict | None:
     schedule = {0: dict(enumerate(float(f) for f in args.factors.split(",")))}
     if args.factors_after:
         schedule[args.switch_step] = dict(enumerate(float(f) for f in args.factors_after.split(",")))
-    model = MLP(32, 4, [128], 0.1, 0.0, args.cost_s, nn.Tanh, args.overhead_s, args.compute)
+    model = MLP(32, 4, [128], 0.1, 0.0, args.cost_s, nn.Tanh, args.overhead_s, args.compute, log_loss=True)
     clock = StepClock()
     callbacks: list = [clock, SlowdownEmulator(schedule=schedule, unit="step", throttle=args.throttle,
                                               cpu_clock=model.cpu_clock)]  # fmt: skip

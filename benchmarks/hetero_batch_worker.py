@@ -25,7 +25,7 @@ class FactorMLP(MLP):
     """The rank's factor, ``factors`` before step ``switch_step`` and ``factors_after`` from it, scales the cost."""
 
     def __init__(self, cost_s: float, factors: list[float], factors_after: list[float] | None, switch_step: int):
-        super().__init__(32, 4, [128], 0.1, 0.0, cost_s, nn.Tanh)
+        super().__init__(32, 4, [128], 0.1, 0.0, cost_s, nn.Tanh, log_loss=True)
         self.factors, self.factors_after, self.switch_step = factors, factors_after, switch_step
 
     def step_cost_s(self, samples: int) -> float:

@@ -123,6 +123,8 @@ class MLP(L.LightningModule):
         activation: the hidden layers' activation.
         overhead_s: emulated compute per training step.
         compute: how the compute is emulated (``"sleep"`` or ``"spin"``, see :func:`spend`).
+        log_loss: log ``train_loss`` every step, as ``lightning_hetero.synthetic.MLPClassifier`` does (the workers
+            that trained that model keep its per-step cost).
 
     Notes:
         ``emulated_cpu_s`` sums the sleeps, so that a CPU quota can charge them as compute (:meth:`cpu_clock`).
@@ -139,9 +141,11 @@ class MLP(L.LightningModule):
         activation: type[nn.Module] = nn.ReLU,
         overhead_s: float = 0.0,
         compute: str = "sleep",
+        log_loss: bool = False,
     ) -> None:
         super().__init__()
         self.lr, self.momentum, self.cost_s, self.overhead_s, self.compute = lr, momentum, cost_s, overhead_s, compute
+        self.log_loss = log_loss
         layers: list[nn.Module] = []
         width = features
         for size in hidden:
@@ -167,7 +171,10 @@ class MLP(L.LightningModule):
         if seconds > 0:
             spend(seconds, self.compute)
             self.emulated_cpu_s += seconds if self.compute == "sleep" else 0.0
-        return nn.functional.cross_entropy(self(x), y)
+        loss = nn.functional.cross_entropy(self(x), y)
+        if self.log_loss:
+            self.log("train_loss", loss, prog_bar=True)
+        return loss
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         x, y = batch
