@@ -21,6 +21,7 @@ from typing import NoReturn
 
 from benchmarks import scenarios
 from benchmarks.harness.grid import AXES, run_grid
+from benchmarks.harness.record import begin
 
 
 class ScenarioParser(argparse.ArgumentParser):
@@ -71,6 +72,7 @@ def run(name: str, argv: list[str]) -> None:
         run_grid(name, args, out_dest, module.grid_axes(args), module.main, module.figures, axes)
         return
     if not harness_repeats or args.repeats == 1:
+        begin(args)
         module.main(args)
         return
     out_dest = getattr(module, "OUT_DEST", "out")
@@ -79,6 +81,7 @@ def run(name: str, argv: list[str]) -> None:
         out = getattr(args, out_dest, None)
         if out is not None:
             setattr(each, out_dest, Path(out).with_name(f"{Path(out).stem}_r{k + 1}{Path(out).suffix}"))
+        begin(each)
         module.main(each)
 
 

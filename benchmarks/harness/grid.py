@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import stats
-from benchmarks.harness.record import conditions, write_json
+from benchmarks.harness.record import begin, conditions, write_json
 
 AXES = ("emulation", "cost", "epoch", "workers", "quota")
 
@@ -103,6 +103,7 @@ def run_grid(
         row: dict[str, Any] = {"axis": cell.axis, "label": cell.label, "overrides": cell.overrides}
         started, load_before = time.time(), conditions()["load_average"]
         try:
+            begin(cell_args)
             run(cell_args)
             row["figures"] = figures(json.loads(Path(getattr(cell_args, out_dest)).read_text()))
         except Exception as error:  # a failed cell is reported, and the grid goes on

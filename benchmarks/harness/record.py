@@ -1,5 +1,5 @@
-"""Results with their conditions (every JSON a study writes carries the commit, the load average, the versions and
-the host's cores it was measured with), and the tables the studies print."""
+"""Results with their conditions (every JSON a study writes carries the commit, the load average, the versions, the
+host's cores, the study's flags and wall time), and the tables the studies print."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ from typing import Any
 
 from benchmarks.harness.launch import ROOT
 
+_STUDY: dict[str, Any] = {}
+
 
 def _git(*args: str) -> str:
     try:
@@ -22,8 +24,14 @@ def _git(*args: str) -> str:
         return ""
 
 
+def begin(flags: Any) -> None:
+    """Marks a study's start: :func:`conditions` then adds its flags (``vars(flags)``), the load average at its start
+    and its wall time so far."""
+    _STUDY.update(flags=dict(vars(flags)), load_average_at_start=list(os.getloadavg()), started=time.time())
+
+
 def conditions() -> dict[str, Any]:
-    """Where and on what a figure was measured, now."""
+    """Where and on what a figure was measured, now (and the study's flags, if :func:`begin` marked its start)."""
     versions = {"python": platform.python_version()}
     for name in ("torch", "lightning", "lightning_hetero"):
         try:
@@ -39,7 +47,11 @@ def conditions() -> dict[str, Any]:
         "cores_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "machine": platform.platform(),
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
+    } | (
+        {k: v for k, v in _STUDY.items() if k != "started"} | {"wall_s": time.time() - _STUDY["started"]}
+        if _STUDY
+        else {}
+    )
 
 
 def write_json(path: Path | str, payload: dict[str, Any], indent: int | None = 1) -> Path:

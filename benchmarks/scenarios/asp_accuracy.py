@@ -303,7 +303,6 @@ def main(args: argparse.Namespace) -> None:
     seeds = [int(s) for s in args.seeds.split(",")]
     RESULTS.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    load_before = os.getloadavg()
     runs: list[dict[str, Any]] = []
     ran: list[dict[str, Any]] = []
     skipped: list[dict[str, Any]] = []
@@ -333,20 +332,6 @@ def main(args: argparse.Namespace) -> None:
         + ("" if share is None else f" ({share:.3%} of the median ASP update interval)")
     )
     report = {
-        "conditions": {
-            **{k: v for k, v in vars(args).items() if k not in ("run", "n", "level", "seed", "config", "out")},
-            "model": "MLP 32-64-4 (tanh), SGD",
-            "emulation": "training step sleeps cost_s per sample; SlowdownEmulator slows rank k by HL**(k/(N-1))"
-            + (
-                " as a CPU quota (throttle='cfs', 100 ms periods; the sleeps count as CPU)"
-                if args.throttle == "cfs"
-                else ""
-            ),
-            "host": f"{os.cpu_count()} CPUs shared with other jobs",
-            "load_average_before": load_before,
-            "load_average_after": os.getloadavg(),
-            "wall_s": time.perf_counter() - started,
-        },
         "cells_ran": ran,
         "cells_skipped_for_budget": skipped,
         "compensation_cost_us_per_update": cost_us,

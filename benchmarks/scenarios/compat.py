@@ -110,7 +110,7 @@ def format_table(rows: Sequence[dict[str, Any]], features: Sequence[str]) -> str
     return "\n".join(lines)
 
 
-def conditions(seeds: Sequence[int], wall_s: float) -> dict[str, Any]:
+def conditions(seeds: Sequence[int]) -> dict[str, Any]:
     return {
         "worker": "tests/scripts/compat_cells.py " + " ".join(DATA),
         "ranks": "2 CPU processes, gloo, rank 1 slowed 3 x (SlowdownEmulator sleep)",
@@ -125,17 +125,16 @@ def conditions(seeds: Sequence[int], wall_s: float) -> dict[str, Any]:
         },
         "statistic": f"median over seeds {list(seeds)} of rank 0's final val_acc (sync_dist); target: at most "
         f"{TARGET_POINTS:g} points below DDP's median on the same usage",
-        "wall_s": round(wall_s, 1),
     }
 
 
 def write_report(
-    runs: dict[str, list[dict[str, Any]]], usages: Sequence[str], seeds: Sequence[int], wall_s: float, out: Path
+    runs: dict[str, list[dict[str, Any]]], usages: Sequence[str], seeds: Sequence[int], out: Path
 ) -> dict[str, Any]:
     """The report so far (the seeds every feature has run), written to ``out`` after each run."""
     done = min(len(seeds_run) for seeds_run in runs.values())
     complete = {feature: seeds_run[:done] for feature, seeds_run in runs.items()}
-    report = {"conditions": conditions(seeds[:done], wall_s), "rows": summarise(complete, usages), "runs": runs}
+    report = {"conditions": conditions(seeds[:done]), "rows": summarise(complete, usages), "runs": runs}
     write_json(out, report)
     return report
 
@@ -159,7 +158,7 @@ def main(args: argparse.Namespace) -> None:
         for feature in features:
             runs[feature].append(run_feature(feature, seed, usages, args.timeout_s))
             print(f"seed {seed} {feature}: done at {time.perf_counter() - started:.0f} s", flush=True)
-            report = write_report(runs, usages, seeds[: len(runs[feature])], time.perf_counter() - started, args.out)
+            report = write_report(runs, usages, seeds[: len(runs[feature])], args.out)
     rows = report["rows"]
     print()
     print(format_table(rows, features))

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import time
 from pathlib import Path
@@ -349,18 +348,8 @@ def print_table(args: argparse.Namespace, results: list[dict]) -> None:
             )
 
 
-def write(args: argparse.Namespace, results: list[dict], started: float) -> None:
-    conditions = {
-        "global_batch": GLOBAL_BATCH,
-        "adjust_every_n_steps": PERIOD,
-        "defaults": args.defaults,
-        "steps": args.steps,
-        "repeats": args.repeats,
-        "paired_repeats": args.paired,
-        "cost_s": args.cost_s,
-        "load_average": os.getloadavg(),
-        "wall_s": time.time() - started,
-    }
+def write(args: argparse.Namespace, results: list[dict]) -> None:
+    conditions = {"global_batch": GLOBAL_BATCH, "adjust_every_n_steps": PERIOD}
     write_json(args.out, {"conditions": conditions, "scenarios": results})
 
 
@@ -411,7 +400,6 @@ def figures(payload: dict) -> dict[str, float]:
 
 
 def main(args: argparse.Namespace) -> None:
-    started = time.time()
     # (title, scenario, its name, factors, throttle, compute, options); "cfs cpu, 4 ranks": quotas summing to 1.6
     # CPUs (4 CPU-bound ranks at full speed would oversubscribe the 2 cores)
     plan: list[tuple] = [
@@ -458,6 +446,6 @@ def main(args: argparse.Namespace) -> None:
         row["wall_s"] = time.time() - t0
         results.append(row)
         print(f"{title}: done in {row['wall_s']:.0f} s", flush=True)
-        write(args, results, started)  # after every scenario, so a long run leaves its results so far
+        write(args, results)  # after every scenario, so a long run leaves its results so far
     print_table(args, results)
     print(f"\nwrote {args.out}")

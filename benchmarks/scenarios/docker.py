@@ -459,16 +459,9 @@ def main(args: argparse.Namespace) -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     host_cpus = DockerBackend.connect().host_cpus()
     conditions = {
-        "cpus": host_cpus,
-        "note": "2-core machine shared with other jobs; quotas via container.update; one thread per container",
-        "model": "resnet20",
-        "epochs": args.epochs,
+        "docker_cpus": host_cpus,
         "levels": {str(n): LEVELS[n] for n in args.workers},
         "cpusets": {str(n): pinned_cpusets(n, host_cpus) if args.pin else None for n in args.workers},
-        "hetero_settings": "HeteroBatchCallback() with every setting at its default (adjustments early in "
-        "the first epoch and at epoch ends); "
-        "static splits: initial_batch_sizes only, adjustment off",
-        "load_average": os.getloadavg(),
     }
     result = {"conditions": conditions, "standalone_samples_per_s": standalone, "rows": rows, "summary": lines}
     write_json(args.out, result)

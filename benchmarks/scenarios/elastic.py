@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import random
 import signal
 import statistics
@@ -183,14 +181,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a timeout's TERM still stops the workers (finally)
     RESULTS.mkdir(exist_ok=True)
-    conditions = {
-        "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, shared CPU host",
-        "load_avg_at_start": os.getloadavg(),
-        **{k: v for k, v in vars(args).items()},
-        "speeds": SPEEDS,
-        "defaults": "ElasticLocalSGDStrategy defaults (steps_per_round=16, mean weighting, plain-averaging outer "
-        "optimizer, round_timeout_s=300, join_timeout_s=5, heartbeat_timeout_s=2)",
-    }
+    conditions = {"speeds": SPEEDS}
     if args.soak:
         with tempfile.TemporaryDirectory() as tmp:
             report = soak(args, Path(tmp))
@@ -229,5 +220,4 @@ def main(args: argparse.Namespace) -> None:
         first = f"{statistics.median(firsts):.1f}/{max(firsts):.1f}" if firsts else "-"
         print(f"{kind:12} {row['samples_per_s']:10.1f} {row['throughput_ratio']:6.2f} {row['val_acc']:8.4f} "
               f"{row['accuracy_delta_points']:8.2f} {first:>14} {row['lost']:5d} {row['duplicated']:4d}")  # fmt: skip
-    conditions["load_avg_at_end"] = os.getloadavg()
     write_json(RESULTS / (args.out or "elastic.json"), {"conditions": conditions, "summary": summary, "runs": runs})

@@ -81,8 +81,6 @@ def main(args: argparse.Namespace) -> None:
     out = Path(tempfile.mkdtemp(prefix="elastic-docker-"))
     job = ElasticJob(out, COMMON)
     conditions = {
-        **vars(args),
-        "load_avg_at_start": os.getloadavg(),
         "job": "a (lighthouse), c, d on the host, step sleeps 0.3, 0.15, 0.075 s; the started worker 0.3 s; "
         + " ".join(COMMON),
         "logs": str(out),
@@ -119,7 +117,6 @@ def main(args: argparse.Namespace) -> None:
             subprocess.run(["docker", "rm", "-f", name], capture_output=True)
         job.close()
     summary = _summary(["host", *quotas], starts, empty)
-    conditions["load_avg_at_end"] = os.getloadavg()
     _write(args.out, conditions, summary, starts, job)
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import signal
 import statistics
 import tempfile
@@ -178,15 +177,7 @@ def main(args: argparse.Namespace) -> None:
         )
     print(f"accuracy gap per seed (undisturbed - disturbed, points): {[round(100 * g, 2) for g in gaps]}")
     result = {
-        "conditions": {
-            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, shared with other jobs",
-            "world_size": WORLD_SIZE,
-            "epochs": args.epochs,
-            "samples": args.samples,
-            "batch_size": BATCH_SIZE,
-            "noise": NOISE,
-            "seeds": args.seeds,
-        },
+        "conditions": {"world_size": WORLD_SIZE, "batch_size": BATCH_SIZE, "noise": NOISE},
         "runs": rows,
         "median_val_acc": accuracy,
         "gap_points_per_seed": [100 * g for g in gaps],

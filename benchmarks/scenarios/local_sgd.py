@@ -463,7 +463,7 @@ def main(args: argparse.Namespace) -> None:
     if unknown:
         raise SystemExit(f"error: unknown configs {unknown}; choose from {', '.join(CONFIGS)}")
     RESULTS.mkdir(parents=True, exist_ok=True)
-    started, load_before = time.perf_counter(), os.getloadavg()
+    started = time.perf_counter()
     runs: list[dict[str, Any]] = []
     standalone: dict[str, list[list[float]]] = {}
     ran, skipped = [], []
@@ -502,26 +502,6 @@ def main(args: argparse.Namespace) -> None:
     rows = summarise(runs)
     print_table(rows)
     report = {
-        "conditions": {
-            **{
-                k: v
-                for k, v in vars(args).items()
-                if k not in ("run", "n", "level", "seed", "config", "out", "model", "barrier", "barrier_n")
-            },
-            "out": str(args.out),
-            "models": {
-                "light": f"MLP {FEATURES}-{HIDDEN}-{HIDDEN}-{args.classes} (tanh), no emulated compute",
-                "heavy": f"the same MLP, training step sleeps {args.heavy_cost_s} s per sample",
-            },
-            "recipe": f"SGD lr {args.lr} momentum {args.momentum}, batch {BATCH} per rank; local SGD: outer "
-            f"SGD(lr={args.outer_lr}, momentum={args.outer_momentum}, nesterov={args.outer_momentum > 0})",
-            "emulation": f"N processes on one host; SlowdownEmulator (throttle={args.throttle!r}) slows rank k by "
-            "HL**(k/(N-1))" + (" (a CFS-style quota of 1/factor CPUs per 100 ms)" if args.throttle == "cfs" else ""),
-            "host": f"{os.cpu_count()} CPUs shared with other jobs, 1 torch thread per process",
-            "load_average_before": load_before,
-            "load_average_after": os.getloadavg(),
-            "wall_s": time.perf_counter() - started,
-        },
         "cells_ran": ran,
         "cells_skipped_for_budget": skipped,
         "standalone_samples_per_s": standalone,

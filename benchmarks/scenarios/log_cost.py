@@ -15,7 +15,6 @@ Prints a table (µs per step for the two calls, median of repeats, and each repe
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 from pathlib import Path
@@ -98,7 +97,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
-    load_before = os.getloadavg()
     each: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
     for repeat in range(args.repeats):
         order = VARIANTS[repeat % len(VARIANTS) :] + VARIANTS[: repeat % len(VARIANTS)]
@@ -111,13 +109,7 @@ def main(args: argparse.Namespace) -> None:
         repeats = ", ".join(f"{v:.0f}" for v in row["us_per_step_each"])
         print(f"{variant:16} {row['us_per_step_median']:18.1f} {ratio:>12}  {repeats}")
     result = {
-        "conditions": {
-            "torch_threads": 1,
-            "steps": args.steps,
-            "warmup_steps": WARMUP_STEPS,
-            "repeats": args.repeats,
-            "load_average_1_5_15min_before_and_after": [load_before, os.getloadavg()],
-        },
+        "conditions": {"torch_threads": 1, "warmup_steps": WARMUP_STEPS},
         "summary": summary,
     }
     write_json(args.json, result, indent=2)

@@ -29,8 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import platform
 import statistics
 import subprocess
 import tempfile
@@ -373,7 +371,7 @@ def main(args: argparse.Namespace) -> None:
     parsed = {name: parse_config(name) for name in configs}
     variants = [parse_variant(text) for text in args.variant]
     variants = variants or [parse_variant("asp={}")]
-    started, load_before = time.time(), os.getloadavg()
+    started = time.time()
     runs: dict[str, list[dict]] = {name: [] for name in configs}
 
     def write(costs: dict[str, dict], complete: bool) -> dict:
@@ -385,19 +383,6 @@ def main(args: argparse.Namespace) -> None:
             "label": args.label,
             "complete": complete,
             "variants": variants,
-            "conditions": {
-                "host": platform.node(),
-                "cpus_visible": os.cpu_count(),
-                "torch_threads_per_process": 1,
-                "torch": torch.__version__,
-                "lightning": L.__version__,
-                "model": f"1 square linear layer of the model's size, batch {BATCH}, SGD "
-                "momentum 0.9; equal workers; compute emulated by sleeping step_ms in training_step",
-                "epochs": f"{args.epochs}, the first not measured; ideal epochs of ~{args.epoch_s} s",
-                "emulation": args.emulation if args.emulation == "sleep" else f"CPU quota of {args.quota} CPU",
-                "note": "see load_average_1_5_15min_before_and_after for how busy the host was",
-                "load_average_1_5_15min_before_and_after": [load_before, os.getloadavg()],
-            },
             "summary": summary,
             "runs": runs,
             "server_apply_cost_this_checkout": costs,

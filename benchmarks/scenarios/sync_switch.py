@@ -181,7 +181,6 @@ def main(args: argparse.Namespace) -> None:
         return
 
     RESULTS.mkdir(parents=True, exist_ok=True)
-    load_before, started = os.getloadavg(), time.perf_counter()
     runs = {config: launch(config) for config in args.configs}
     resnet = runs.pop("switch_cost", None)
 
@@ -236,13 +235,9 @@ def main(args: argparse.Namespace) -> None:
     parameters = sum(p.numel() for p in MLP(args.features, args.classes, [args.hidden] * 4, 0.1, 0.0).parameters())
     report = {
         "conditions": {
-            **{key: value for key, value in vars(args).items() if key not in ("config", "out")},
             "target": target,
             "reverse_schedule": reverse_schedule(args.epochs, args.bsp_fraction),
             "parameters": parameters,
-            "emulation": "SlowdownEmulator sleeps on rank 1 (compute stretched, CPU not throttled)",
-            "load_average_1_5_15min_before_and_after": [load_before, os.getloadavg()],
-            "wall_s": time.perf_counter() - started,
         },
         "rows": rows,
         "resnet20_switch_cost": resnet,
