@@ -51,6 +51,14 @@ def fit(
     trainer.fit(model, DataLoader(train, batch_size=batch_size, shuffle=True), DataLoader(val, batch_size=1024))
 
 
+def chosen(text: str, known: Sequence[str]) -> list[str]:
+    """The comma-separated configurations named in ``text``; an unknown one exits, naming the known ones."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if unknown := sorted(set(names) - set(known)):
+        raise SystemExit(f"error: unknown configs {unknown}; choose from {', '.join(known)}")
+    return names
+
+
 def add_child_flags(parser: argparse.ArgumentParser, configs: Sequence[str]) -> None:
     """The hidden flags with which a study runs one of its cells in a child process: ``--run CONFIG`` on ``--n``
     ranks at heterogeneity level ``--level`` with ``--seed``."""

@@ -4,7 +4,8 @@ to reach an accuracy, and the batch splits proportional to speed that the sweeps
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from lightning_hetero.allocation import apportion
@@ -22,6 +23,33 @@ def median(values: Iterable[float | None]) -> float | None:
     """
     present = [v for v in values if v is not None]
     return statistics.median(present) if present else None
+
+
+def mean_sd(values: list[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for one value)."""
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def seed_paired(runs: list[dict], keys: Sequence[str], reference: str) -> Iterator[tuple[tuple, list, list]]:
+    """Runs grouped by ``(*keys, "config")``: each group's key, its runs, and its runs paired by seed with the
+    ``reference`` configuration's run in the same cell (a run with no such run is left out of the pairs)."""
+    references = {(*(r[k] for k in keys), r["seed"]): r for r in runs if r["config"] == reference}
+    cells: dict[tuple, list[dict]] = {}
+    for run in runs:
+        cells.setdefault((*(run[k] for k in keys), run["config"]), []).append(run)
+    for key, group in cells.items():
+        pairs = [(r, references[(*key[:-1], r["seed"])]) for r in group if (*key[:-1], r["seed"]) in references]
+        yield key, group, pairs
+
+
+def within_budget(cells: Iterable[T], budget_s: float, skipped: list[T]) -> Iterator[T]:
+    """The cells, until ``budget_s`` seconds have passed since the first; the rest go to ``skipped``."""
+    started = time.perf_counter()
+    for cell in cells:
+        if time.perf_counter() - started > budget_s:
+            skipped.append(cell)
+        else:
+            yield cell
 
 
 def paired_ratios(ours: Sequence[float], reference: Sequence[float]) -> list[float]:

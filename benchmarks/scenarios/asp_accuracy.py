@@ -35,6 +35,7 @@ from benchmarks.harness import models
 from benchmarks.harness.grid import Cell, scaled
 from benchmarks.harness.launch import RESULTS, run_json, scenario_command
 from benchmarks.harness.record import table, write_json
+from benchmarks.harness.stats import mean_sd, seed_paired, within_budget
 from lightning_hetero import AsyncPSStrategy, SlowdownEmulator, SyncSwitchCallback
 from lightning_hetero.ps.compensation import AsynchronyCompensator
 from lightning_hetero.switching import FixedFractionPolicy, SchedulePolicy
@@ -54,17 +55,6 @@ CHILD_FLAGS = (
     "bsp_fraction",
     "throttle",
 )
-
-
-def mean_sd(values: list[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (0 for one value).
-
-    Example::
-
-        >>> mean_sd([1.0, 3.0]), mean_sd([2.0])
-        ((2.0, 1.4142135623730951), (2.0, 0.0))
-    """
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
 class EpochRecorder(models.TrainingTimes):
@@ -175,20 +165,12 @@ def compensation_cost_us(repeats: int = 20000) -> float:
 def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Mean +- sd per (workers, HL, config), with differences to BSP paired by seed (the seed also draws the data,
     so tasks differ in difficulty between seeds)."""
-    cells: dict[tuple, list[dict[str, Any]]] = {}
-    bsp_by_seed: dict[tuple, dict[str, Any]] = {}
-    for run in runs:
-        cells.setdefault((run["workers"], run["hl"], run["config"]), []).append(run)
-        if run["config"] == "bsp":
-            bsp_by_seed[(run["workers"], run["hl"], run["seed"])] = run
     rows = []
-    for (workers, level, config), group in cells.items():
+    for (workers, level, config), group, paired in seed_paired(runs, ["workers", "hl"], "bsp"):
         acc = mean_sd([r["final_acc"] for r in group])
         train_s = mean_sd([r["train_s"] for r in group])
         staleness = [r["staleness_mean"] for r in group if r["staleness_mean"] is not None]
         momenta = [r["asp_momentum_effective_mean"] for r in group if r["asp_momentum_effective_mean"] is not None]
-        paired = [(r, bsp_by_seed.get((workers, level, r["seed"]))) for r in group]
-        paired = [(r, b) for r, b in paired if b is not None]
         diff = mean_sd([100 * (r["final_acc"] - b["final_acc"]) for r, b in paired]) if paired else (None, None)
         ratio = mean_sd([r["train_s"] / b["train_s"] for r, b in paired]) if paired else (None, None)
         rows.append(
@@ -294,33 +276,27 @@ def main(args: argparse.Namespace) -> None:
         args.config = args.run
         run_one(args)
         return
-    configs = [c.strip() for c in args.configs.split(",") if c.strip()]
-    unknown = sorted(set(configs) - set(CONFIGS))
-    if unknown:
-        raise SystemExit(f"error: unknown configs {unknown}; choose from {', '.join(CONFIGS)}")
+    configs = models.chosen(args.configs, CONFIGS)
     workers = [int(n) for n in args.workers.split(",")]
     levels = [float(h) for h in args.hl.split(",")]
     seeds = [int(s) for s in args.seeds.split(",")]
     RESULTS.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
     runs: list[dict[str, Any]] = []
     ran: list[dict[str, Any]] = []
     skipped: list[dict[str, Any]] = []
-    for n, level in cell_order(workers, levels):
-        for seed in seeds:
-            if time.perf_counter() - started > args.budget_s:
-                skipped.append({"workers": n, "hl": level, "seed": seed})
-                continue
-            for config in configs:
-                run = launch(args, config, n, level, seed)
-                runs.append(run)
-                print(
-                    f"N={n} HL{level:g} seed {seed} {config:>11}: acc {run['final_acc']:.4f} "
-                    f"({' '.join(f'{a:.3f}' for a in run['acc_per_epoch'])}, {run['modes']}) "
-                    f"train {run['train_s']:.1f} s, staleness {run['staleness_mean']}",
-                    flush=True,
-                )
-            ran.append({"workers": n, "hl": level, "seed": seed, "configs": configs})
+    cells = [{"workers": n, "hl": level, "seed": seed} for n, level in cell_order(workers, levels) for seed in seeds]
+    for cell in within_budget(cells, args.budget_s, skipped):
+        n, level, seed = cell.values()
+        for config in configs:
+            run = launch(args, config, n, level, seed)
+            runs.append(run)
+            print(
+                f"N={n} HL{level:g} seed {seed} {config:>11}: acc {run['final_acc']:.4f} "
+                f"({' '.join(f'{a:.3f}' for a in run['acc_per_epoch'])}, {run['modes']}) "
+                f"train {run['train_s']:.1f} s, staleness {run['staleness_mean']}",
+                flush=True,
+            )
+        ran.append(cell)
     rows = summarise(runs)
     print_table(rows)
     cost_us = compensation_cost_us()

@@ -47,6 +47,7 @@ from benchmarks.harness.models import (
     MLP,
     StartTogether,
     add_child_flags,
+    chosen,
     classification_split,
     fit,
     flags,
@@ -54,7 +55,7 @@ from benchmarks.harness.models import (
     slowdown_factors,
 )
 from benchmarks.harness.record import table, write_json
-from benchmarks.harness.stats import median, time_to_target
+from benchmarks.harness.stats import median, seed_paired, time_to_target, within_budget
 from benchmarks.scenarios.local_sgd_breakdown import BreakdownRecorder, collect, format_breakdown
 from lightning_hetero import AsyncPSStrategy, HeteroBatchCallback, SlowdownEmulator
 
@@ -331,19 +332,10 @@ def launch(args: argparse.Namespace, config: str, model: str, n: int, level: flo
 def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Medians over seeds per (model, workers, HL, config): throughput and its ratio to the standalone bound measured
     next to the run; accuracy and time-to-accuracy against the seed's ddp run."""
-    ddp = {(r["model"], r["workers"], r["hl"], r["seed"]): r for r in runs if r["config"] == "ddp"}
-    cells: dict[tuple, list[dict[str, Any]]] = {}
-    for run in runs:
-        cells.setdefault((run["model"], run["workers"], run["hl"], run["config"]), []).append(run)
     rows = []
-    for (model, workers, level, config), group in cells.items():
-        diffs, times = [], []
-        for run in group:
-            reference = ddp.get((model, workers, level, run["seed"]))
-            if reference is None:
-                continue
-            diffs.append(100 * (run["final_acc"] - reference["final_acc"]))
-            times.append(time_to_target(run["epochs"], reference["final_acc"] - 0.005, run.get("curve")))
+    for (model, workers, level, config), group, paired in seed_paired(runs, ["model", "workers", "hl"], "ddp"):
+        diffs = [100 * (run["final_acc"] - ddp["final_acc"]) for run, ddp in paired]
+        times = [time_to_target(run["epochs"], ddp["final_acc"] - 0.005, run.get("curve")) for run, ddp in paired]
         throughput = statistics.median(r["throughput"] for r in group)
         rows.append(
             {
@@ -456,49 +448,45 @@ def main(args: argparse.Namespace) -> None:
     if args.quick:
         args.workers, args.hl, args.models, args.seeds, args.epochs = "2", "4", "light", "0", 2
         args.samples, args.standalone_s = 2048, 5.0
-    if args.out is None:
-        args.out = RESULTS / ("local_sgd_quick.json" if args.quick else "local_sgd.json")
-    configs = [c for c in args.configs.split(",") if c]
-    unknown = sorted(set(configs) - set(CONFIGS))
-    if unknown:
-        raise SystemExit(f"error: unknown configs {unknown}; choose from {', '.join(CONFIGS)}")
+    args.out = args.out or default_out(args)
+    configs = chosen(args.configs, CONFIGS)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
     runs: list[dict[str, Any]] = []
     standalone: dict[str, list[list[float]]] = {}
     ran, skipped = [], []
-    for model in args.models.split(","):
-        for level in (float(h) for h in args.hl.split(",")):
-            for n in (int(w) for w in args.workers.split(",")):
-                cell = {"model": model, "workers": n, "hl": level}
-                if time.perf_counter() - started > args.budget_s:
-                    skipped.append(cell)
-                    continue
-                key = f"{model}/{n}/{level:g}"
-                for seed in (int(s) for s in args.seeds.split(",")):
-                    # the bound is measured next to each seed's runs, so that both see about the same host load
-                    rates = standalone_bound(args, model, n, level)
-                    standalone.setdefault(key, []).append(rates)
-                    bound = sum(rates)
-                    print(f"{key} seed {seed}: standalone {[round(r) for r in rates]} sum {bound:.0f}", flush=True)
-                    for config in configs:  # interleaved per seed: side by side on the same host load
-                        run = launch(args, config, model, n, level, seed)
-                        run["standalone_bound"] = bound
-                        run["of_standalone_bound"] = run["throughput"] / bound
-                        if run["throughput_before_val_fetch"] is not None:
-                            run["of_standalone_bound_before_val_fetch"] = run["throughput_before_val_fetch"] / bound
-                        runs.append(run)
-                        print(
-                            f"  seed {seed} {config:>11}: {run['throughput']:.0f} samples/s "
-                            f"({run['of_standalone_bound']:.2f} of bound; "
-                            f"{run.get('of_standalone_bound_before_val_fetch', 0):.2f} ended before the validation "
-                            "fetch), acc "
-                            f"{' '.join(f'{a:.3f}' for a in run['acc_per_epoch'])}, {run['bytes_per_sample']:.0f} B/sample",
-                            flush=True,
-                        )
-                        if run["breakdown"] is not None:
-                            print(f"    time of {n} ranks: {format_breakdown(run['breakdown'], n)}", flush=True)
-                ran.append(cell)
+    cells = [
+        {"model": model, "workers": int(n), "hl": float(level)}
+        for model in args.models.split(",")
+        for level in args.hl.split(",")
+        for n in args.workers.split(",")
+    ]
+    for cell in within_budget(cells, args.budget_s, skipped):
+        model, n, level = cell.values()
+        key = f"{model}/{n}/{level:g}"
+        for seed in (int(s) for s in args.seeds.split(",")):
+            # the bound is measured next to each seed's runs, so that both see about the same host load
+            rates = standalone_bound(args, model, n, level)
+            standalone.setdefault(key, []).append(rates)
+            bound = sum(rates)
+            print(f"{key} seed {seed}: standalone {[round(r) for r in rates]} sum {bound:.0f}", flush=True)
+            for config in configs:  # interleaved per seed: side by side on the same host load
+                run = launch(args, config, model, n, level, seed)
+                run["standalone_bound"] = bound
+                run["of_standalone_bound"] = run["throughput"] / bound
+                if run["throughput_before_val_fetch"] is not None:
+                    run["of_standalone_bound_before_val_fetch"] = run["throughput_before_val_fetch"] / bound
+                runs.append(run)
+                print(
+                    f"  seed {seed} {config:>11}: {run['throughput']:.0f} samples/s "
+                    f"({run['of_standalone_bound']:.2f} of bound; "
+                    f"{run.get('of_standalone_bound_before_val_fetch', 0):.2f} ended before the validation "
+                    "fetch), acc "
+                    f"{' '.join(f'{a:.3f}' for a in run['acc_per_epoch'])}, {run['bytes_per_sample']:.0f} B/sample",
+                    flush=True,
+                )
+                if run["breakdown"] is not None:
+                    print(f"    time of {n} ranks: {format_breakdown(run['breakdown'], n)}", flush=True)
+        ran.append(cell)
     rows = summarise(runs)
     print_table(rows)
     report = {
