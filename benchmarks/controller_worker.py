@@ -1,14 +1,10 @@
-"""Runs for the controller scenario: several fits in one launch of N DDP ranks (Lightning's launcher re-runs this
-module for the other ranks); the fits share the process group, so start-up is paid once and the fits of one launch
-see the same machine load.
+"""Runs for the controller scenario: several fits in one launch of N DDP ranks (one process group, so start-up is
+paid once and the fits see the same machine load).
 
-Each run is ``hetero`` (HeteroBatchCallback adjusting every ``--adjust-every`` steps, or as its ``options`` say),
-``static`` (the callback's batch-weighted DDP at a fixed split) or ``ddp`` (plain DDP, equal batches). The model's
-compute is :func:`~benchmarks.harness.models.spend` of ``--overhead-s + --cost-s x batch`` (a sleep, or with
-``--compute spin`` real CPU time) plus a small MLP; ``SlowdownEmulator`` stretches it by the rank's factor
-(``--throttle sleep``) or gives the rank a CFS quota of ``1 / factor`` CPUs, charged its CPU time plus the slept
-compute (``--throttle cfs``). Rank 0 writes, per run, every step's start time, the ranks' local sizes and the
-callback's history, as JSON.
+Each run is ``hetero`` (HeteroBatchCallback), ``static`` (its batch-weighted DDP at a fixed split) or ``ddp``. The
+step spends ``--overhead-s + --cost-s x batch`` (a sleep, or ``--compute spin``) plus a small MLP, stretched by
+``SlowdownEmulator`` (``--throttle sleep``) or under a CFS quota of ``1 / factor`` CPUs (``--throttle cfs``). Rank 0
+writes every step's start time, the ranks' local sizes and the callback's history as JSON.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """One rank of a ``benchmarks/scenarios/docker.py`` run, inside a worker container (one process per container).
 
-Nothing is emulated: the CIFAR ResNet-20 of ``examples/image_classification`` computes for real (one thread) and
-the container's CPU quota makes it slow. The rank layout comes from the environment ``lightning-hetero cluster up``
-sets (MASTER_ADDR, MASTER_PORT, NODE_RANK, NUM_NODES); with ``--standalone`` the process trains alone, for the ideal
-throughput at its container's quota. Each rank writes ``OUT/report-rank{k}.json``: per-epoch training windows
-(validation excluded) and, for HeteroBatch (every setting at its default), the history of split changes, every
-rank's fitted cost and busy time, the synchronous step and the CPU quota read from its cgroup. ``--split a,b`` runs
-HeteroBatch's batch-weighted DDP at a fixed split (no adjustment). The file is copied into the containers alone, so
-it imports nothing from ``benchmarks``.
+The CIFAR ResNet-20 of ``examples/image_classification`` computes for real (one thread) under the container's CPU
+quota; the rank layout comes from ``lightning-hetero cluster up``'s environment, or ``--standalone`` trains alone
+(the ideal). Each rank writes ``OUT/report-rank{k}.json``: per-epoch training windows and, for HeteroBatch, its
+split changes, costs, busy times and the cgroup's quota. ``--split a,b`` runs a fixed split. The file is copied into
+the containers alone, so it imports nothing from ``benchmarks``.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """``python -m benchmarks list`` and ``python -m benchmarks run SCENARIO [flags]``.
 
-Every scenario takes its own flags (``python -m benchmarks run SCENARIO --help``) and the harness's:
-
-- ``--grid [--grid-axes emulation,cost,...]``: the study over the grid of conditions (:mod:`.grid`), from the base
-  point its other flags set; the median and the worst cell of each figure;
-- ``--check``: parse the flags and exit (what the docs' commands are tested with);
-- ``--repeats N`` where the study has no repeats of its own: the whole study N times, each run's JSON suffixed
-  ``_rK``.
-
-Unknown flags are errors.
+Every scenario takes its own flags (``python -m benchmarks run SCENARIO --help``) and the harness's: ``--grid
+[--grid-axes emulation,cost,...]`` (the study over the grid of conditions, :mod:`.grid`: the median and the worst
+cell of each figure), ``--check`` (parse the flags and exit) and, where the study has none, ``--repeats N`` (the
+whole study N times, each JSON suffixed ``_rK``). Unknown flags are errors.
 """
 
 from __future__ import annotations

@@ -1,20 +1,11 @@
 """Does asynchronous training keep BSP's accuracy with the user's own (BSP) hyper-parameters?
 
-One recipe tuned for synchronous training (SGD lr 0.1, momentum 0.9, batch 32 per worker, a 32-64-4 MLP on
-generated 4-class data, 4 epochs), trained by ``AsyncPSStrategy`` in several ways, side by side:
-
-- ``bsp``: synchronous all-reduce throughout; ``asp``: ASP at its defaults; ``asp_none``: ASP with
-  ``asynchrony_compensation=None``; ``asp_dc``: with ``"dc"``; ``asp_textbook``: with ``overlap_round_trip=False``;
-- ``hybrid``: ``AsyncPSStrategy(mode="bsp")`` + ``SyncSwitchCallback(FixedFractionPolicy(0.25))``;
-  ``hybrid_none``: the same without compensation; ``reverse``: the hybrid's phases in the opposite order.
-
-Compute is emulated by sleeping ``--cost-s`` per sample in the training step; heterogeneity level HL slows rank k by
-``HL ** (k / (N - 1))`` with ``SlowdownEmulator`` (sleeps, or with ``--throttle cfs`` a CPU quota charged the sleeps
-too). Cells: workers x HL x seed, ordered 2 and 4 workers at the highest HL first; within a cell the configurations
-run one after another on the same host load. ``--budget-s`` starts no new cell after that many seconds.
-
-Writes ``benchmarks/results/asp_accuracy.json`` (``--out``): every run (final and per-epoch accuracy, training time,
-staleness, the hyper-parameters in force per epoch) and mean +- sd per cell, paired with BSP by seed; prints a table.
+One recipe tuned for BSP (SGD lr 0.1, momentum 0.9, batch 32 per worker, a 32-64-4 MLP on generated 4-class data,
+4 epochs) trained side by side as ``bsp``, ``asp`` (defaults), ``asp_none`` / ``asp_dc`` (compensation off / "dc"),
+``asp_textbook`` (``overlap_round_trip=False``), ``hybrid`` / ``hybrid_none`` (BSP then ASP, ``SyncSwitchCallback``)
+and ``reverse``. Compute sleeps ``--cost-s`` per sample; rank k is slowed ``HL ** (k / (N - 1))`` (sleeps, or
+``--throttle cfs``). Cells: workers x HL x seed, 2 and 4 workers at the highest HL first. Reported per cell: mean
++- sd of final accuracy and training time, paired with BSP by seed, staleness and the effective momentum.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """Accuracy of everyday Lightning usages under each feature against plain DDP on the same usage (issue 29's goal:
 within 5 points).
 
-Every feature runs the same cells as ``tests/compat`` (``tests/scripts/compat_cells.py``, the one worker, so the
-benchmark measures exactly what the tests run), two CPU ranks on gloo with rank 1 slowed 3 x (``SlowdownEmulator``,
-sleep), on harder generated data than the tests use: 1024 training samples of 8 noisy classes (noise 3.0), 3 epochs,
-global batch 16. For each usage and feature: the median over seeds of the final validation accuracy (rank 0's, which
-``sync_dist`` makes the ranks' mean; a run that stopped mid-epoch without validating, as DDP does at ``max_steps``,
-is validated after ``fit``), and its distance from plain DDP's median on the same usage.
-
-Writes ``benchmarks/results/local/compat.json`` unless ``--out`` names another file, and prints the table.
+Every feature runs the cells of ``tests/compat`` (``tests/scripts/compat_cells.py``), two CPU ranks on gloo with
+rank 1 slowed 3 x (sleep), on harder data: 1024 samples of 8 noisy classes (noise 3.0), 3 epochs, global batch 16.
+Per usage and feature: the median over seeds of the final validation accuracy (rank 0's, the ranks' mean through
+``sync_dist``) and its distance from plain DDP's. Writes ``benchmarks/results/local/compat.json`` (``--out``).
 """
 
 from __future__ import annotations

@@ -1,27 +1,12 @@
 """HeteroBatchCallback's controller against the best static split found by a sweep.
 
-Scenarios (2 and 4 DDP ranks on gloo, global batch 64, adjustments every 8 steps; the worker is
-``benchmarks/controller_worker.py``):
-
-- ``sleep HL2 / HL4 / HL8``: ``SlowdownEmulator`` sleeps; 4-rank factors follow OmniLearn's BSP core counts;
-- ``cfs``: ``SlowdownEmulator(throttle="cfs")``, a CPU quota of 1/factor per 100 ms period;
-- ``cfs cpu``: the same quota on real CPU work (a busy loop), so the ranks compete for the host's cores;
-- ``flip``: the slow and fast ranks swap 2 steps after an adjustment; ``flip, default cadence``: the same in one
-  long epoch at the callback's default cadence (periods of 32 steps);
-- ``homogeneous``: equal ranks, HeteroBatch against plain DDP and plain DDP against itself (the noise floor);
-- ``first epoch``: one epoch from the equal split: the default cadence's early adjustments against adjustments at
-  epoch ends only and the speed-proportional static split.
-
-Each launch runs the controller and every static candidate (splits proportional to speed**gamma) one after
-another, ``--repeats`` times interleaved. The sweep's best median only *picks* the best static split (a maximum of
-noisy figures is biased upwards): a second launch runs the controller and that split in ``--paired`` pairs, and
-the fraction of the best static split is the median of the per-pair ratios (the sweep's figures stay in the JSON).
-Also reported: split changes, the worst inversion (a slower rank's batch above a faster rank's), and after a speed
-change the adjustment periods to settle (within 10% of the global batch of the final split) and the overshoot.
-
-``--defaults`` runs the static scenarios at the callback's default cadence (after steps 10 and 18, then every 32
-steps). ``--factors F1,F2[,...]`` (with ``--throttle``, ``--compute``, ``--cost-s``) runs one static scenario of
-those conditions ("custom"): the grid's base point.
+2 and 4 DDP ranks on gloo (``controller_worker.py``), global batch 64, adjustments every 8 steps; ranks slowed by
+``SlowdownEmulator`` sleeps (``sleep HL2/HL4/HL8``), a CPU quota (``cfs``), the quota on real CPU work (``cfs cpu``),
+speeds that swap (``flip``), equal ranks (``homogeneous``: also DDP against itself, the noise floor) or one epoch
+from the equal split (``first epoch``). A sweep of static splits (proportional to speed**gamma) picks the best one;
+a second launch runs the controller and it in ``--paired`` pairs, and the figure is the median per-pair ratio. Also:
+split changes, the worst inversion, periods to settle after a speed change and the overshoot. ``--defaults``: the
+callback's default cadence; ``--factors`` (with ``--throttle``, ``--compute``, ``--cost-s``): one custom scenario.
 """
 
 from __future__ import annotations

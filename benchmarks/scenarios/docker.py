@@ -1,23 +1,11 @@
 """Real CPU limits: plain DDP and HeteroBatch BSP in worker containers under quotas.
 
-Each configuration trains ``docker_worker.py``'s CIFAR ResNet-20 on generated images (real compute, one thread per
-container, global batch 64 per container) on 2 (or 4) containers of the worker image (``docker/build-image.sh``),
-with CPU quotas set through the emulator (``lightning-hetero emulate``'s code): levels HL2 and HL4 (2 containers: the
-fastest at 1 CPU, the slowest at 1/HL; 4 containers: OmniLearn's BSP table with the fastest at 0.5 CPU, see
-``LEVELS``). The ideal is measured: each distinct quota trains alone in one container (``--standalone``), and a
-level's ideal is the sum of its containers' standalone throughputs. CFS statistics (periods and time throttled) are
-read from each container's cgroup before and after each run. HeteroBatch runs as a user gets it,
-``HeteroBatchCallback()`` with every setting at its default.
-
-- ``--sweep``: HeteroBatch's batch-weighted DDP also runs at fixed splits (proportional to the standalone throughputs
-  raised to 0.75, 1, 1.5 and 3, the slowest container at one sample, and the split the controller ended at, run
-  right after it); ``--paired N`` then runs the controller and the sweep's best static split alternately N times
-  each (the order flipped every pair) and reports the median of the per-pair ratios.
-- ``--concurrent-ideal``: the standalone runs of a level also measured all at once, one per container.
-- ``--pin``: each container on its own core (a cpuset beside its quota), as on separate machines.
-
-Epoch 0 is an untimed warm-up; an epoch's time runs from the earliest rank's start to the latest rank's last batch.
-Writes ``benchmarks/results/docker.json`` (``--out``) and prints a table. Needs a Docker daemon; not run in CI.
+2 (or 4) containers of the worker image (``docker/build-image.sh``) train ``docker_worker.py``'s CIFAR ResNet-20 on
+generated images (real compute, one thread, global batch 64 per container) at levels HL2 and HL4 (``LEVELS``); the
+ideal is the sum of each quota's standalone throughput. HeteroBatch runs with every setting at its default.
+``--sweep``: also fixed splits, and ``--paired N`` alternates the controller and the best one (median per-pair
+ratio); ``--concurrent-ideal``: standalone runs all at once; ``--pin``: a core per container. Epoch 0 is an untimed
+warm-up. Needs a Docker daemon; not run in CI.
 """
 
 from __future__ import annotations

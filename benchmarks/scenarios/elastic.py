@@ -1,18 +1,11 @@
 """Elastic local SGD (``ElasticLocalSGDStrategy`` on torchft) with workers that leave and join, against the same job
 undisturbed, on CPU.
 
-Four workers, each its own process (``examples/elastic/elastic_worker.py``, one per "machine"), with speeds 1, 1, 2
-and 4; the first hosts the lighthouse. Speeds are emulated by a step sleep of ``--base-step-s`` over the speed, or
-with ``--throttle quota`` by ``--base-step-s x --base-quota`` CPU seconds of real work under a CPU quota of
-``--base-quota x speed`` CPUs (charged from ``fit``'s start). Runs per seed: ``undisturbed``; ``churn``: one speed-1 worker is SIGKILLed in the
-middle of every epoch (after ``--kill-delay-s`` plus a seeded random ``0..--kill-jitter-s``) and started again at
-once; ``join``: a fifth worker starts half-way through.
-
-Reported per run: samples per second (first to last committed round), the final validation accuracy, each restarted
-or added worker's time from its process start to its imports' end, its first round end and its first contribution,
-and per epoch the batches lost and duplicated, from the workers' commit logs. ``--soak N`` runs one job through N
-kill-and-restart cycles instead and reports hangs and the same coverage. Writes ``benchmarks/results/elastic.json``
-(``elastic_soak.json``; ``--out`` names another) and prints a table.
+Four worker processes (``examples/elastic/elastic_worker.py``) of speeds 1, 1, 2 and 4, by a step sleep (or
+``--throttle quota``: real work under a CPU quota). Runs per seed: ``undisturbed``; ``churn``, a speed-1 worker
+killed mid-epoch and restarted every epoch; ``join``, a fifth worker started half-way. Reported: samples/s, final
+accuracy, a (re)started worker's seconds to its imports, first round end and first contribution, and batches lost
+and duplicated per epoch. ``--soak N``: one job through N kill-and-restart cycles, its hangs and coverage.
 """
 
 from __future__ import annotations

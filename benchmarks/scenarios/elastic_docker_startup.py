@@ -1,14 +1,11 @@
 """An elastic worker's start-up under a real Docker CPU quota: seconds from ``docker run --cpus Q`` to a (re)started
-worker's first contribution, the whole process throttled as on a small machine (the elastic scenario's quota runs
-charge the quota from ``fit``'s start only).
+worker's first contribution, the whole process throttled as on a small machine.
 
-Three workers run on the host as in the elastic scenario (``a`` hosting the lighthouse, ``c``, ``d``: speeds 1, 2, 4,
-a speed-1 step sleeping 0.3 s). Once the job has committed 4 rounds a fourth worker is started, first as a plain
-process (the baseline), then in a container of ``--image`` for each quota (``none``: no quota), ``--repeats`` times
-each, with this worktree and the host's site-packages mounted at their own paths. Each start is read from the
-worker's commit log: seconds to the end of its imports, to its first round end and to its first committed round
-that trained a batch; then the worker is killed (a machine lost) and the next one started. Also per quota: the
-seconds of ``docker run ... python -c pass``. Writes ``benchmarks/results/elastic_docker_startup.json`` (``--out``).
+Three workers run on the host as in the elastic scenario (speeds 1, 2, 4; a speed-1 step sleeps 0.3 s). After 4
+committed rounds a fourth worker starts, as a plain process (the baseline), then in a container of ``--image`` per
+quota (``none``: no quota), ``--repeats`` times each; from its commit log: seconds to its imports' end, its first
+round end and its first contribution; then it is killed and the next one started. Also per quota: the seconds of
+``docker run ... python -c pass``.
 """
 
 from __future__ import annotations

@@ -1,26 +1,12 @@
 """Local SGD (``AsyncPSStrategy(mode="local")``) against BSP, HeteroBatch BSP and ASP on emulated heterogeneous workers.
 
-The configurations train the same recipe (SGD lr 0.1, momentum 0.9, batch 32 per rank; local SGD's inner optimizer)
-side by side, cell by cell: ``ddp`` (``DDPStrategy``), ``hetero`` (DDP + ``HeteroBatchCallback``), ``asp``,
-``local_equal`` (the same local steps per rank, DiLoCo), ``local_prop`` (local steps proportional to measured speed,
-pseudo-gradients averaged: the default) and ``local_prop_samples`` (``pseudo_gradient_weighting="samples"``). A
-round is ``--round-steps`` local steps per rank on average; the outer step is plain averaging (``SGD(lr=1.0)``;
-DiLoCo's Nesterov SGD: ``--outer-lr 0.7 --outer-momentum 0.9``).
-
-Data: ``make_classification`` with ``--classes`` clusters at ``--noise`` (``--classes 256 --noise 1.5`` keeps rising
-for three epochs). Workers: N processes; HL slows rank k by ``HL ** (k / (N - 1))`` with ``SlowdownEmulator``
-(sleeps, or ``--throttle cfs``: a CPU quota). Models: ``light`` is a 32-512-512-C tanh MLP; ``heavy`` the same whose
-step also sleeps ``--heavy-cost-s`` per sample. The summed standalone bound is measured before each seed's runs by
-N single processes side by side, each with its rank's slowdown, for ``--standalone-s`` seconds.
-
-Measured per run: throughput (training samples per second over the epochs after the first, first rank's start to
-last rank's end of training) and its ratio to the standalone bound; payload bytes per training sample; accuracy
-against the seed's ddp run; time to reach ddp's final accuracy minus 0.5 points, from parameter copies all ranks
-agree on (after each round end in local SGD, every ``--curve-steps`` steps in ddp and hetero), evaluated after
-training. ``--breakdown`` also records where local SGD ranks' time went (``local_sgd_breakdown.py``).
-
-Writes ``benchmarks/results/local_sgd.json`` (``--out``; ``--quick``: ``local_sgd_quick.json``, 2 workers, HL4,
-light, seed 0, 2 epochs) and prints a table; ``--budget-s`` starts no new cell after that many seconds.
+Configurations (SGD lr 0.1, momentum 0.9, batch 32 per rank): ``ddp``, ``hetero`` (+ ``HeteroBatchCallback``),
+``asp``, ``local_equal`` (DiLoCo), ``local_prop`` (local steps proportional to speed, the default) and
+``local_prop_samples``. N processes, rank k slowed ``HL ** (k / (N - 1))`` (sleeps, or ``--throttle cfs``); models
+``light`` (a 32-512-512-C tanh MLP) and ``heavy`` (also ``--heavy-cost-s`` per sample). Per run: samples/s over the
+epochs after the first against the standalone bound (N single processes side by side, measured before each seed),
+bytes per sample, accuracy and time to DDP's accuracy minus 0.5 points against the seed's ``ddp`` run.
+``--quick``: 2 workers, HL4, light, seed 0, 2 epochs; ``--breakdown``: where local SGD's time goes.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """What per-step logging costs inside a Lightning training step: ``self.log`` of a number against the
 ``EpochLog`` metric path that ``AsyncPSStrategy`` uses for its per-step values (``lightning_hetero.ps.reporting``).
 
-One process, one torch thread, a 4-2 linear model on batches of 32: the training step times only its own logging
-calls (two a step, as ASP's staleness mean and maximum) and the medians over the steps after a warm-up are reported,
-repeated ``--repeats`` times with the variants interleaved. Variants:
-
-- ``log_float``: ``self.log(name, 1.0, on_step=False, on_epoch=True, batch_size=1, rank_zero_only=True)`` twice;
-- ``log_float_sync``: the same with ``sync_dist=True`` (no other rank: Lightning's bookkeeping only);
-- ``epoch_log``: two ``EpochLog.report`` calls (a torchmetrics update each; ``self.log`` once an epoch).
-
-Prints a table (µs per step for the two calls, median of repeats, and each repeat) and writes the JSON.
+One process, one torch thread, a 4-2 linear model on batches of 32; the step times only its two logging calls, the
+median over the steps after a warm-up, ``--repeats`` times with the variants interleaved: ``log_float``
+(``self.log(..., on_epoch=True, rank_zero_only=True)``), ``log_float_sync`` (with ``sync_dist=True``) and
+``epoch_log`` (two ``EpochLog.report`` calls).
 """
 
 from __future__ import annotations

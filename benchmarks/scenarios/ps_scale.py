@@ -1,27 +1,11 @@
-"""ASP at scale: ``AsyncPSStrategy``'s throughput against the ideal, from 2 to 16 workers and from 0.25M to 17M
-parameters, with sleep-emulated compute (or a CPU quota, ``--emulation quota``).
+"""ASP at scale: ``AsyncPSStrategy``'s throughput against the ideal, 2 to 16 workers, 0.25M to 17M parameters.
 
-Every worker is one Lightning process (gloo on loopback; the parameter server runs as threads in rank 0). A step
-sleeps ``step_ms`` and then runs a real forward and backward through one linear layer of the configured size on a
-batch of 2, so the gradient is dense and as large as the model. Workers are equally fast.
-
-- **ASP / ideal**: ASP's samples per second against the sum of the workers' standalone throughputs, measured the
-  same way (N single-process jobs side by side, plain Lightning, the same model, sleep, batch and optimizer).
-- **server busy**, **µs per MB**: from ``ParameterServer``'s statistics; and in-process, the server's cost of one
-  update per MB of parameters for each model size.
-- ``--variant LABEL=JSON_KWARGS[@SRC]``: ASP variants side by side against the same standalone runs (``SRC``: another
-  checkout's ``src/`` first on ``PYTHONPATH``); each variant's throughput is also divided by the first's
-  (``over_first``).
-
-Throughput counts training samples over the epochs after the first (warm-up) one, from the earliest epoch start to
-the latest last-batch end across ranks. Repeats are interleaved (standalone and ASP alternate, configurations in
-turn) and medians reported. Writes ``benchmarks/results/ps_scale.json`` (``--json``) and prints a table.
-
-Usage::
-
-    python -m benchmarks run ps_scale                        # the issue's three goal configurations
-    python -m benchmarks run ps_scale --configs 2x0.25Mx5,4x4.3Mx65 --repeats 3 \
-        --variant 'default={}' --variant 'textbook={"overlap_round_trip": false}'
+Equal workers, one Lightning process each (gloo on loopback, the server as threads in rank 0); a step sleeps
+``step_ms`` (or runs under a CPU quota, ``--emulation quota``), then a real forward and backward through one linear
+layer of the model's size on a batch of 2. **ASP / ideal**: ASP's samples/s over the sum of N standalone jobs run
+side by side the same way, over the epochs after the first; **server busy**, **µs per MB** from the server's
+statistics. ``--variant LABEL=JSON_KWARGS[@SRC]`` runs ASP variants against the same standalone runs (``SRC``:
+another checkout's ``src/``). Repeats interleave standalone and ASP; medians reported.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """BSP vs ASP vs the BSP-then-ASP hybrid (SyncSwitchCallback) on a generated task with emulated heterogeneity.
 
-Each configuration trains the same MLP on the same data with ``AsyncPSStrategy`` on N CPU processes, rank 1 slowed
-``--slowdown`` times by ``SlowdownEmulator``: ``bsp``, ``asp``, ``hybrid`` (BSP for ``--bsp-fraction`` of the epochs,
-then ASP), ``reverse`` (the hybrid's phases in the opposite order, to test Sync-Switch's claim that BSP first wins)
-and ``asp_hetero`` (ASP plus ``HeteroBatchCallback``, to test OmniLearn's claim that heterogeneity-aware batches
-raise ASP's accuracy); ``switch_cost`` times six alternating switches of the CIFAR ResNet-20 of ``examples/``.
-
-The table shows the final accuracy, the training time (validation excluded), the time to reach ``--target`` accuracy
-and each mode switch's cost. Results go to ``benchmarks/results/sync_switch_<N>workers[_<tag>].json``; each
-configuration runs in its own child process (``--config``).
+The same MLP and data with ``AsyncPSStrategy`` on N CPU processes, rank 1 ``--slowdown`` times slower: ``bsp``,
+``asp``, ``hybrid`` (BSP for ``--bsp-fraction`` of the epochs, then ASP), ``reverse`` (ASP first: Sync-Switch's
+claim), ``asp_hetero`` (ASP + ``HeteroBatchCallback``: OmniLearn's claim); ``switch_cost`` times six switches of
+the CIFAR ResNet-20 of ``examples/``. Reported: final accuracy, training time (validation excluded), time to
+``--target`` accuracy and each switch's cost; each configuration runs in its own child process.
 """
 
 from __future__ import annotations
