@@ -48,16 +48,6 @@ def _docker(image: str, cpus: str, name: str, out: Path) -> list[str]:
     return command
 
 
-def _start_up(job: ElasticJob, name: str) -> dict[str, float | None]:
-    rows = [row for row in job.commits() if row["name"] == name]
-    contributed = [row["since_start_s"] for row in rows if row["chunks"]]
-    return {
-        "imported_s": rows[0]["imported_s"] if rows else None,
-        "joined_s": next((row["joined_s"] for row in rows if "joined_s" in row), None),
-        "first_contribution_s": contributed[0] if contributed else None,
-    }
-
-
 def _empty_container_s(image: str, cpus: str) -> float:
     command = ["docker", "run", "--rm"] + ([] if cpus == "none" else ["--cpus", cpus]) + [image, "python", "-c", "pass"]
     start = time.monotonic()
@@ -99,8 +89,8 @@ def main(args: argparse.Namespace) -> None:
                 containers.append(f"lh-elastic-{os.getpid()}-{name}")
                 launcher = _docker(args.image, cpus, containers[-1], out)
             proc = job.start(name, "--step-sleep-s", str(SLEEP["new"]), launcher=launcher)
-            wait_for(lambda n=name: _start_up(job, n)["first_contribution_s"] is not None, 180)
-            starts.append({"cpus": cpus, "repeat": repeat, "name": name, **_start_up(job, name)})
+            wait_for(lambda n=name: job.start_up(name=n)["first_contribution_s"] is not None, 180)
+            starts.append({"cpus": cpus, "repeat": repeat, "name": name, **job.start_up(name=name)})
             print(json.dumps(starts[-1]), flush=True)
             _write(args.out, conditions, _summary(["host", *quotas], starts, empty, quiet=True), starts, job)
             if cpus == "host":
