@@ -44,6 +44,19 @@ def scaled(values: str, factor: float) -> str:
     return ",".join(f"{float(v) * factor:g}" for v in values.split(","))
 
 
+def workers_hl_axes(args: argparse.Namespace, cost: str) -> dict[str, list[Cell] | str]:
+    """The axes of a study over ``--workers`` x ``--hl`` with ``--throttle`` sleep or cfs, ``--samples`` per epoch and
+    the per-sample cost in ``args.<cost>``: one condition varied at a time from the command line's cells."""
+    other = "cfs" if args.throttle == "sleep" else "sleep"
+    return {
+        "emulation": [Cell("emulation", other, {"throttle": other})],
+        "cost": [Cell("cost", f"x{k:g}", {cost: getattr(args, cost) * k}) for k in (0.5, 2)],
+        "epoch": [Cell("epoch", f"x{k:g}", {"samples": round(args.samples * k)}) for k in (0.25, 4)],
+        "workers": [Cell("workers", "x2", {"workers": scaled(args.workers, 2)})],
+        "quota": [Cell("quota", f"HL x{k:g}", {"throttle": "cfs", "hl": scaled(args.hl, k)}) for k in (0.5, 2)],
+    }
+
+
 def cells(axes: dict[str, list[Cell] | str], only: list[str]) -> tuple[list[Cell], dict[str, str]]:
     """The base cell and the cells of the chosen axes (``only``: some axes, and the base cell only if it names
     ``base``, e.g. to finish a grid cut short), and the skipped axes with their reasons."""

@@ -23,7 +23,7 @@ from lightning.pytorch.callbacks import Callback
 from torch import nn
 
 from benchmarks.harness import models
-from benchmarks.harness.grid import Cell, scaled
+from benchmarks.harness.grid import Cell, workers_hl_axes
 from benchmarks.harness.launch import RESULTS, run_json, scenario_command
 from benchmarks.harness.record import table, write_json
 from benchmarks.harness.stats import mean_sd, seed_paired, within_budget
@@ -214,15 +214,7 @@ def cell_order(workers: list[int], levels: list[float]) -> list[tuple[int, float
 
 
 def grid_axes(args: argparse.Namespace) -> dict[str, list[Cell] | str]:
-    """From the command line's cells, one condition varied at a time."""
-    other = "cfs" if args.throttle == "sleep" else "sleep"
-    return {
-        "emulation": [Cell("emulation", other, {"throttle": other})],
-        "cost": [Cell("cost", f"x{k:g}", {"cost_s": args.cost_s * k}) for k in (0.5, 2)],
-        "epoch": [Cell("epoch", f"x{k:g}", {"samples": round(args.samples * k)}) for k in (0.25, 4)],
-        "workers": [Cell("workers", "x2", {"workers": scaled(args.workers, 2)})],
-        "quota": [Cell("quota", f"HL x{k:g}", {"throttle": "cfs", "hl": scaled(args.hl, k)}) for k in (0.5, 2)],
-    }
+    return workers_hl_axes(args, "cost_s")
 
 
 def figures(payload: dict) -> dict[str, float]:

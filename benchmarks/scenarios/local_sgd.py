@@ -27,7 +27,7 @@ from lightning.pytorch.strategies import DDPStrategy
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from benchmarks.harness.grid import Cell, scaled
+from benchmarks.harness.grid import Cell, workers_hl_axes
 from benchmarks.harness.launch import RESULTS, child_env, run_job, run_jobs, scenario_command
 from benchmarks.harness.models import (
     MLP,
@@ -362,17 +362,10 @@ def default_out(args: argparse.Namespace) -> Path:
 
 
 def grid_axes(args: argparse.Namespace) -> dict[str, list[Cell] | str]:
-    """From the command line's cells, one condition varied at a time."""
-    other = "cfs" if args.throttle == "sleep" else "sleep"
-    return {
-        "emulation": [Cell("emulation", other, {"throttle": other})],
-        "cost": [Cell("cost", f"x{k:g}", {"heavy_cost_s": args.heavy_cost_s * k}) for k in (0.5, 2)]
-        if "heavy" in args.models
-        else "the light model has no emulated per-sample cost (--models heavy has)",
-        "epoch": [Cell("epoch", f"x{k:g}", {"samples": round(args.samples * k)}) for k in (0.25, 4)],
-        "workers": [Cell("workers", "x2", {"workers": scaled(args.workers, 2)})],
-        "quota": [Cell("quota", f"HL x{k:g}", {"throttle": "cfs", "hl": scaled(args.hl, k)}) for k in (0.5, 2)],
-    }
+    axes = workers_hl_axes(args, "heavy_cost_s")
+    if "heavy" not in args.models:
+        axes["cost"] = "the light model has no emulated per-sample cost (--models heavy has)"
+    return axes
 
 
 def figures(payload: dict) -> dict[str, float]:
