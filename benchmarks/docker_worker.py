@@ -1,14 +1,10 @@
 """One rank of a ``benchmarks/scenarios/docker.py`` run, inside a worker container (one process per container).
 
-Unlike the sleep-emulated workers nothing is emulated in the process: the model computes for real (a 512-2048-10
-perceptron, about 1 M parameters, one thread) and the container's CPU quota makes it slow. The rank layout comes
-from the environment ``lightning-hetero cluster up`` sets (MASTER_ADDR, MASTER_PORT, NODE_RANK, NUM_NODES); with
-``--standalone`` the process trains alone, for the ideal throughput at its container's quota. Each rank writes
-``OUT/report-rank{k}.json``: per-epoch training windows (validation excluded) and what the method's callback recorded
-(for HeteroBatch: the history of split changes, every rank's fitted cost and measured busy time, the synchronous
-step and the CPU quota the rank read from its cgroup). HeteroBatch runs with every setting at its default
-(``HeteroBatchCallback()``: adjustments early in the first epoch and at epoch ends). ``--split a,b`` runs HeteroBatch's batch-weighted DDP at a
-fixed split (no adjustment), for a sweep of static splits.
+The CIFAR ResNet-20 of ``examples/image_classification`` computes for real (one thread) under the container's CPU
+quota; the rank layout comes from ``lightning-hetero cluster up``'s environment, or ``--standalone`` trains alone
+(the ideal). Each rank writes ``OUT/report-rank{k}.json``: per-epoch training windows and, for HeteroBatch, its
+split changes, costs, busy times and the cgroup's quota. ``--split a,b`` runs a fixed split. The file is copied into
+the containers alone, so it imports nothing from ``benchmarks``.
 """
 
 from __future__ import annotations
@@ -30,19 +26,24 @@ from lightning.pytorch.strategies import DDPStrategy
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_hetero import AsyncPSStrategy, HeteroBatchCallback, ProgressReporter, SyncSwitchCallback
+from lightning_hetero import HeteroBatchCallback, ProgressReporter
 from lightning_hetero.measurement import cgroup_cpu_quota
-from lightning_hetero.synthetic import make_classification
 
-METHODS = ("ddp", "hetero", "asp", "hybrid")
-FEATURES, CLASSES, HIDDEN, NOISE = 512, 10, 2048, 8.0
+CLASSES = 10
 
 
-class WideMLP(L.LightningModule):
+class ResNetClassifier(L.LightningModule):
+    """The CIFAR ResNet-20 of ``examples/image_classification`` (BatchNorm included), SGD with momentum."""
+
     def __init__(self, lr: float, momentum: float) -> None:
         super().__init__()
         self.lr, self.momentum = lr, momentum
-        self.net = nn.Sequential(nn.Linear(FEATURES, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, CLASSES))
+        try:
+            from examples.image_classification.model import build_backbone
+        except ImportError:  # in the worker image the examples sit in the working directory, not on sys.path
+            sys.path.append(os.getcwd())
+            from examples.image_classification.model import build_backbone
+        self.net = build_backbone("resnet20")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
@@ -59,23 +60,8 @@ class WideMLP(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=self.momentum)
 
 
-class ResNetClassifier(WideMLP):
-    """The same training loop around the CIFAR ResNet-20 of ``examples/image_classification`` (BatchNorm included)."""
-
-    def __init__(self, lr: float, momentum: float) -> None:
-        super().__init__(lr, momentum)
-        try:
-            from examples.image_classification.model import build_backbone
-        except ImportError:  # in the worker image the examples sit in the working directory, not on sys.path
-            sys.path.append(os.getcwd())
-            from examples.image_classification.model import build_backbone
-        self.net = build_backbone("resnet20")
-
-
-def make_data(model: str, samples: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    if model == "mlp":
-        return make_classification(samples, FEATURES, CLASSES, seed=seed, noise=NOISE).tensors
-    # CIFAR-shaped images: one smooth random template per class plus noise (as examples' make_cifar_like)
+def make_data(samples: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """CIFAR-shaped images: one smooth random template per class plus noise (as examples' make_cifar_like)."""
     generator = torch.Generator().manual_seed(seed)
     templates = nn.functional.interpolate(torch.randn(CLASSES, 3, 4, 4, generator=generator), size=32, mode="bilinear")
     labels = torch.randint(CLASSES, (samples,), generator=generator)
@@ -90,7 +76,7 @@ class Recorder(Callback):
         self._cpu_start = 0.0
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        trainer.strategy.barrier()  # ASP has no collective before its first step
+        trainer.strategy.barrier()  # the ranks' clocks start together
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         now = time.time()
@@ -112,31 +98,21 @@ class Recorder(Callback):
 def train(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     L.seed_everything(args.seed, verbose=False)
-    data = make_data(args.model, args.samples + args.val_samples, args.seed)
+    data = make_data(args.samples + args.val_samples, args.seed)
     train_set = TensorDataset(data[0][: args.samples], data[1][: args.samples])
     val_set = TensorDataset(data[0][args.samples :], data[1][args.samples :])
     recorder = Recorder()
     callbacks: list[Callback] = [recorder, ProgressReporter(args.out / "progress")]
-    hetero = switch = None
+    hetero = None
     timeout = timedelta(seconds=args.comm_timeout_s)
-    if args.standalone:
-        strategy: Any = "auto"
-    elif args.method == "ddp":
-        strategy = DDPStrategy(process_group_backend="gloo", timeout=timeout)
-    elif args.method == "hetero":
-        strategy = DDPStrategy(process_group_backend="gloo", timeout=timeout)
+    strategy: Any = "auto" if args.standalone else DDPStrategy(process_group_backend="gloo", timeout=timeout)
+    if args.method == "hetero" and not args.standalone:
         if args.split is None:
             hetero = HeteroBatchCallback()  # the controller as a user gets it: every setting at its default
         else:  # a fixed split: the callback only splits and weights
             hetero = HeteroBatchCallback(initial_batch_sizes=[int(b) for b in args.split.split(",")])
             hetero._adjust = lambda *_, **__: None
         callbacks.append(hetero)
-    elif args.method == "asp":
-        strategy = AsyncPSStrategy(mode="asp", fault_timeout_s=args.comm_timeout_s)
-    else:
-        strategy = AsyncPSStrategy(mode="bsp", fault_timeout_s=args.comm_timeout_s)
-        switch = SyncSwitchCallback(args.hybrid_schedule, verbose=False)
-        callbacks.insert(0, switch)
     trainer = L.Trainer(
         accelerator="cpu",
         devices=1,
@@ -150,7 +126,7 @@ def train(args: argparse.Namespace) -> None:
         enable_model_summary=False,
         num_sanity_val_steps=0,
     )
-    model = (WideMLP if args.model == "mlp" else ResNetClassifier)(args.lr, args.momentum)
+    model = ResNetClassifier(args.lr, args.momentum)
     trainer.fit(
         model,
         train_dataloaders=DataLoader(train_set, batch_size=args.batch_size, shuffle=True),
@@ -161,7 +137,7 @@ def train(args: argparse.Namespace) -> None:
         "epochs": recorder.epochs,
         "global_step": trainer.global_step,
         "final_split": None if hetero is None or hetero.batch_sizes is None else list(hetero.batch_sizes),
-        "switches": None if switch is None else switch.switches,
+        "switches": None,
         "cpu_quota": cgroup_cpu_quota(),
     }
     if hetero is not None:
@@ -180,8 +156,7 @@ def train(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path, help="directory for report-rank{k}.json (progress records in OUT/progress)")
-    parser.add_argument("--method", choices=METHODS, default="ddp")
-    parser.add_argument("--model", choices=("mlp", "resnet20"), default="mlp")
+    parser.add_argument("--method", choices=("ddp", "hetero"), default="ddp")
     parser.add_argument("--split", help="HeteroBatch at this fixed split (a,b,...), no adjustment")
     parser.add_argument("--standalone", action="store_true", help="train alone (the ideal at this quota)")
     parser.add_argument("--samples", type=int, default=8192, help="training samples (one epoch)")
@@ -190,7 +165,6 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--lr", type=float, default=0.02)
     parser.add_argument("--momentum", type=float, default=0.9)
-    parser.add_argument("--hybrid-schedule", default="bsp:0-1,asp:2-", help="hybrid: SyncSwitchCallback's schedule")
     parser.add_argument("--comm-timeout-s", type=float, default=300.0)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()

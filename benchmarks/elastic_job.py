@@ -1,6 +1,6 @@
-"""An elastic job on this machine: workers of ``elastic_worker.py`` started one by one as separate processes (as on
-separate machines), killed and restarted at will, and what they wrote read back. Used by ``bench_elastic.py`` and
-by the tests in ``tests/elastic/`` (which add ``benchmarks/`` to ``sys.path``).
+"""An elastic job on this machine: workers of ``examples/elastic/elastic_worker.py`` started one by one as separate
+processes (as on separate machines), killed and restarted at will, and what they wrote read back. Used by the elastic
+scenarios and by the tests in ``tests/elastic/`` (which add ``benchmarks/`` to ``sys.path``).
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ import dataclasses
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -18,20 +17,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness.launch import free_port
+from benchmarks.harness.launch import free_port, spawn, stop, wait_for  # noqa: F401 (wait_for: the scenarios')
 from lightning_hetero.elastic.commits import CommitRecord, epoch_coverage, lineage
 
-WORKER = Path(__file__).resolve().parent / "elastic_worker.py"
-
-
-def wait_for(predicate, timeout_s: float, poll_s: float = 0.1) -> bool:
-    """Polls ``predicate`` every ``poll_s`` until it holds (``True``) or ``timeout_s`` passes (``False``)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(poll_s)
-    return False
+WORKER = Path(__file__).resolve().parents[1] / "examples" / "elastic" / "elastic_worker.py"
 
 
 class ElasticJob:
@@ -66,41 +55,27 @@ class ElasticJob:
         command += [*self.args, *args, "--started-at", repr(started_at)]
         if host:
             command.append("--start-lighthouse")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        log = (self.out / f"{name}.log").open("a")
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        proc = spawn(command, self.out / f"{name}.log", {**os.environ, "PYTHONUNBUFFERED": "1"})
         self.procs[name].append(proc)
         self.started_at[proc.pid] = started_at
         return proc
 
     def kill(self, name: str) -> None:
         """SIGKILL the running process of worker ``name``."""
-        proc = self.procs[name][-1]
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop(self.procs[name][-1])
 
     def wait(self, timeout_s: float) -> dict[str, list[int | None]]:
         """Wait for every process (killing those still running after ``timeout_s``: returncode ``None``)."""
         deadline = time.monotonic() + timeout_s
-        codes: dict[str, list[int | None]] = {}
-        for name, procs in self.procs.items():
-            codes[name] = []
-            for proc in procs:
-                try:
-                    codes[name].append(proc.wait(timeout=max(0.1, deadline - time.monotonic())))
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
-                    codes[name].append(None)
-        return codes
+        return {
+            name: [stop(proc, max(0.1, deadline - time.monotonic())) for proc in procs]
+            for name, procs in self.procs.items()
+        }
 
     def close(self) -> None:
         for procs in self.procs.values():
             for proc in procs:
-                if proc.poll() is None:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
+                stop(proc)
 
     def waiting(self) -> int:
         """Workers waiting at the lighthouse for a round end's quorum (from its status page; the lighthouse's host
@@ -151,18 +126,18 @@ class ElasticJob:
 
     def first_contribution_s(self, pid: int) -> float | None:
         """Seconds from starting process ``pid`` to its first committed round that trained a chunk."""
-        rows = [row for row in self.commits() if row["pid"] == pid and row["chunks"]]
-        return rows[0]["since_start_s"] if rows else None
+        return self.start_up(pid)["first_contribution_s"]
 
-    def start_up(self, pid: int) -> dict[str, float | None]:
-        """Seconds from starting process ``pid`` to the end of its imports, of its first round end (it joined) and of
-        its first committed round that trained a chunk (``None``: not yet)."""
-        rows = [row for row in self.commits() if row["pid"] == pid]
-        joined = next((row["joined_s"] for row in rows if "joined_s" in row), None)
+    def start_up(self, pid: int | None = None, name: str | None = None) -> dict[str, float | None]:
+        """Seconds from starting process ``pid`` (or worker ``name``: a container's process logs the container's pid)
+        to the end of its imports, of its first round end (it joined) and of its first committed round that trained
+        a chunk (``None``: not yet)."""
+        rows = [row for row in self.commits() if row["pid"] == pid or row["name"] == name]
+        contributed = [row["since_start_s"] for row in rows if row["chunks"]]
         return {
             "imported_s": rows[0]["imported_s"] if rows else None,
-            "joined_s": joined,
-            "first_contribution_s": self.first_contribution_s(pid),
+            "joined_s": next((row["joined_s"] for row in rows if "joined_s" in row), None),
+            "first_contribution_s": contributed[0] if contributed else None,
         }
 
     def results(self) -> list[dict[str, Any]]:

@@ -1,50 +1,36 @@
-"""One training run for the hetero_batch scenario; Lightning's launcher re-runs this script for the other ranks.
+"""One training run for the hetero_batch scenario (Lightning's launcher re-runs this module for the other ranks).
 
-The model is an MLP plus an emulated per-sample compute cost: ``cost_s x factor x batch`` seconds of sleep in the
-forward pass, where ``factor`` is the rank's slowdown (it may change at ``--switch-step``). Sleeping rather than
-spinning keeps two emulated machines from competing for this host's two cores. Rank 0 writes per-step timestamps
-and global batch sizes as JSON.
+The model is :class:`~benchmarks.harness.models.MLP` sleeping ``cost_s x factor x batch`` per training step, where
+``factor`` is the rank's slowdown (it may change at ``--switch-step``); sleeping rather than spinning keeps two
+emulated machines from competing for the host's cores. Rank 0 writes each step's end time and global batch size.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import time
 from datetime import timedelta
 from pathlib import Path
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.strategies import DDPStrategy
+from torch import nn
 
-from benchmarks.harness.models import quiet_trainer
+from benchmarks.harness.models import MLP, StepClock, finish, quiet_trainer
 from lightning_hetero import HeteroBatchCallback
-from lightning_hetero.synthetic import MLPClassifier, SyntheticClassificationDataModule
+from lightning_hetero.synthetic import SyntheticClassificationDataModule
 
 
-class CostModel(MLPClassifier):
+class FactorMLP(MLP):
+    """The rank's factor, ``factors`` before step ``switch_step`` and ``factors_after`` from it, scales the cost."""
+
     def __init__(self, cost_s: float, factors: list[float], factors_after: list[float] | None, switch_step: int):
-        super().__init__(hidden=128)
-        self.cost_s, self.factors, self.factors_after, self.switch_step = cost_s, factors, factors_after, switch_step
+        super().__init__(32, 4, [128], 0.1, 0.0, cost_s, nn.Tanh, log_loss=True)
+        self.factors, self.factors_after, self.switch_step = factors, factors_after, switch_step
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        factors = self.factors
-        if self.factors_after is not None and self.global_step >= self.switch_step:
-            factors = self.factors_after
-        time.sleep(self.cost_s * factors[self.global_rank] * x.shape[0])
-        return super().forward(x)
-
-
-class StepClock(Callback):
-    def __init__(self) -> None:
-        self.times: list[float] = []
-        self.local_sizes: list[int] = []
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        self.times.append(time.perf_counter())
-        self.local_sizes.append(int(batch[0].shape[0]))
+    def step_cost_s(self, samples: int) -> float:
+        after = self.factors_after is not None and self.global_step >= self.switch_step
+        return super().step_cost_s(samples) * (self.factors_after if after else self.factors)[self.global_rank]
 
 
 def main() -> None:
@@ -65,40 +51,25 @@ def main() -> None:
     factors = [float(f) for f in args.factors.split(",")]
     after = None if args.factors_after is None else [float(f) for f in args.factors_after.split(",")]
     clock = StepClock()
-    callbacks: list[Callback] = [clock]
     hetero = None
     if args.method == "hetero":
         settings = {"adjust_every_n_steps": args.adjust_every, "warmup_steps": 2} if args.adjust_every else {}
         hetero = HeteroBatchCallback(**settings, verbose=False)
-        callbacks.append(hetero)
     devices = 1 if args.method == "single" else len(factors)
     strategy = "auto" if devices == 1 else DDPStrategy(process_group_backend="gloo", timeout=timedelta(seconds=120))
-    trainer = quiet_trainer(
-        devices=devices,
-        strategy=strategy,
-        max_epochs=args.epochs,
-        callbacks=callbacks,
-        limit_val_batches=0,
-    )
-    model = CostModel(args.cost_s, factors, after, args.switch_step)
+    trainer = quiet_trainer(devices=devices, strategy=strategy, max_epochs=args.epochs, limit_val_batches=0,
+                            callbacks=[clock] if hetero is None else [clock, hetero])  # fmt: skip
+    model = FactorMLP(args.cost_s, factors, after, args.switch_step)
     trainer.fit(model, datamodule=SyntheticClassificationDataModule(num_samples=args.samples, batch_size=args.batch))
-    sizes = [clock.local_sizes]
-    if devices > 1:
-        gathered = [None] * devices
-        torch.distributed.all_gather_object(gathered, clock.local_sizes)
-        sizes = gathered
-    if trainer.is_global_zero:
-        result = {
-            "times": clock.times,
-            "global_sizes": [sum(step) for step in zip(*sizes, strict=True)],
-            "local_sizes": sizes,
-            "history": [] if hetero is None else hetero.history,
-            "final_split": None if hetero is None else list(hetero.batch_sizes),
-        }
-        args.out.write_text(json.dumps(result))
-    if torch.distributed.is_initialized():
-        # gloo can abort at interpreter exit ("terminate called without an active exception") if left alive
-        torch.distributed.destroy_process_group()
+    sizes = clock.gather_sizes(trainer)
+    result = {
+        "times": clock.ends,
+        "global_sizes": [sum(step) for step in zip(*sizes, strict=True)],
+        "local_sizes": sizes,
+        "history": [] if hetero is None else hetero.history,
+        "final_split": None if hetero is None else list(hetero.batch_sizes),
+    }
+    finish(trainer, args.out, result)
 
 
 if __name__ == "__main__":

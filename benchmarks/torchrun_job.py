@@ -1,6 +1,6 @@
 """An ASP job under torchrun's elastic agent on this machine: one agent per emulated node (``torchrun
 --nproc-per-node=1``, the c10d rendezvous on a local port), started, killed and waited for at will, and what the
-workers of ``asp_torchrun_worker.py`` wrote read back. Used by ``bench_asp_torchrun.py`` and by
+workers of ``examples/elastic/asp_torchrun_worker.py`` wrote read back. Used by the asp_torchrun scenario and by
 ``tests/elastic/test_torchrun.py`` (which adds ``benchmarks/`` to ``sys.path``).
 
 The launch is the recipe of docs/elastic.md: ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (torch's shared rendezvous
@@ -22,9 +22,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness.launch import free_port
+from benchmarks.harness.launch import child_env, free_port, spawn, wait_for
 
-WORKER = Path(__file__).resolve().parent / "asp_torchrun_worker.py"
+WORKER = Path(__file__).resolve().parents[1] / "examples" / "elastic" / "asp_torchrun_worker.py"
 RDZV_CONF = "last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=3"
 
 
@@ -73,13 +73,9 @@ class TorchrunJob:
 
     def start(self, name: str) -> None:
         """Start the agent of node ``name`` (in its own session: killing it kills its worker too)."""
-        env = dict(os.environ, NODE_NAME=name, TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", PYTHONUNBUFFERED="1")
-        env.pop("MASTER_PORT", None)
-        log = (self.out / f"{name}.log").open("w")
+        env = child_env(NODE_NAME=name, TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", PYTHONUNBUFFERED="1")
         self.started[name] = time.time()
-        self.agents[name] = subprocess.Popen(
-            self.command(), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
+        self.agents[name] = spawn(self.command(), self.out / f"{name}.log", env)
 
     def wait_for_rendezvous_store(self, timeout_s: float = 60) -> None:
         """Wait until the first agent hosts the rendezvous store (so that it, not a later one, is its host)."""
@@ -101,23 +97,19 @@ class TorchrunJob:
 
     def wait_until(self, predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
         """Poll ``predicate``; fail naming ``what`` after ``timeout_s`` or when every agent has exited."""
-        deadline = time.monotonic() + timeout_s
-        while not predicate():
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"waited {timeout_s:g} s for {what}\n{self.tails()}")
-            if all(agent.poll() is not None for agent in self.agents.values()):
-                raise RuntimeError(f"every agent exited while waiting for {what}\n{self.tails()}")
-            time.sleep(0.1)
+        ended = lambda: all(agent.poll() is not None for agent in self.agents.values())  # noqa: E731
+        if not wait_for(lambda: predicate() or ended(), timeout_s):
+            raise TimeoutError(f"waited {timeout_s:g} s for {what}\n{self.tails()}")
+        if not predicate():
+            raise RuntimeError(f"every agent exited while waiting for {what}\n{self.tails()}")
 
     def wait(self, timeout_s: float) -> dict[str, int | None]:
         """Wait for the agents still running; each one's exit status (``None``: killed, by us or the timeout)."""
         deadline = time.monotonic() + timeout_s
         for name, agent in self.agents.items():
-            if name in self.killed:
-                continue
-            try:
-                agent.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
+            if name not in self.killed and not wait_for(
+                lambda a=agent: a.poll() is not None, deadline - time.monotonic()
+            ):
                 self.kill(name)
         return {name: None if name in self.killed else agent.returncode for name, agent in self.agents.items()}
 

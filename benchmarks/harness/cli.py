@@ -1,14 +1,9 @@
 """``python -m benchmarks list`` and ``python -m benchmarks run SCENARIO [flags]``.
 
-Every scenario takes its own flags (``python -m benchmarks run SCENARIO --help``) and the harness's:
-
-- ``--grid [--grid-axes emulation,cost,...]``: the study over the grid of conditions (:mod:`.grid`), from the base
-  point its other flags set; the median and the worst cell of each figure;
-- ``--check``: parse the flags and exit (what the docs' commands are tested with);
-- ``--repeats N`` where the study has no repeats of its own: the whole study N times, each run's JSON suffixed
-  ``_rK``.
-
-Unknown flags are errors.
+Every scenario takes its own flags (``python -m benchmarks run SCENARIO --help``) and the harness's: ``--grid
+[--grid-axes emulation,cost,...]`` (the study over the grid of conditions, :mod:`.grid`: the median and the worst
+cell of each figure), ``--check`` (parse the flags and exit) and, where the study has none, ``--repeats N`` (the
+whole study N times, each JSON suffixed ``_rK``). Unknown flags are errors.
 """
 
 from __future__ import annotations
@@ -21,6 +16,7 @@ from typing import NoReturn
 
 from benchmarks import scenarios
 from benchmarks.harness.grid import AXES, run_grid
+from benchmarks.harness.record import begin
 
 
 class ScenarioParser(argparse.ArgumentParser):
@@ -71,6 +67,7 @@ def run(name: str, argv: list[str]) -> None:
         run_grid(name, args, out_dest, module.grid_axes(args), module.main, module.figures, axes)
         return
     if not harness_repeats or args.repeats == 1:
+        begin(args)
         module.main(args)
         return
     out_dest = getattr(module, "OUT_DEST", "out")
@@ -79,6 +76,7 @@ def run(name: str, argv: list[str]) -> None:
         out = getattr(args, out_dest, None)
         if out is not None:
             setattr(each, out_dest, Path(out).with_name(f"{Path(out).stem}_r{k + 1}{Path(out).suffix}"))
+        begin(each)
         module.main(each)
 
 

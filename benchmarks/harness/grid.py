@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import stats
-from benchmarks.harness.record import conditions, write_json
+from benchmarks.harness.record import begin, conditions, write_json
 
 AXES = ("emulation", "cost", "epoch", "workers", "quota")
 
@@ -42,6 +42,19 @@ def scaled(values: str, factor: float) -> str:
         '8,16'
     """
     return ",".join(f"{float(v) * factor:g}" for v in values.split(","))
+
+
+def workers_hl_axes(args: argparse.Namespace, cost: str) -> dict[str, list[Cell] | str]:
+    """The axes of a study over ``--workers`` x ``--hl`` with ``--throttle`` sleep or cfs, ``--samples`` per epoch and
+    the per-sample cost in ``args.<cost>``: one condition varied at a time from the command line's cells."""
+    other = "cfs" if args.throttle == "sleep" else "sleep"
+    return {
+        "emulation": [Cell("emulation", other, {"throttle": other})],
+        "cost": [Cell("cost", f"x{k:g}", {cost: getattr(args, cost) * k}) for k in (0.5, 2)],
+        "epoch": [Cell("epoch", f"x{k:g}", {"samples": round(args.samples * k)}) for k in (0.25, 4)],
+        "workers": [Cell("workers", "x2", {"workers": scaled(args.workers, 2)})],
+        "quota": [Cell("quota", f"HL x{k:g}", {"throttle": "cfs", "hl": scaled(args.hl, k)}) for k in (0.5, 2)],
+    }
 
 
 def cells(axes: dict[str, list[Cell] | str], only: list[str]) -> tuple[list[Cell], dict[str, str]]:
@@ -103,6 +116,7 @@ def run_grid(
         row: dict[str, Any] = {"axis": cell.axis, "label": cell.label, "overrides": cell.overrides}
         started, load_before = time.time(), conditions()["load_average"]
         try:
+            begin(cell_args)
             run(cell_args)
             row["figures"] = figures(json.loads(Path(getattr(cell_args, out_dest)).read_text()))
         except Exception as error:  # a failed cell is reported, and the grid goes on

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,35 @@ def module_command(module: str, *args: object) -> list[str]:
     return [sys.executable, "-m", f"benchmarks.{module}", *map(str, args)]
 
 
+def spawn(command: Sequence[str], log: Path, env: dict[str, str] | None = None, **popen: Any) -> subprocess.Popen:
+    """Starts ``command`` in a session of its own (:func:`stop` ends it with all it started), printing into ``log``."""
+    with open(log, "a") as handle:
+        return subprocess.Popen(
+            list(command), env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True, **popen
+        )
+
+
+def stop(proc: subprocess.Popen, within_s: float = 0.0) -> int | None:
+    """Waits up to ``within_s`` for ``proc``, then kills its session; its exit status (``None``: it was killed)."""
+    try:
+        return proc.wait(timeout=max(within_s, 0.01))
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return None
+
+
+def wait_for(predicate: Callable[[], Any], timeout_s: float, poll_s: float = 0.1) -> bool:
+    """Polls ``predicate`` every ``poll_s`` until it holds (``True``) or ``timeout_s`` passes (``False``)."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(poll_s)
+    return True
+
+
 def run_jobs(
     commands: Sequence[Sequence[str]],
     timeout_s: float = 1200,
@@ -63,14 +92,8 @@ def run_jobs(
     folder = logs
     folder.mkdir(parents=True, exist_ok=True)
     envs = [child_env()] * len(commands) if env is None else [env] * len(commands) if isinstance(env, dict) else env
-    started = []
-    for i, (command, job_env) in enumerate(zip(commands, envs, strict=True)):
-        log = folder / f"job{i}.log"
-        with open(log, "w") as handle:
-            proc = subprocess.Popen(
-                list(command), env=job_env, stdout=handle, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True
-            )
-        started.append((proc, log))
+    logs_of = [folder / f"job{i}.log" for i in range(len(commands))]
+    started = [(spawn(c, log, e, cwd=ROOT), log) for c, log, e in zip(commands, logs_of, envs, strict=True)]
     deadline, failed = time.monotonic() + timeout_s, None
     try:
         while failed is None and any(proc.poll() is None for proc, _ in started):
@@ -82,10 +105,7 @@ def run_jobs(
             time.sleep(0.1)
     finally:  # also when this process is stopped: no rank is left waiting in a collective
         for proc, _ in started:
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            stop(proc)
     if failed is None:
         bad = [i for i, (proc, _) in enumerate(started) if proc.returncode != 0 and i not in may_fail]
         failed = (bad[0], f"exit {started[bad[0]][0].returncode}") if bad else None
@@ -98,6 +118,17 @@ def run_jobs(
 def run_job(command: Sequence[str], timeout_s: float = 1200, env: dict[str, str] | None = None) -> str:
     """One job, as :func:`run_jobs`."""
     return run_jobs([command], timeout_s, env)[0]
+
+
+def run_json(
+    command: Callable[[Path], Sequence[str]], timeout_s: float = 1200, env: dict[str, str] | None = None
+) -> Any:
+    """Runs the job ``command(out)`` (as :func:`run_job`), which writes JSON to ``out`` (a file in a temporary
+    folder), and returns what it wrote."""
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        out = Path(tmp) / "result.json"
+        run_job(command(out), timeout_s, env)
+        return json.loads(out.read_text())
 
 
 def run_ranks(

@@ -1,17 +1,23 @@
-"""What the studies' training runs share: a quiet CPU Trainer, a train/validation split of the generated data, a
-perceptron with optional emulated compute, and a per-epoch recorder of training times."""
+"""What the studies' training runs share: a quiet CPU Trainer, a train/validation split of the generated data and
+its fit, per-rank slowdowns, emulated compute (a sleep or a busy loop) in a perceptron, the callbacks that time steps
+and epochs, a start barrier for jobs run side by side, a child's command-line flags, and the result's JSON written
+as a run ends."""
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 from torch import nn
-from torch.utils.data import TensorDataset
+from torch.utils.data import DataLoader, TensorDataset
 from typing_extensions import override
 
 from lightning_hetero.synthetic import make_classification
@@ -38,6 +44,80 @@ def classification_split(
     return TensorDataset(x[:samples], y[:samples]), TensorDataset(x[samples:], y[samples:])
 
 
+def fit(
+    trainer: L.Trainer, model: L.LightningModule, train: TensorDataset, val: TensorDataset, batch_size: int
+) -> None:
+    """``trainer.fit`` on shuffled training batches of ``batch_size`` and validation batches of 1024."""
+    trainer.fit(model, DataLoader(train, batch_size=batch_size, shuffle=True), DataLoader(val, batch_size=1024))
+
+
+def chosen(text: str, known: Sequence[str]) -> list[str]:
+    """The comma-separated configurations named in ``text``; an unknown one exits, naming the known ones."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if unknown := sorted(set(names) - set(known)):
+        raise SystemExit(f"error: unknown configs {unknown}; choose from {', '.join(known)}")
+    return names
+
+
+def add_child_flags(parser: argparse.ArgumentParser, configs: Sequence[str]) -> None:
+    """The hidden flags with which a study runs one of its cells in a child process: ``--run CONFIG`` on ``--n``
+    ranks at heterogeneity level ``--level`` with ``--seed``."""
+    parser.add_argument("--run", choices=configs, help=argparse.SUPPRESS)
+    parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--level", type=float, help=argparse.SUPPRESS)
+    parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+
+
+def finish(trainer: L.Trainer, path: str | Path, result: Any, every_rank: bool = False) -> None:
+    """Writes ``result`` as JSON to ``path`` on rank 0 (or on ``every_rank``), then leaves the process group: a gloo
+    group left alive can abort the interpreter at exit."""
+    if every_rank or trainer.is_global_zero:
+        Path(path).write_text(json.dumps(result, default=str))
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def slowdown_factors(workers: int, hl: float) -> list[float]:
+    """Per-rank slowdowns from 1 (rank 0) to ``hl`` (the last rank), geometrically spaced.
+
+    Example::
+
+        >>> slowdown_factors(2, 4.0), [round(f, 2) for f in slowdown_factors(3, 4.0)], slowdown_factors(1, 4.0)
+        ([1.0, 4.0], [1.0, 2.0, 4.0], [1.0])
+    """
+    if workers == 1:
+        return [1.0]
+    return [hl ** (rank / (workers - 1)) for rank in range(workers)]
+
+
+def flags(**values: Any) -> list[str]:
+    """A child's command-line words for ``values`` (``cost_s`` -> ``--cost-s``; ``True``: the bare flag; ``False``
+    and ``None``: nothing).
+
+    Example::
+
+        >>> flags(cost_s=0.5, breakdown=True, quick=False, out=None)
+        ['--cost-s', '0.5', '--breakdown']
+    """
+    words: list[str] = []
+    for key, value in values.items():
+        if value is not None and value is not False:
+            words += [f"--{key.replace('_', '-')}"] + ([] if value is True else [str(value)])
+    return words
+
+
+def spend(seconds: float, compute: str = "sleep") -> None:
+    """Emulated compute: sleep ``seconds`` (no CPU used: ranks do not compete for the host's cores), or with
+    ``compute="spin"`` spend them on the process's CPU clock in a busy loop (ranks compete as real compute does,
+    and a CPU quota throttles it)."""
+    if compute == "sleep":
+        time.sleep(seconds)
+        return
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+
+
 class MLP(L.LightningModule):
     """A perceptron ``features -> hidden... -> classes``, SGD with momentum, ``val_acc`` logged across ranks.
 
@@ -47,9 +127,15 @@ class MLP(L.LightningModule):
         hidden: the hidden layers' widths.
         lr: SGD learning rate.
         momentum: SGD momentum.
-        cost_s: emulated compute: each training step also sleeps this many seconds per sample (summed in
-            ``slept_s``).
+        cost_s: emulated compute (:func:`spend`) per sample of each training step.
         activation: the hidden layers' activation.
+        overhead_s: emulated compute per training step.
+        compute: how the compute is emulated (``"sleep"`` or ``"spin"``, see :func:`spend`).
+        log_loss: log ``train_loss`` every step, as ``lightning_hetero.synthetic.MLPClassifier`` does (the workers
+            that trained that model keep its per-step cost).
+
+    Notes:
+        ``emulated_cpu_s`` sums the sleeps, so that a CPU quota can charge them as compute (:meth:`cpu_clock`).
     """
 
     def __init__(
@@ -61,27 +147,42 @@ class MLP(L.LightningModule):
         momentum: float,
         cost_s: float = 0.0,
         activation: type[nn.Module] = nn.ReLU,
+        overhead_s: float = 0.0,
+        compute: str = "sleep",
+        log_loss: bool = False,
     ) -> None:
         super().__init__()
-        self.lr, self.momentum, self.cost_s = lr, momentum, cost_s
+        self.lr, self.momentum, self.cost_s, self.overhead_s, self.compute = lr, momentum, cost_s, overhead_s, compute
+        self.log_loss = log_loss
         layers: list[nn.Module] = []
         width = features
         for size in hidden:
             layers += [nn.Linear(width, size), activation()]
             width = size
         self.net = nn.Sequential(*layers, nn.Linear(width, classes))
-        self.slept_s = 0.0
+        self.emulated_cpu_s = 0.0
+
+    def step_cost_s(self, samples: int) -> float:
+        """The emulated compute of a training step on ``samples`` samples."""
+        return self.overhead_s + self.cost_s * samples
+
+    def cpu_clock(self) -> float:
+        """The process's CPU time plus the emulated sleeps (``SlowdownEmulator``'s ``cpu_clock`` for a quota)."""
+        return time.process_time() + self.emulated_cpu_s
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch
-        if self.cost_s > 0:
-            started = time.perf_counter()
-            time.sleep(self.cost_s * x.shape[0])
-            self.slept_s += time.perf_counter() - started
-        return nn.functional.cross_entropy(self(x), y)
+        seconds = self.step_cost_s(x.shape[0])
+        if seconds > 0:
+            spend(seconds, self.compute)
+            self.emulated_cpu_s += seconds if self.compute == "sleep" else 0.0
+        loss = nn.functional.cross_entropy(self(x), y)
+        if self.log_loss:
+            self.log("train_loss", loss, prog_bar=True)
+        return loss
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         x, y = batch
@@ -133,3 +234,50 @@ class TrainingTimes(Callback):
     def extra(self, trainer: L.Trainer, mode: str) -> dict[str, Any]:
         """More fields for this epoch's record (none here)."""
         return {}
+
+
+class StepClock(Callback):
+    """A rank's clock per training step: its start and end (``perf_counter``) and its local batch size."""
+
+    def __init__(self) -> None:
+        self.starts: list[float] = []
+        self.ends: list[float] = []
+        self.local_sizes: list[int] = []
+
+    @override
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self.starts.append(time.perf_counter())
+        self.local_sizes.append(int(batch[0].shape[0]))
+
+    @override
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        self.ends.append(time.perf_counter())
+
+    def gather_sizes(self, trainer: L.Trainer) -> list[list[int]]:
+        """Every rank's local batch sizes, step by step (an all-gather: every rank calls it)."""
+        if trainer.world_size == 1:
+            return [self.local_sizes]
+        gathered: list[Any] = [None] * trainer.world_size
+        torch.distributed.all_gather_object(gathered, self.local_sizes)
+        return gathered
+
+
+class StartTogether(Callback):
+    """Jobs run side by side wait for each other before training, as the ranks of a distributed job do, so that no
+    job's measured epochs overlap another's start-up (imports take seconds of CPU).
+
+    Args:
+        folder: a folder shared by the jobs.
+        jobs: how many jobs meet there.
+    """
+
+    def __init__(self, folder: str | Path, jobs: int) -> None:
+        self.folder, self.jobs = Path(folder), jobs
+
+    @override
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        (self.folder / f"ready-{os.getpid()}").touch()
+        while len(list(self.folder.glob("ready-*"))) < self.jobs:
+            time.sleep(0.01)

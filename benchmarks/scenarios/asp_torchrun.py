@@ -6,8 +6,6 @@ pushed update), and per membership change the updates lost (trained by the stopp
 the next attempt resumed) and the time without training (from the stopped attempt's last step to the next attempt's
 first); for both runs the wall time, the final validation accuracy and whether every epoch of the final history
 trained every sample once. Prints a table and writes JSON.
-
-Usage: python -m benchmarks run asp_torchrun [--epochs 10] [--samples 2048] [--out asp_torchrun.json]
 """
 
 from __future__ import annotations

@@ -1,25 +1,15 @@
 """Accuracy of everyday Lightning usages under each feature against plain DDP on the same usage (issue 29's goal:
 within 5 points).
 
-Every feature runs the same cells as ``tests/compat`` (``tests/scripts/compat_cells.py``, the one worker, so the
-benchmark measures exactly what the tests run), two CPU ranks on gloo with rank 1 slowed 3 x (``SlowdownEmulator``,
-sleep), on harder generated data than the tests use: 1024 training samples of 8 noisy classes (noise 3.0), 3 epochs,
-global batch 16. For each usage and feature: the median over seeds of the final validation accuracy (rank 0's, which
-``sync_dist`` makes the ranks' mean; a run that stopped mid-epoch without validating, as DDP does at ``max_steps``,
-is validated after ``fit``), and its distance from plain DDP's median on the same usage.
-
-Usage:
-    python -m benchmarks run compat                  # 3 seeds, ~8 minutes on 2 cores
-    python -m benchmarks run compat --seeds 0 --features ddp,asp   # a quick look
-    python -m benchmarks run compat --out benchmarks/results/compat.json   # replace the committed results
-
-Writes ``benchmarks/results/local/compat.json`` unless ``--out`` names another file, and prints the table.
+Every feature runs the cells of ``tests/compat`` (``tests/scripts/compat_cells.py``), two CPU ranks on gloo with
+rank 1 slowed 3 x (sleep), on harder data: 1024 samples of 8 noisy classes (noise 3.0), 3 epochs, global batch 16.
+Per usage and feature: the median over seeds of the final validation accuracy (rank 0's, the ranks' mean through
+``sync_dist``) and its distance from plain DDP's. Writes ``benchmarks/results/local/compat.json`` (``--out``).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
 import statistics
 import subprocess
@@ -41,19 +31,7 @@ USAGES = (
     "plain", "max_steps", "max_time", "onecycle", "batchnorm", "limit_train_batches", "val_check_interval",
     "val_check_batches", "accumulate",
 )  # fmt: skip
-DATA = [
-    "--samples",
-    "1024",
-    "--epochs",
-    "3",
-    "--noise",
-    "3.0",
-    "--classes",
-    "8",
-    "--max-time-s",
-    "3",
-    "--final-validate",
-]
+DATA = ["--samples", "1024", "--epochs", "3", "--noise", "3.0", "--classes", "8", "--max-time-s", "3", "--final-validate"]  # fmt: skip
 TARGET_POINTS = 5.0
 
 #: why ``--grid`` does not apply
@@ -128,15 +106,8 @@ def format_table(rows: Sequence[dict[str, Any]], features: Sequence[str]) -> str
     return "\n".join(lines)
 
 
-def conditions(seeds: Sequence[int], wall_s: float) -> dict[str, Any]:
-    def version(name: str) -> str | None:
-        try:
-            return importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            return None
-
+def conditions(seeds: Sequence[int]) -> dict[str, Any]:
     return {
-        "versions": {name: version(name) for name in ("torch", "lightning", "lightning-hetero")},
         "worker": "tests/scripts/compat_cells.py " + " ".join(DATA),
         "ranks": "2 CPU processes, gloo, rank 1 slowed 3 x (SlowdownEmulator sleep)",
         "model": "MLPClassifier 32-64-8 (BatchNorm variant for batchnorm), SGD lr 0.1 (0.05 with BatchNorm)",
@@ -150,17 +121,16 @@ def conditions(seeds: Sequence[int], wall_s: float) -> dict[str, Any]:
         },
         "statistic": f"median over seeds {list(seeds)} of rank 0's final val_acc (sync_dist); target: at most "
         f"{TARGET_POINTS:g} points below DDP's median on the same usage",
-        "wall_s": round(wall_s, 1),
     }
 
 
 def write_report(
-    runs: dict[str, list[dict[str, Any]]], usages: Sequence[str], seeds: Sequence[int], wall_s: float, out: Path
+    runs: dict[str, list[dict[str, Any]]], usages: Sequence[str], seeds: Sequence[int], out: Path
 ) -> dict[str, Any]:
     """The report so far (the seeds every feature has run), written to ``out`` after each run."""
     done = min(len(seeds_run) for seeds_run in runs.values())
     complete = {feature: seeds_run[:done] for feature, seeds_run in runs.items()}
-    report = {"conditions": conditions(seeds[:done], wall_s), "rows": summarise(complete, usages), "runs": runs}
+    report = {"conditions": conditions(seeds[:done]), "rows": summarise(complete, usages), "runs": runs}
     write_json(out, report)
     return report
 
@@ -184,7 +154,7 @@ def main(args: argparse.Namespace) -> None:
         for feature in features:
             runs[feature].append(run_feature(feature, seed, usages, args.timeout_s))
             print(f"seed {seed} {feature}: done at {time.perf_counter() - started:.0f} s", flush=True)
-            report = write_report(runs, usages, seeds[: len(runs[feature])], time.perf_counter() - started, args.out)
+            report = write_report(runs, usages, seeds[: len(runs[feature])], args.out)
     rows = report["rows"]
     print()
     print(format_table(rows, features))

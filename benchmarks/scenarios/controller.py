@@ -1,60 +1,27 @@
-"""Benchmark: HeteroBatchCallback's controller against the best static split found by a sweep (issue 17's goals).
+"""HeteroBatchCallback's controller against the best static split found by a sweep.
 
-Scenarios (2 and 4 DDP ranks on gloo, global batch 64, adjustments every 8 steps):
-  sleep HL2 / HL4 / HL8   SlowdownEmulator sleeps; 4-rank factors follow OmniLearn's BSP core counts
-  cfs                     SlowdownEmulator(throttle="cfs"): a CPU quota of 1/factor per 100 ms period
-  cfs cpu                 the same quota on real CPU work (a busy loop): the ranks compete for the host's cores
-                          (2 ranks at 1 and 1/4 CPU; 4 ranks at 1/2, 1/2, 1/2 and 1/8)
-  flip                    the slow and fast ranks swap 2 steps after an adjustment (sleep HL4, then cfs 1/4)
-  flip, default cadence   the same in one long epoch with the callback's default cadence (adjustments every 32
-                          steps after the early ones; sleep HL4, cfs 1/4, cfs cpu 1/4), periods of 32 steps
-  homogeneous             equal ranks: HeteroBatch against plain DDP, and plain DDP against itself (the noise
-                          floor), the three arms in rotating order
-  first epoch             one epoch from the equal split, whole-epoch throughput (HL4 sleeps, cfs cpu 1/4): the
-                          callback's default cadence (early adjustments in the first epoch) against adjustments at
-                          epoch ends only (no change inside this epoch) and the speed-proportional static split,
-                          ``--paired`` repeats in rotating order
-Each launch of N ranks runs the controller and every static candidate one after another, ``--repeats`` times
-interleaved (4-rank static scenarios one time fewer), so that all of them see the same machine load; medians over
-repeats are reported. Static candidates are splits proportional to speed**gamma (6 for 2 ranks, 3 for 4 ranks).
-The sweep's best median is the maximum of several noisy figures, biased upwards, so it only *picks* the best static
-split: a second launch then runs the controller and that split in ``--paired`` pairs (which goes first alternates),
-and the fraction of the best static split is the median of the per-pair ratios (``--ablate-refine`` adds a third arm,
-the controller without refinements below the deadband). The sweep's maximum and the fraction against it stay in the
-JSON (``sweep_best_samples_per_s``, ``fraction_of_sweep_max``).
-
-Figures: throughput (global samples per second of wall time over steps after the first two adjustment periods),
-fraction of the best static split, split changes, worst inversion (samples by which a slower rank's batch exceeded
-a faster rank's, against the emulated truth), and after a speed change the settling time (adjustment periods until
-the split stays within 10% of the global batch of its final value) and overshoot (the largest move beyond the
-final split, as a fraction of that rank's final batch).
-
-``--defaults`` runs the static scenarios' controller at the callback's default cadence (after steps 10 and 18, then
-every 32 steps) instead of every 8 steps, its throughput counted after 24 steps instead of 16.
-
-``--factors F1,F2[,...]`` (with ``--throttle``, ``--compute``, ``--cost-s``) runs one static scenario of those
-conditions instead ("custom"); it is the grid's base point (default: cfs cpu 1/4, 2 ranks, the callback's cadence
-as given by ``--defaults``), and its figure the fraction of the best static split.
-
-Usage: python -m benchmarks run controller [--quick] [--repeats 3] [--paired 5] [--ablate-refine] [--defaults];
-JSON to benchmarks/results/controller.json.
+2 and 4 DDP ranks on gloo (``controller_worker.py``), global batch 64, adjustments every 8 steps; ranks slowed by
+``SlowdownEmulator`` sleeps (``sleep HL2/HL4/HL8``), a CPU quota (``cfs``), the quota on real CPU work (``cfs cpu``),
+speeds that swap (``flip``), equal ranks (``homogeneous``: also DDP against itself, the noise floor) or one epoch
+from the equal split (``first epoch``). A sweep of static splits (proportional to speed**gamma) picks the best one;
+a second launch runs the controller and it in ``--paired`` pairs, and the figure is the median per-pair ratio. Also:
+split changes, the worst inversion, periods to settle after a speed change and the overshoot. ``--defaults``: the
+callback's default cadence; ``--factors`` (with ``--throttle``, ``--compute``, ``--cost-s``): one custom scenario.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
 from benchmarks.harness.grid import Cell
-from benchmarks.harness.launch import RESULTS, child_env, module_command, run_job
-from benchmarks.harness.record import write_json
-from benchmarks.harness.stats import paired_ratios, rotating_order
+from benchmarks.harness.launch import RESULTS, child_env, module_command, run_json
+from benchmarks.harness.models import flags
+from benchmarks.harness.record import table, write_json
+from benchmarks.harness.stats import paired_ratios, proportional_splits, rotating_order
 from lightning_hetero.hetero_batch.period import STEADY_PERIOD
 
 GLOBAL_BATCH = 64
@@ -68,15 +35,10 @@ TWO_RANKS = {"HL2": [1.0, 2.0], "HL4": [1.0, 4.0], "HL8": [1.0, 8.0]}
 
 
 def launch(factors: list[float], runs: list[dict], throttle: str, steps: int, **extra: object) -> list[dict]:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "result.json"
-        cmd = module_command("controller_worker", out, "--runs", json.dumps(runs), "--throttle", throttle)
-        cmd += ["--factors", ",".join(f"{f:.4g}" for f in factors), "--steps", str(steps)]
-        cmd += ["--global-batch", str(GLOBAL_BATCH), "--adjust-every", str(PERIOD)]
-        for key, value in extra.items():
-            cmd += [f"--{key.replace('_', '-')}", str(value)]
-        run_job(cmd, env=child_env(PYTHONWARNINGS="ignore"))
-        return json.loads(out.read_text())
+    settings = flags(throttle=throttle, factors=",".join(f"{f:.4g}" for f in factors), steps=steps,
+                     global_batch=GLOBAL_BATCH, adjust_every=PERIOD, **extra)  # fmt: skip
+    command = lambda out: module_command("controller_worker", out, "--runs", json.dumps(runs), *settings)  # noqa: E731
+    return run_json(command, env=child_env(PYTHONWARNINGS="ignore"))
 
 
 def throughput(result: dict, skip: int) -> float:
@@ -121,21 +83,13 @@ def settling(splits: list[tuple[int, ...]], switch: int, before: tuple[int, ...]
 
 def speed_split(factors: list[float], gamma: float = 1.0) -> list[int]:
     """The global batch split in proportion to speed**gamma (speed: 1 / slowdown factor)."""
-    from lightning_hetero.allocation import apportion
-
-    n = len(factors)
-    return apportion([(1 / f) ** gamma for f in factors], GLOBAL_BATCH, [1] * n, [GLOBAL_BATCH] * n)
+    return proportional_splits([1 / f for f in factors], GLOBAL_BATCH, [gamma])[0]
 
 
 def static_candidates(factors: list[float]) -> list[list[int]]:
     """Splits proportional to speed**gamma, around the plain proportional split (gamma = 1)."""
     gammas = [0.7, 0.85, 1.0, 1.15, 1.3, 1.6] if len(factors) == 2 else [0.8, 1.0, 1.3]
-    candidates = []
-    for gamma in gammas:
-        split = speed_split(factors, gamma)
-        if split not in candidates:
-            candidates.append(split)
-    return candidates
+    return proportional_splits([1 / f for f in factors], GLOBAL_BATCH, gammas)
 
 
 def arm_runs(results: list[dict], arm: dict) -> list[dict]:
@@ -180,25 +134,13 @@ def static_scenario(
     }
     hetero = [r for r in results if r["run"]["kind"] == "hetero"]
     if args.paired:
-        # re-measure the sweep's pick side by side with the controller (and the ablation): the arms of each repeat
-        # run back to back, their order rotating from one repeat to the next
+        # re-measure the sweep's pick side by side with the controller: the arms of each repeat run back to back,
+        # their order rotating from one repeat to the next
         arms = [controller, {"kind": "static", "split": list(best_split)}]
-        if args.ablate_refine:
-            arms.append({"kind": "hetero", "refine": False})
         paired = launch(factors, rotating_order(arms, args.paired), throttle, args.steps, **compute)
-        ours_runs, best_runs = ([throughput(r, skip) for r in arm_runs(paired, arm)] for arm in arms[:2])
+        ours_runs, best_runs = ([throughput(r, skip) for r in arm_runs(paired, arm)] for arm in arms)
         ratios = paired_ratios(ours_runs, best_runs)
         hetero = arm_runs(paired, arms[0])
-        if args.ablate_refine:
-            plain = arm_runs(paired, arms[2])
-            plain_ratios = paired_ratios([throughput(r, skip) for r in plain], best_runs)
-            row["without_refinement"] = {
-                "fraction_of_best_static": statistics.median(plain_ratios),
-                "paired_ratios": plain_ratios,
-                "split_changes": statistics.median(len(r["history"]) for r in plain),
-                "final_splits": [list(splits_per_step(r)[-1]) for r in plain],
-                "changes": [[change_record(h) for h in r["history"]] for r in plain],
-            }
         row |= {
             "paired_repeats": args.paired,
             "controller_runs": ours_runs,
@@ -353,23 +295,22 @@ def homogeneous_scenario(args: argparse.Namespace) -> dict:
 
 def print_table(args: argparse.Namespace, results: list[dict]) -> None:
     cadence = "the default cadence" if args.defaults else f"adjust every {PERIOD} steps"
-    print(
-        f"\nController benchmark ({platform.machine()}, {os.cpu_count()} cores, load average "
-        f"{os.getloadavg()[0]:.1f}; global batch {GLOBAL_BATCH}; {cadence}; {args.repeats} "
-        f"interleaved repeats, medians)"
-    )
-    print(
-        f"{'scenario':<24} {'ctrl/s':>7} {'best static':>18} {'fraction':>8} {'vs sweep max':>12} {'changes':>7} "
-        f"{'inversion':>9} {'late changes':>12}"
-    )
-    for row in results:
-        if "fraction_of_best_static" in row:
-            best = f"{row['best_static_samples_per_s']:.0f} {row['best_static_split']}"
-            print(
-                f"{row['title']:<24} {row['controller_samples_per_s']:>7.0f} {best:>18} "
-                f"{row['fraction_of_best_static']:>8.3f} {row['fraction_of_sweep_max']:>12.3f} "
-                f"{row['split_changes']:>7} {row['worst_inversion']:>9} {row['late_changes']!s:>12}"
-            )
+    print(f"\nController: global batch {GLOBAL_BATCH}; {cadence}; {args.repeats} interleaved repeats, medians")
+    keys = ("controller_samples_per_s", "best_static_samples_per_s", "best_static_split", "fraction_of_best_static",
+            "fraction_of_sweep_max", "split_changes", "worst_inversion", "late_changes")  # fmt: skip
+    header = [
+        "scenario",
+        "ctrl/s",
+        "best static/s",
+        "split",
+        "fraction",
+        "vs sweep max",
+        "changes",
+        "inversion",
+        "late",
+    ]
+    cells = [[row["title"], *(row[key] for key in keys)] for row in results if "fraction_of_best_static" in row]
+    print(table(header, cells, ["", ".0f", ".0f", "", ".3f", ".3f"]))
     for row in results:
         if "settled_periods" in row:
             print(
@@ -392,48 +333,22 @@ def print_table(args: argparse.Namespace, results: list[dict]) -> None:
             )
 
 
-def write(args: argparse.Namespace, results: list[dict], started: float) -> None:
-    conditions = {
-        "global_batch": GLOBAL_BATCH,
-        "adjust_every_n_steps": PERIOD,
-        "defaults": args.defaults,
-        "steps": args.steps,
-        "repeats": args.repeats,
-        "paired_repeats": args.paired,
-        "ablate_refine": args.ablate_refine,
-        "quick": args.quick,
-        "cost_s": args.cost_s,
-        "load_average": os.getloadavg(),
-        "wall_s": time.time() - started,
-    }
+def write(args: argparse.Namespace, results: list[dict]) -> None:
+    conditions = {"global_batch": GLOBAL_BATCH, "adjust_every_n_steps": PERIOD}
     write_json(args.out, {"conditions": conditions, "scenarios": results})
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--quick", action="store_true", help="2-rank scenarios only, 1 repeat, 1 pair, 64 steps")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=96)
-    parser.add_argument(
-        "--paired", type=int, default=5, help="controller / best-static pairs per static scenario (0: sweep only)"
-    )
-    parser.add_argument(
-        "--ablate-refine", action="store_true", help="paired runs also run the controller without refinements"
-    )
-    parser.add_argument(
-        "--defaults",
-        action="store_true",
-        help="static scenarios: the controller at the callback's default cadence instead of every 8 steps",
-    )
+    parser.add_argument("--paired", type=int, default=5, help="controller / best-static pairs (0: sweep only)")
+    parser.add_argument("--defaults", action="store_true", help="the controller at the callback's default cadence")
     parser.add_argument("--only", default="", help="semicolon-separated scenario titles to run (default: all)")
     parser.add_argument("--factors", default="", help="only one static scenario of these slowdowns ('custom')")
     parser.add_argument("--throttle", choices=["sleep", "cfs"], default="cfs", help="with --factors")
     parser.add_argument("--compute", choices=["sleep", "spin"], default="spin", help="with --factors")
     parser.add_argument("--cost-s", type=float, default=0.001, help="emulated compute per sample at factor 1")
     parser.add_argument("--out", type=Path, default=RESULTS / "controller.json")
-
-
-def default_out(args: argparse.Namespace) -> Path:
-    return args.out
 
 
 def grid_axes(args: argparse.Namespace) -> dict[str, list[Cell] | str]:
@@ -470,67 +385,52 @@ def figures(payload: dict) -> dict[str, float]:
 
 
 def main(args: argparse.Namespace) -> None:
-    if args.quick:
-        args.repeats, args.steps, args.paired = 1, 64, 1
-    started = time.time()
-    plan: list[tuple[str, object]] = []
+    # (title, scenario, its name, factors, throttle, compute, options); "cfs cpu, 4 ranks": quotas summing to 1.6
+    # CPUs (4 CPU-bound ranks at full speed would oversubscribe the 2 cores)
+    plan: list[tuple] = [
+        (f"sleep {k}, 2 ranks", static_scenario, k, f, "sleep", "sleep", {}) for k, f in TWO_RANKS.items()
+    ]
+    plan += [
+        ("cfs 1/4, 2 ranks", static_scenario, "cfs 1/4", [1.0, 4.0], "cfs", "sleep", {}),
+        ("cfs cpu 1/4, 2 ranks", static_scenario, "cfs cpu 1/4", [1.0, 4.0], "cfs", "spin", {}),
+        ("flip HL4, 2 ranks", flip_scenario, "flip HL4", [1.0, 4.0], "sleep", "sleep", {}),
+        ("flip cfs 1/4, 2 ranks", flip_scenario, "flip cfs 1/4", [1.0, 4.0], "cfs", "sleep", {}),
+    ]
+    for title, throttle, compute in (("flip HL4", "sleep", "sleep"), ("flip cfs 1/4", "cfs", "sleep"),
+                                     ("flip cfs cpu 1/4", "cfs", "spin")):  # fmt: skip
+        name = f"{title}, default cadence"
+        plan.append((f"{name}, 2 ranks", flip_scenario, name, [1.0, 4.0], throttle, compute, {"default_cadence": True}))
+    plan += [
+        ("homogeneous, 2 ranks", None, "homogeneous", [1.0, 1.0], "sleep", "sleep", {}),
+        ("first epoch HL4, 2 ranks", first_epoch_scenario, "first epoch HL4", [1.0, 4.0], "sleep", "sleep", {}),
+        ("first epoch cfs cpu 1/4, 2 ranks", first_epoch_scenario, "first epoch cfs cpu 1/4", [1.0, 4.0], "cfs",
+         "spin", {}),
+    ]  # fmt: skip
+    plan += [(f"sleep {k}, 4 ranks", static_scenario, k, f, "sleep", "sleep", {}) for k, f in FOUR_RANKS.items()]
+    plan += [
+        ("cfs, 4 ranks", static_scenario, "cfs 1,1/2,1/2,1/4", [1.0, 2.0, 2.0, 4.0], "cfs", "sleep", {}),
+        ("cfs cpu, 4 ranks", static_scenario, "cfs cpu 1/2,1/2,1/2,1/8", [2.0, 2.0, 2.0, 8.0], "cfs", "spin", {}),
+        ("flip HL4, 4 ranks", flip_scenario, "flip HL4", FOUR_RANKS["HL4"], "sleep", "sleep", {}),
+    ]
     if args.factors:
-        factors = [float(f) for f in args.factors.split(",")]
         name = f"custom {args.throttle} {args.compute} {args.factors}"
-        plan.append(("custom", lambda f=factors, n=name: static_scenario(n, f, args.throttle, args, args.compute)))
+        factors = [float(f) for f in args.factors.split(",")]
+        plan.insert(0, ("custom", static_scenario, name, factors, args.throttle, args.compute, {}))
         args.only = "custom"
-    for level, factors in TWO_RANKS.items():
-        plan.append((f"sleep {level}, 2 ranks", lambda f=factors, n=level: static_scenario(n, f, "sleep", args)))
-    plan.append(("cfs 1/4, 2 ranks", lambda: static_scenario("cfs 1/4", [1.0, 4.0], "cfs", args)))
-    plan.append(("cfs cpu 1/4, 2 ranks", lambda: static_scenario("cfs cpu 1/4", [1.0, 4.0], "cfs", args, "spin")))
-    plan.append(("flip HL4, 2 ranks", lambda: flip_scenario("flip HL4", [1.0, 4.0], "sleep", args)))
-    plan.append(("flip cfs 1/4, 2 ranks", lambda: flip_scenario("flip cfs 1/4", [1.0, 4.0], "cfs", args)))
-    for title, throttle, compute in (
-        ("flip HL4", "sleep", "sleep"),
-        ("flip cfs 1/4", "cfs", "sleep"),
-        ("flip cfs cpu 1/4", "cfs", "spin"),
-    ):
-        plan.append(
-            (
-                f"{title}, default cadence, 2 ranks",
-                lambda t=title, th=throttle, c=compute: flip_scenario(
-                    f"{t}, default cadence", [1.0, 4.0], th, args, c, default_cadence=True
-                ),
-            )
-        )
-    plan.append(("homogeneous, 2 ranks", lambda: homogeneous_scenario(args)))
-    plan.append(
-        ("first epoch HL4, 2 ranks", lambda: first_epoch_scenario("first epoch HL4", [1.0, 4.0], "sleep", args))
-    )
-    plan.append(
-        (
-            "first epoch cfs cpu 1/4, 2 ranks",
-            lambda: first_epoch_scenario("first epoch cfs cpu 1/4", [1.0, 4.0], "cfs", args, "spin"),
-        )
-    )
-    if not args.quick:
-        for level, factors in FOUR_RANKS.items():
-            plan.append((f"sleep {level}, 4 ranks", lambda f=factors, n=level: static_scenario(n, f, "sleep", args)))
-        plan.append(("cfs, 4 ranks", lambda: static_scenario("cfs 1,1/2,1/2,1/4", [1.0, 2.0, 2.0, 4.0], "cfs", args)))
-        plan.append(
-            (
-                "cfs cpu, 4 ranks",
-                # quotas summing to 1.6 CPUs: 4 CPU-bound ranks at full speed would oversubscribe the 2 cores
-                lambda: static_scenario("cfs cpu 1/2,1/2,1/2,1/8", [2.0, 2.0, 2.0, 8.0], "cfs", args, "spin"),
-            )
-        )
-        plan.append(("flip HL4, 4 ranks", lambda: flip_scenario("flip HL4", FOUR_RANKS["HL4"], "sleep", args)))
     only = {name.strip() for name in args.only.split(";") if name.strip()}
     results: list[dict] = []
-    for title, run in plan:
+    for title, scenario, name, factors, throttle, compute, options in plan:
         if only and title not in only:
             continue
         t0 = time.time()
-        row = run()  # type: ignore[operator]
+        if scenario is None:
+            row = homogeneous_scenario(args)
+        else:
+            row = scenario(name, factors, throttle, args, compute, **options)
         row["title"] = title
         row["wall_s"] = time.time() - t0
         results.append(row)
         print(f"{title}: done in {row['wall_s']:.0f} s", flush=True)
-        write(args, results, started)  # after every scenario, so a long run leaves its results so far
+        write(args, results)  # after every scenario, so a long run leaves its results so far
     print_table(args, results)
     print(f"\nwrote {args.out}")

@@ -1,57 +1,16 @@
-"""Real CPU limits: plain DDP, HeteroBatch BSP, ASP and the Sync-Switch hybrid in worker containers under quotas.
+"""Real CPU limits: plain DDP and HeteroBatch BSP in worker containers under quotas.
 
-Each configuration trains ``docker_worker.py``'s model (real compute, one thread per container) on 2 (or 4)
-containers of the worker image (``docker/build-image.sh``), with CPU quotas set through the emulator
-(``lightning-hetero emulate``'s code): static levels HL2 and HL4 (2 containers: the fastest at 1 CPU, the slowest
-at 1/HL; 4 containers: OmniLearn's BSP table with the fastest at 0.5 CPU, see ``LEVELS``), and one dynamic schedule
-by epoch (HL1 for the first two epochs, then HL4), applied by the emulator following the ranks' progress records. The ideal is measured, not
-assumed: each distinct quota trains alone in one container (``--standalone``), and a configuration's ideal
-throughput is the sum of its containers' standalone throughputs (per epoch, for the schedule). CFS statistics
-(periods throttled, time throttled) are read from each container's own cgroup before and after each run.
-
-HeteroBatch runs as a user gets it, ``HeteroBatchCallback()`` with every setting at its default (so the split changes
-early in the first epoch and at epoch ends). Workloads (``--model``): ``mlp`` (the default: a 1 M-parameter perceptron, cheap per sample, 4 MB of
-gradients per step) and ``resnet20`` (issue 17's: CIFAR ResNet-20 on generated images, global batch 128,
-compute-bound). With ``--sweep`` HeteroBatch's batch-weighted DDP also runs at fixed splits (``static``): splits
-proportional to the standalone throughputs raised to 0.75, 1, 1.5 and 3, the slowest container at one sample, and the
-split the controller ended at (run right after it: whether a shortfall is the controller's choice or the host's load
-changing between runs), so the controller is compared with the best static split under the same real quotas. With
-``--paired N`` the controller and the sweep's best static split then run alternately N times each (the order flipped
-every pair), and the summary gives the median of the per-pair ratios: side by side, so the host's load drifting
-between the one-minute runs weighs on both arms alike. The row of each HeteroBatch run counts its split changes after
-the warm-up epoch (``changes_after_warmup``). With ``--concurrent-ideal`` the standalone runs of a level are also
-measured all at once, one per container under the level's quotas: the ideal as the host delivers it while every
-container computes (on a 2-core host shared with other jobs a container alone runs faster than beside the others).
-With ``--pin`` each container also gets its own core (a cpuset beside its quota; the host's cores taken in turn), as
-on separate machines, and each standalone run computes on the core of a container at its quota; without it every
-container floats over all of the host's cores, where the containers and the host's own work meet on the same cores.
-
-Epoch 0 is an untimed warm-up. Throughput = training samples / training time over the timed epochs, where an
-epoch's time runs from the earliest rank's start to the latest rank's last batch (the containers share the host's
-clock; validation excluded).
-
-Usage:
-    python -m benchmarks run docker            # 2 containers, HL2, HL4 and the schedule, 4 methods
-    python -m benchmarks run docker --quick    # 2 containers, HL4 only, DDP and HeteroBatch, 3 epochs
-    python -m benchmarks run docker --quick --model resnet20 --sweep --concurrent-ideal --repeats 3
-    python -m benchmarks run docker --model resnet20 --levels HL4 --methods hetero --no-schedule --epochs 3 \\
-        --sweep --paired 2   # the controller against the best static split, side by side
-    python -m benchmarks run docker --model resnet20 --levels HL4 --methods hetero --no-schedule --epochs 3 \\
-        --sweep --repeats 3 --paired 1 --pin   # the same, each container on its own core
-    python -m benchmarks run docker --workers 2 4
-    python -m benchmarks run docker --plot-only benchmarks/results/docker.json benchmarks/results/docker_4w.json
-
-Writes ``benchmarks/results/docker.json`` (``--out``), prints a table and, when matplotlib is installed
-(``pip install -e ".[plots]"``), plots each method's samples/s as a fraction of the ideal per level to ``docker.png``
-beside the JSON (without matplotlib the plot is skipped with a note). ``--plot-only`` redraws that plot from existing
-JSON files (beside the first one) without running anything. Not run in CI (minutes per configuration on a 2-core
-host); it needs a Docker daemon and builds (or reuses) the worker image.
+2 (or 4) containers of the worker image (``docker/build-image.sh``) train ``docker_worker.py``'s CIFAR ResNet-20 on
+generated images (real compute, one thread, global batch 64 per container) at levels HL2 and HL4 (``LEVELS``); the
+ideal is the sum of each quota's standalone throughput. HeteroBatch runs with every setting at its default.
+``--sweep``: also fixed splits, and ``--paired N`` alternates the controller and the best one (median per-pair
+ratio); ``--concurrent-ideal``: standalone runs all at once; ``--pin``: a core per container. Epoch 0 is an untimed
+warm-up. Needs a Docker daemon; not run in CI.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import shutil
@@ -59,7 +18,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -68,24 +26,20 @@ from typing import Any
 
 from benchmarks.harness.launch import RESULTS, ROOT
 from benchmarks.harness.record import write_json
+from benchmarks.harness.stats import proportional_splits
 from lightning_hetero.allocation import apportion
 from lightning_hetero.emulation.config import load_config
 from lightning_hetero.emulation.docker_backend import DockerBackend
 from lightning_hetero.emulation.plan import ContainerUpdate
-from lightning_hetero.emulation.runner import run_dynamic, run_static
+from lightning_hetero.emulation.runner import run_static
 
 WORKER = ROOT / "benchmarks" / "docker_worker.py"
-METHODS = ("ddp", "hetero", "asp", "hybrid")
-METHOD_NAMES = {"ddp": "plain DDP", "hetero": "HeteroBatch", "asp": "ASP", "hybrid": "hybrid", "static": "static"}
-# docker_worker.py's arguments per workload (training runs, standalone runs) and its batch per rank
-MODELS = {
-    "mlp": ([], [], 256),
-    "resnet20": (
-        ["--model", "resnet20", "--samples", "2048", "--batch-size", "64", "--val-samples", "256"],
-        ["--model", "resnet20", "--samples", "1024", "--batch-size", "64", "--val-samples", "256"],
-        64,
-    ),
-}
+METHODS = ("ddp", "hetero")
+METHOD_NAMES = {"ddp": "plain DDP", "hetero": "HeteroBatch", "static": "static"}
+#: docker_worker.py's data per training and standalone run, and its batch per rank
+TRAIN_ARGS = ["--samples", "2048", "--batch-size", "64", "--val-samples", "256"]
+STANDALONE_ARGS = ["--samples", "1024", "--batch-size", "64", "--val-samples", "256"]
+BATCH_PER_RANK = 64
 SWEEP_GAMMAS = (0.75, 1.0, 1.5, 3.0)
 IMAGE = "lightning-hetero-worker:latest"
 # CPU quotas per container, fastest first: 2 containers keep OmniLearn's max/min ratio with the fastest at 1 CPU;
@@ -95,7 +49,6 @@ LEVELS = {
     2: {"HL1": [1.0, 1.0], "HL2": [1.0, 0.5], "HL4": [1.0, 0.25]},
     4: {"HL1": [0.5, 0.5, 0.5, 0.5], "HL2": [0.375, 0.375, 0.25, 0.5], "HL4": [0.1875, 0.1875, 0.125, 0.5]},
 }
-SCHEDULE = [(0, "HL1"), (2, "HL4")]
 
 #: why ``--grid`` does not apply
 NO_GRID = "not here: its conditions are real Docker quotas on a host with Docker; the quota grid runs in the controller scenario"
@@ -174,24 +127,18 @@ def static_splits(standalone: list[float], global_batch: int) -> list[list[int]]
         [[95, 33], [103, 25], [114, 14], [127, 1]]
     """
     n = len(standalone)
-    candidates = []
-    for gamma in SWEEP_GAMMAS:
-        split = apportion([x**gamma for x in standalone], global_batch, [1] * n, [global_batch] * n)
-        if split not in candidates:
-            candidates.append(split)
+    candidates = proportional_splits(standalone, global_batch, SWEEP_GAMMAS)
     slowest = min(range(n), key=lambda k: standalone[k])
     floor = apportion(
         [0.0 if k == slowest else x for k, x in enumerate(standalone)], global_batch, [1] * n, [global_batch] * n
     )
-    if floor not in candidates:
-        candidates.append(floor)
-    return candidates
+    return candidates + ([floor] if floor not in candidates else [])
 
 
 class Cluster:
     """Worker containers with unique names on their own network, a shared run directory, and the emulator."""
 
-    def __init__(self, workers: int, run_dir: Path, model: str = "mlp", image: str = IMAGE, pin: bool = False) -> None:
+    def __init__(self, workers: int, run_dir: Path, image: str = IMAGE, pin: bool = False) -> None:
         tag = uuid.uuid4().hex[:6]
         self.names = [f"lh-bench-{tag}-w{i}" for i in range(workers)]
         self.run_dir = run_dir
@@ -203,7 +150,6 @@ class Cluster:
             "allocation=quota",
         ]
         self.levels = LEVELS[workers]
-        self.train_args, self.standalone_args, self.batch_per_rank = MODELS[model]
         self.backend = DockerBackend.connect()
         #: each container's cpuset with ``--pin`` (``None``: every container floats over all of the host's cores)
         self.cpusets = pinned_cpusets(workers, self.backend.host_cpus()) if pin else None
@@ -219,29 +165,12 @@ class Cluster:
     def cgroups(self) -> list[dict[str, Any]]:
         return [vars(self.backend.cpu_cgroup(name)) for name in self.names]
 
-    def train(
-        self, run: str, method: str, epochs: int, schedule: bool = False, split: list[int] | None = None
-    ) -> dict[str, Any]:
+    def train(self, run: str, method: str, epochs: int, split: list[int] | None = None) -> dict[str, Any]:
         out = f"/progress/{run}"
         (self.run_dir / run / "progress").mkdir(parents=True)
-        follower = None
-        if schedule:
-            steps = ",".join(f"{{start: {start}, level: q{level}}}" for start, level in SCHEDULE)
-            config = load_config(
-                overrides=self.overrides(
-                    [
-                        f"schedule.steps=[{steps}]",
-                        f"progress_dir={self.run_dir / run / 'progress'}",
-                        "poll_interval_s=0.2",
-                    ]
-                )
-            )
-            self.apply(SCHEDULE[0][1])
-            follower = threading.Thread(target=run_dynamic, args=(config, self.backend), daemon=True)
-            follower.start()
         before = self.cgroups()
         command = ["timeout", "1200", "python", "/progress/docker_worker.py", out, "--method", method]
-        command += ["--epochs", str(epochs), *self.train_args]
+        command += ["--epochs", str(epochs), *TRAIN_ARGS]
         if split is not None:
             command += ["--split", ",".join(map(str, split))]
         containers = [self.backend.client.containers.get(name) for name in self.names]
@@ -249,8 +178,6 @@ class Cluster:
         with ThreadPoolExecutor(len(containers)) as pool:
             runs = list(pool.map(lambda c: c.exec_run(command, environment={"GLOO_SOCKET_IFNAME": "eth0"}), containers))
         wall_s = time.time() - started
-        if follower is not None:
-            follower.join(timeout=30)
         after = self.cgroups()
         for name, result in zip(self.names, runs, strict=True):
             if result.exit_code != 0:
@@ -292,7 +219,7 @@ class Cluster:
     def _standalone_run(self, name: str, run: str, epochs: int) -> float:
         (self.run_dir / run).mkdir()
         command = ["timeout", "1200", "python", "/progress/docker_worker.py", f"/progress/{run}", "--standalone"]
-        command += ["--epochs", str(epochs), *self.standalone_args]
+        command += ["--epochs", str(epochs), *STANDALONE_ARGS]
         result = self.backend.client.containers.get(name).exec_run(command)
         if result.exit_code != 0:
             raise RuntimeError(f"{run}: {result.output.decode()[-3000:]}")
@@ -304,11 +231,10 @@ class Cluster:
 
 
 def run_workers(workers: int, args: argparse.Namespace, run_dir: Path) -> tuple[list[dict[str, Any]], dict]:
-    cluster = Cluster(workers, run_dir, args.model, args.image, pin=args.pin)
+    cluster = Cluster(workers, run_dir, args.image, pin=args.pin)
     rows = []
     try:
-        used = [*args.levels, *(name for _, name in SCHEDULE if args.schedule)]
-        quotas = sorted({q for name in used for q in cluster.levels[name]}, reverse=True)
+        quotas = sorted({q for name in args.levels for q in cluster.levels[name]}, reverse=True)
         ideal_at = {}
         for quota in quotas:
             ideal_at[quota] = cluster.standalone(quota, args.epochs)
@@ -316,36 +242,29 @@ def run_workers(workers: int, args: argparse.Namespace, run_dir: Path) -> tuple[
                 f"standalone at {quota:g} CPU: {ideal_at[quota]:.0f} samples/s (load {os.getloadavg()[0]:.1f})",
                 flush=True,
             )
-        configs = [(level, False) for level in args.levels] + ([("HL1->HL4", True)] if args.schedule else [])
-        global_batch = workers * cluster.batch_per_rank
+        global_batch = workers * BATCH_PER_RANK
         for repeat in range(args.repeats):
-            for level, dynamic in configs:
+            for level in args.levels:
                 concurrent = None
-                if args.concurrent_ideal and not dynamic:
+                if args.concurrent_ideal:
                     concurrent = cluster.concurrent_standalone(level, args.epochs, str(repeat))
                     print(f"{level} concurrent standalone: {' + '.join(f'{x:.0f}' for x in concurrent)} samples/s")
                 runs: list[tuple[str, list[int] | None, int | None]] = [(m, None, None) for m in args.methods]
-                if args.sweep and not dynamic:
+                if args.sweep:
                     speeds = [ideal_at[q] for q in cluster.levels[level]]
                     runs += [("static", split, None) for split in static_splits(speeds, global_batch)]
-                paired = not (args.sweep and args.paired and not dynamic)  # True once the pairs are queued
+                paired = not (args.sweep and args.paired)  # True once the pairs are queued
                 while runs:
                     method, split, pair = runs.pop(0)
-                    if not dynamic:
-                        cluster.apply(level)
+                    cluster.apply(level)
                     label = method if split is None else f"static-{'-'.join(map(str, split))}"
-                    run = f"{workers}w-{level.replace('->', '-')}-{label}-{repeat}-{len(rows)}"
-                    result = cluster.train(run, "hetero" if split else method, args.epochs, dynamic, split)
+                    run = f"{workers}w-{level}-{label}-{repeat}-{len(rows)}"
+                    result = cluster.train(run, "hetero" if split else method, args.epochs, split)
                     measured = timed_throughput(result["reports"])
-                    if dynamic:
-                        levels = [dict(SCHEDULE)[max(s for s, _ in SCHEDULE if s <= e)] for e in measured["epochs"]]
-                        ideals = [sum(ideal_at[q] for q in cluster.levels[name]) for name in levels]
-                        ideal = len(ideals) / sum(1 / i for i in ideals)  # equal samples per epoch
-                    else:
-                        ideal = sum(ideal_at[q] for q in cluster.levels[level])
+                    ideal = sum(ideal_at[q] for q in cluster.levels[level])
                     row = {
                         "workers": workers,
-                        "model": args.model,
+                        "model": "resnet20",
                         "level": level,
                         "method": method,
                         "split": split,
@@ -368,7 +287,7 @@ def run_workers(workers: int, args: argparse.Namespace, run_dir: Path) -> tuple[
                     }
                     rows.append(row)
                     print(format_row(row), flush=True)
-                    if args.sweep and method == "hetero" and split is None and pair is None and not dynamic:
+                    if args.sweep and method == "hetero" and split is None and pair is None:
                         runs.insert(0, ("static", list(row["final_split"]), None))  # its split, right after
                     if not runs and not paired:
                         paired, best = True, best_static_split(rows, workers, level, repeat)
@@ -483,66 +402,12 @@ def summarise(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def plot(results: list[dict[str, Any]], out: Path) -> Path:
-    """Grouped bars: each method's median samples/s over its ideal, per (containers, level), with ideal = 1.0."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = [row for result in results for row in result["rows"]]
-    groups = list(dict.fromkeys((row["workers"], row["level"]) for row in rows))
-    methods = [m for m in METHODS if any(row["method"] == m for row in rows)]
-    colours = {"ddp": "tab:gray", "hetero": "tab:blue", "asp": "tab:orange", "hybrid": "tab:green"}
-    width = 0.8 / len(methods)
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(groups) + 2), 4.5))
-    top = 1.0
-    for i, method in enumerate(methods):
-        xs, ys = [], []
-        for j, (workers, level) in enumerate(groups):
-            runs = [r for r in rows if (r["workers"], r["level"], r["method"]) == (workers, level, method)]
-            if runs:
-                xs.append(j + (i - (len(methods) - 1) / 2) * width)
-                ys.append(statistics.median(r["throughput"] for r in runs) / runs[0]["ideal"])
-        bars = ax.bar(xs, ys, width, label=METHOD_NAMES[method], color=colours[method])
-        ax.bar_label(bars, fmt="%.2f", fontsize=7, padding=1)
-        top = max(top, *ys)
-    ax.axhline(1.0, color="black", linestyle="--", linewidth=1, label="ideal (sum of standalone samples/s)")
-    ax.set_xticks(range(len(groups)), [f"{level}\n{workers} containers" for workers, level in groups])
-    ax.set_xlabel("CPU quota level (HL1->HL4: by epoch)")
-    ax.set_ylabel("training samples/s / ideal")
-    ax.set_ylim(0, 1.2 * top)
-    loads = [row["load_average_1min"] for row in rows if row.get("load_average_1min") is not None]
-    load = f", load average {min(loads):.1f}-{max(loads):.1f}" if loads else ""
-    ax.set_title(
-        "Real CPU quotas in containers: throughput as a fraction of the ideal\n"
-        f"(median of runs; {results[0]['conditions']['cpus']}-core host{load})",
-        fontsize=10,
-    )
-    handles, labels = ax.get_legend_handles_labels()  # the methods first, then the ideal line
-    ax.legend(handles[1:] + handles[:1], labels[1:] + labels[:1], fontsize=8, loc="upper center", ncols=5)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
-
-
-def write_plot(results: list[dict[str, Any]], out: Path) -> None:
-    if importlib.util.find_spec("matplotlib") is None:
-        print("plot skipped: matplotlib is not installed (pip install -e '.[plots]')")
-        return
-    print(f"wrote {plot(results, out)}")
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[2], choices=sorted(LEVELS))
     parser.add_argument("--levels", nargs="+", default=["HL2", "HL4"], choices=["HL2", "HL4"])
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
-    parser.add_argument("--no-schedule", dest="schedule", action="store_false", help="skip the dynamic schedule")
     parser.add_argument("--epochs", type=int, default=4, help="epochs per run; the first is an untimed warm-up")
     parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--model", choices=sorted(MODELS), default="mlp", help="the workload (see above)")
     parser.add_argument("--sweep", action="store_true", help="also run fixed splits (static levels only)")
     parser.add_argument(
         "--paired",
@@ -559,28 +424,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="give each container its own core (a cpuset beside its quota) instead of letting all float over the host's",
     )
-    parser.add_argument("--quick", action="store_true", help="HL4, DDP and HeteroBatch, 3 epochs, no schedule")
+    parser.add_argument("--quick", action="store_true", help="HL4, DDP and HeteroBatch, 3 epochs")
     parser.add_argument("--out", type=Path, default=RESULTS / "docker.json")
     parser.add_argument(
         "--image", default=IMAGE, help=f"worker image to build from this checkout and run (default {IMAGE})"
     )
-    parser.add_argument(
-        "--plot-only",
-        type=Path,
-        nargs="+",
-        metavar="JSON",
-        help="redraw the plot from these result files (to the first one's .png); no Docker, no training",
-    )
 
 
 def main(args: argparse.Namespace) -> None:
-    if args.plot_only:
-        write_plot([json.loads(path.read_text()) for path in args.plot_only], args.plot_only[0].with_suffix(".png"))
-        return
-    if importlib.util.find_spec("matplotlib") is None:
-        print("note: matplotlib is not installed (pip install -e '.[plots]'): the plot will be skipped")
     if args.quick:
-        args.levels, args.methods, args.epochs, args.schedule = ["HL4"], ["ddp", "hetero"], 3, False
+        args.levels, args.methods, args.epochs = ["HL4"], ["ddp", "hetero"], 3
     build = subprocess.run([str(ROOT / "docker" / "build-image.sh"), "--tag", args.image])
     if build.returncode != 0:
         sys.exit("bench_docker: the worker image could not be built (above)")
@@ -594,19 +447,10 @@ def main(args: argparse.Namespace) -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     host_cpus = DockerBackend.connect().host_cpus()
     conditions = {
-        "cpus": host_cpus,
-        "note": "2-core machine shared with other jobs; quotas via container.update; one thread per container",
-        "model": args.model,
-        "epochs": args.epochs,
+        "docker_cpus": host_cpus,
         "levels": {str(n): LEVELS[n] for n in args.workers},
         "cpusets": {str(n): pinned_cpusets(n, host_cpus) if args.pin else None for n in args.workers},
-        "schedule": SCHEDULE,
-        "hetero_settings": "HeteroBatchCallback() with every setting at its default (adjustments early in "
-        "the first epoch and at epoch ends); "
-        "static splits: initial_batch_sizes only, adjustment off",
-        "load_average": os.getloadavg(),
     }
     result = {"conditions": conditions, "standalone_samples_per_s": standalone, "rows": rows, "summary": lines}
     write_json(args.out, result)
     print(f"wrote {args.out}")
-    write_plot([result], args.out.with_suffix(".png"))

@@ -1,43 +1,20 @@
-"""Benchmark: elastic local SGD (``ElasticLocalSGDStrategy`` on torchft) with workers that leave and join, against
-the same job undisturbed, on CPU.
+"""Elastic local SGD (``ElasticLocalSGDStrategy`` on torchft) with workers that leave and join, against the same job
+undisturbed, on CPU.
 
-Four workers, each its own process (``elastic_worker.py``, one per "machine"), with speeds 1, 1, 2 and 4; the first
-hosts the lighthouse. ``--throttle sleep`` (default): a training step sleeps ``--base-step-s`` over the speed;
-``--throttle quota``: a step is ``--base-step-s x --base-quota`` CPU seconds of real work (a busy loop) under a CPU
-quota of ``--base-quota x speed`` CPUs (``SlowdownEmulator(throttle="cfs")``, charged from ``fit``'s start, so the
-imports run unthrottled). Runs, one after the other per seed:
-
-- ``undisturbed``: the four train ``--epochs`` epochs;
-- ``churn``: the same, and one speed-1 worker (not the lighthouse's host) is SIGKILLed in the middle of every epoch
-  (``--kill-delay-s`` after the epoch's first commit plus a seeded random ``0..--kill-jitter-s``, about a round, so
-  the kills land at every phase of a round, round ends included) and started again at once (a fresh process that
-  joins the running job);
-- ``join``: the same four, and a fifth worker (speed 1) starts half-way through the run.
-
-Reported per run: samples per second (the epochs' samples over the time from the first to the last committed
-round), the final validation accuracy (the host's model, the whole validation set), each restarted or added
-worker's time from its process start to the end of its imports, to its first round end (joined) and to its first
-committed round that trained a chunk (its first contribution), and per epoch the batches lost (never trained in
-a committed round) and duplicated (trained in more than one), from the workers' own commit logs. With ``--soak N``
-the script instead runs one job through N kill-and-restart cycles and reports hangs (processes still running at
-the end), exit codes and the same coverage.
-
-Prints a table and writes ``benchmarks/results/elastic.json`` (``elastic_soak.json`` for ``--soak``; ``--out`` names
-another).
-
-Usage: python -m benchmarks run elastic [--seeds 1] [--epochs 4] [--throttle quota] [--out NAME.json] [--soak 20]
+Four worker processes (``examples/elastic/elastic_worker.py``) of speeds 1, 1, 2 and 4, by a step sleep (or
+``--throttle quota``: real work under a CPU quota). Runs per seed: ``undisturbed``; ``churn``, a speed-1 worker
+killed mid-epoch and restarted every epoch; ``join``, a fifth worker started half-way. Reported: samples/s, final
+accuracy, a (re)started worker's seconds to its imports, first round end and first contribution, and batches lost
+and duplicated per epoch. ``--soak N``: one job through N kill-and-restart cycles, its hangs and coverage.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import random
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -197,17 +174,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a timeout's TERM still stops the workers (finally)
     RESULTS.mkdir(exist_ok=True)
-    conditions = {
-        "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, shared CPU host",
-        "commit": subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-        ).stdout.strip(),
-        "load_avg_at_start": os.getloadavg(),
-        **{k: v for k, v in vars(args).items()},
-        "speeds": SPEEDS,
-        "defaults": "ElasticLocalSGDStrategy defaults (steps_per_round=16, mean weighting, plain-averaging outer "
-        "optimizer, round_timeout_s=300, join_timeout_s=5, heartbeat_timeout_s=2)",
-    }
+    conditions = {"speeds": SPEEDS}
     if args.soak:
         with tempfile.TemporaryDirectory() as tmp:
             report = soak(args, Path(tmp))
@@ -246,5 +213,4 @@ def main(args: argparse.Namespace) -> None:
         first = f"{statistics.median(firsts):.1f}/{max(firsts):.1f}" if firsts else "-"
         print(f"{kind:12} {row['samples_per_s']:10.1f} {row['throughput_ratio']:6.2f} {row['val_acc']:8.4f} "
               f"{row['accuracy_delta_points']:8.2f} {first:>14} {row['lost']:5d} {row['duplicated']:4d}")  # fmt: skip
-    conditions["load_avg_at_end"] = os.getloadavg()
     write_json(RESULTS / (args.out or "elastic.json"), {"conditions": conditions, "summary": summary, "runs": runs})

@@ -1,22 +1,11 @@
-"""An elastic worker's start-up under a real Docker CPU quota: how long a (re)started worker in a container limited
-to ``--cpus Q`` takes from ``docker run`` to its first contribution (``bench_elastic.py``'s quota runs charge the
-quota from ``fit``'s start, so their imports run unthrottled; here the whole process is throttled, as on a small
-machine).
+"""An elastic worker's start-up under a real Docker CPU quota: seconds from ``docker run --cpus Q`` to a (re)started
+worker's first contribution, the whole process throttled as on a small machine.
 
-Three workers on this host as in ``bench_elastic.py`` (``a`` hosting the lighthouse, ``c``, ``d``: sleep-emulated
-speeds 1, 2, 4, a speed-1 step sleeping 0.3 s, 4,800 samples in batches of 16, the strategy's defaults). Once the job
-has committed 4 rounds, a fourth worker (speed 1) is started: first as a plain process on the host (the baseline),
-then in a container of ``--image`` for each quota (``none``: a container without a quota), ``--repeats`` times
-each. A container runs ``docker run --network host --cpus Q`` with this worktree and the host's site-packages
-mounted at their own paths, so it runs this code with the host's packages on the image's Python. Each start is read
-from the worker's commit log: seconds from the start (``docker run``) to the end of its imports, to its first round
-end (joined: the state fetched) and to its first committed round that trained a batch (its first contribution; the
-goal of issue 28 is 10 s). Then the worker is killed (``docker rm -f``, a machine lost) and the next one started.
-Also per quota: the seconds of ``docker run ... python -c pass`` (the container's and the interpreter's own start).
-
-Prints a table and writes ``benchmarks/results/elastic_docker_startup.json`` (``--out`` names another).
-
-Usage: python -m benchmarks run elastic_docker_startup [--cpus none,1.0,0.5,0.25] [--repeats 2] [--image IMAGE]
+Three workers run on the host as in the elastic scenario (speeds 1, 2, 4; a speed-1 step sleeps 0.3 s). After 4
+committed rounds a fourth worker starts, as a plain process (the baseline), then in a container of ``--image`` per
+quota (``none``: no quota), ``--repeats`` times each; from its commit log: seconds to its imports' end, its first
+round end and its first contribution; then it is killed and the next one started. Also per quota: the seconds of
+``docker run ... python -c pass``.
 """
 
 from __future__ import annotations
@@ -59,16 +48,6 @@ def _docker(image: str, cpus: str, name: str, out: Path) -> list[str]:
     return command
 
 
-def _start_up(job: ElasticJob, name: str) -> dict[str, float | None]:
-    rows = [row for row in job.commits() if row["name"] == name]
-    contributed = [row["since_start_s"] for row in rows if row["chunks"]]
-    return {
-        "imported_s": rows[0]["imported_s"] if rows else None,
-        "joined_s": next((row["joined_s"] for row in rows if "joined_s" in row), None),
-        "first_contribution_s": contributed[0] if contributed else None,
-    }
-
-
 def _empty_container_s(image: str, cpus: str) -> float:
     command = ["docker", "run", "--rm"] + ([] if cpus == "none" else ["--cpus", cpus]) + [image, "python", "-c", "pass"]
     start = time.monotonic()
@@ -88,11 +67,7 @@ def main(args: argparse.Namespace) -> None:
     quotas = args.cpus.split(",")
     out = Path(tempfile.mkdtemp(prefix="elastic-docker-"))
     job = ElasticJob(out, COMMON)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
     conditions = {
-        **vars(args),
-        "commit": commit.stdout.strip(),
-        "load_avg_at_start": os.getloadavg(),
         "job": "a (lighthouse), c, d on the host, step sleeps 0.3, 0.15, 0.075 s; the started worker 0.3 s; "
         + " ".join(COMMON),
         "logs": str(out),
@@ -114,8 +89,8 @@ def main(args: argparse.Namespace) -> None:
                 containers.append(f"lh-elastic-{os.getpid()}-{name}")
                 launcher = _docker(args.image, cpus, containers[-1], out)
             proc = job.start(name, "--step-sleep-s", str(SLEEP["new"]), launcher=launcher)
-            wait_for(lambda n=name: _start_up(job, n)["first_contribution_s"] is not None, 180)
-            starts.append({"cpus": cpus, "repeat": repeat, "name": name, **_start_up(job, name)})
+            wait_for(lambda n=name: job.start_up(name=n)["first_contribution_s"] is not None, 180)
+            starts.append({"cpus": cpus, "repeat": repeat, "name": name, **job.start_up(name=name)})
             print(json.dumps(starts[-1]), flush=True)
             _write(args.out, conditions, _summary(["host", *quotas], starts, empty, quiet=True), starts, job)
             if cpus == "host":
@@ -129,7 +104,6 @@ def main(args: argparse.Namespace) -> None:
             subprocess.run(["docker", "rm", "-f", name], capture_output=True)
         job.close()
     summary = _summary(["host", *quotas], starts, empty)
-    conditions["load_avg_at_end"] = os.getloadavg()
     _write(args.out, conditions, summary, starts, job)
 
 

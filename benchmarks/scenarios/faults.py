@@ -7,8 +7,6 @@ Runs are interleaved (undisturbed, disturbed) per seed. Reported per run: the fi
 over the whole validation set), whether every epoch covered every training sample exactly once (checked by sample
 index, counting what the lost worker pushed before dying), the server's update count and the wall time.
 Prints a table and writes ``benchmarks/results/faults.json``.
-
-Usage: python -m benchmarks run faults [--quick] [--seeds 3] [--epochs 6]
 """
 
 from __future__ import annotations
@@ -16,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import signal
 import statistics
 import tempfile
@@ -41,7 +38,7 @@ def worker(args: argparse.Namespace) -> None:
     from torch import nn
     from torch.utils.data import DataLoader, Dataset
 
-    from benchmarks.harness.models import quiet_trainer
+    from benchmarks.harness.models import finish, quiet_trainer
     from lightning_hetero.ps import AsyncPSStrategy
     from lightning_hetero.synthetic import MLPClassifier, make_classification
 
@@ -108,8 +105,7 @@ def worker(args: argparse.Namespace) -> None:
         "updates": strategy.version,
         "fit_s": time.perf_counter() - start,
     }
-    (Path(args.out) / f"rank{trainer.global_rank}.json").write_text(json.dumps(report))
-    torch.distributed.destroy_process_group()
+    finish(trainer, Path(args.out) / f"rank{trainer.global_rank}.json", report, every_rank=True)
 
 
 def run(seed: int, epochs: int, samples: int, disturbed: bool, out: Path) -> dict:
@@ -142,7 +138,6 @@ def run(seed: int, epochs: int, samples: int, disturbed: bool, out: Path) -> dic
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="command")
-    parser.add_argument("--quick", action="store_true", help="1 seed, 3 epochs, 2048 samples")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--samples", type=int, default=4096)
@@ -157,8 +152,6 @@ def main(args: argparse.Namespace) -> None:
     if args.command == "worker":
         worker(args)
         return
-    if args.quick:
-        args.seeds, args.epochs, args.samples = 1, 3, 2048
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for seed in range(args.seeds):
@@ -184,15 +177,7 @@ def main(args: argparse.Namespace) -> None:
         )
     print(f"accuracy gap per seed (undisturbed - disturbed, points): {[round(100 * g, 2) for g in gaps]}")
     result = {
-        "conditions": {
-            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, shared with other jobs",
-            "world_size": WORLD_SIZE,
-            "epochs": args.epochs,
-            "samples": args.samples,
-            "batch_size": BATCH_SIZE,
-            "noise": NOISE,
-            "seeds": args.seeds,
-        },
+        "conditions": {"world_size": WORLD_SIZE, "batch_size": BATCH_SIZE, "noise": NOISE},
         "runs": rows,
         "median_val_acc": accuracy,
         "gap_points_per_seed": [100 * g for g in gaps],

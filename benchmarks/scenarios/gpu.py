@@ -1,20 +1,12 @@
-"""The GPU check's benchmark: two ranks, rank 1 slowed 3x; DDP vs HeteroBatch vs the best fixed split, ASP and local
-SGD accuracy against BSP, AMP and torch.compile with changing sizes (graphs compiled per rank).
+"""The GPU check's benchmark: two ranks, rank 1 slowed 3x (``SlowdownEmulator``); DDP vs HeteroBatch vs the best
+fixed split (the fastest of ``FIXED_SPLITS``), ASP and local SGD accuracy against BSP, AMP, and torch.compile with
+changing sizes (graphs compiled per rank).
 
-Usage::
-
-    python -m benchmarks run gpu                  # CUDA: 2 GPUs on NCCL where present, else 2 ranks on one GPU (gloo)
-    python -m benchmarks run gpu --device cpu --cases hetero --epochs 1   # the CPU smoke run (tests use it)
-
-Each case runs as its own 2-rank Lightning job: the driver starts this script twice with ``--case`` as two one-device
-"nodes" (two GPUs: one each, NCCL; one GPU: both on it, gloo, since NCCL refuses two ranks on one GPU).
-The best fixed split is the fastest of ``FIXED_SPLITS``; every case runs ``--seeds`` times (default 3) and the
-goals are medians over seeds of the seed-paired ratios and accuracy differences. Writes ``<out>/<case>_s<seed>.json``
-per run and ``<out>/summary.json`` (conditions, runs, goals, failures; rewritten after every run, so a check cut
-short keeps what ran), and prints a table (also in ``<out>/table.txt``). A run that fails or passes ``--case-timeout-s`` (both ranks killed) is
-recorded under ``failures`` and the others still run; the exit status is then 1. Default ``--out``:
-``benchmarks/results/gpu`` on CUDA, ``benchmarks/results/gpu_cpu_smoke`` on CPU. Rank 1 is slowed by
-``SlowdownEmulator`` (sleeps in the step: on CUDA the host launches its kernels late).
+Each case runs as its own 2-rank Lightning job of two one-device "nodes" (two GPUs: one each, NCCL; one GPU: both on
+it, gloo), ``--seeds`` times; the goals are medians over seeds of the seed-paired ratios and accuracy differences.
+Writes ``<out>/<case>_s<seed>.json`` per run and ``<out>/summary.json`` (rewritten after every run; a run that fails
+or passes ``--case-timeout-s`` is recorded under ``failures``, and the exit status is then 1) and prints a table.
+``scripts/gpu_check.sh`` runs it; ``--device cpu --cases hetero --epochs 1`` is the CPU smoke run the tests use.
 """
 
 from __future__ import annotations
@@ -29,17 +21,18 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-import lightning as L
 import torch
 from lightning.pytorch.strategies import DDPStrategy
 from torch.utils.data import DataLoader
 
 from benchmarks.harness.launch import RESULTS as RESULTS_DIR
 from benchmarks.harness.launch import run_ranks, scenario_command
-from benchmarks.harness.record import write_json
+from benchmarks.harness.models import classification_split, quiet_trainer
+from benchmarks.harness.record import table, write_json
+from benchmarks.harness.stats import median
 from lightning_hetero import AsyncPSStrategy, HeteroBatchCallback, SlowdownEmulator
 from lightning_hetero.hetero_batch.batches import compiled_graphs
-from lightning_hetero.synthetic import MLPClassifier, make_classification
+from lightning_hetero.synthetic import MLPClassifier
 
 CASES = ("ddp", "hetero", "fixed", "bsp", "asp", "local", "amp", "compile")
 #: rank 0's share of the global batch (256) in the fixed splits tried; the fastest is the best fixed split (192:
@@ -50,13 +43,6 @@ SLOWDOWN = 3.0
 
 #: why ``--grid`` does not apply
 NO_GRID = "it runs on a GPU machine through scripts/gpu_check.sh, with its own cases"
-
-
-def _data(samples: int, seed: int = 1):
-    data = make_classification(samples, num_features=64, num_classes=8, seed=seed, noise=5.0)
-    x, y = data.tensors
-    split = int(0.8 * samples)
-    return torch.utils.data.TensorDataset(x[:split], y[:split]), torch.utils.data.TensorDataset(x[split:], y[split:])
 
 
 class Model(MLPClassifier):
@@ -121,25 +107,14 @@ def run_case(
 ) -> None:
     """One case as a 2-rank job; rank 0 writes ``<out>/<case>_s<seed>.json``."""
     torch.manual_seed(seed)
-    train, val = _data(samples, seed=seed + 1)
+    train, val = classification_split(int(0.8 * samples), samples - int(0.8 * samples), seed + 1, 5.0, 64, 8)
     model = Model(tokens, depth)
     graphs_before = compiled_graphs()
     if case == "compile":  # the network compiled (compiling the whole LightningModule under DDP fails in dynamo here)
         model.net = torch.compile(model.net, backend="inductor" if device == "cuda" else "eager")
     precision = ("16-mixed" if device == "cuda" else "bf16-mixed") if case == "amp" else "32-true"
-    trainer = L.Trainer(
-        accelerator=device,
-        devices=1,
-        num_nodes=2,
-        strategy=_strategy(case, device),
-        precision=precision,
-        max_epochs=epochs,
-        callbacks=_callbacks(case),
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = quiet_trainer(accelerator=device, devices=1, num_nodes=2, strategy=_strategy(case, device),
+                            precision=precision, max_epochs=epochs, callbacks=_callbacks(case))  # fmt: skip
     started = time.perf_counter()
     trainer.fit(model, DataLoader(train, batch_size=GLOBAL_BATCH // 2, shuffle=True), DataLoader(val, batch_size=256))
     fit_s = time.perf_counter() - started
@@ -262,9 +237,7 @@ def main(args: argparse.Namespace) -> None:
     runs: dict[str, list[dict]] = {case: [] for case in cases}
     failures: list[dict] = []
     summary: dict = {}
-    conditions = {"seeds": args.seeds, "epochs": args.epochs, "samples": args.samples, "slowdown_rank1": SLOWDOWN,
-                  "global_batch": GLOBAL_BATCH, "case_timeout_s": args.case_timeout_s, "tokens": args.tokens,
-                  "depth": args.depth}  # fmt: skip
+    conditions = {"slowdown_rank1": SLOWDOWN, "global_batch": GLOBAL_BATCH}
     for seed in range(args.seeds):
         for case in cases:
             command = [*scenario_command("gpu"), "--case", case, "--seed", str(seed), "--device", args.device,
@@ -280,20 +253,12 @@ def main(args: argparse.Namespace) -> None:
                 print(f"gpu: {case} seed {seed}: {failures[-1]['why']}", file=sys.stderr, flush=True)
             summary = {"conditions": conditions, "runs": runs, "goals": summarize(runs), "failures": failures}
             write_json(out / "summary.json", summary)
-    table = [
-        f"{'case':<10} {'fit s':>8} {'val acc':>8}  split (last seed)  graphs/rank (last seed)   medians over seeds"
-    ]
-    for case, reports in runs.items():
-        if not reports:
-            table.append(f"{case:<10} {'failed':>8}")
-            continue
-        fit = statistics.median(r["fit_s"] for r in reports)
-        acc = statistics.median(r["val_acc"] for r in reports)
-        last = reports[-1]
-        table.append(f"{case:<10} {fit:>8.1f} {acc:>8.3f}  {last['final_split'] or '-'!s:<17} "
-                     f"{last['compiled_graphs_per_rank']}")  # fmt: skip
-    table.append(json.dumps(summary["goals"], indent=1))
-    (out / "table.txt").write_text("\n".join(table) + "\n")
-    print("\n".join(table))
+    header = ["case", "fit s (median)", "val acc (median)", "split (last seed)", "graphs/rank (last seed)"]
+    cells = [[case, median(r["fit_s"] for r in reports), median(r["val_acc"] for r in reports),
+              reports[-1]["final_split"] if reports else "failed", reports[-1]["compiled_graphs_per_rank"] if reports
+              else None] for case, reports in runs.items()]  # fmt: skip
+    text = table(header, cells, ["", ".1f", ".3f", "", ""]) + "\n" + json.dumps(summary["goals"], indent=1)
+    (out / "table.txt").write_text(text + "\n")
+    print(text)
     if failures:
         sys.exit(f"gpu: {len(failures)} of {len(cases) * args.seeds} runs failed (summary.json: failures)")

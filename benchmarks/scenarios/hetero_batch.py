@@ -1,47 +1,31 @@
-"""Benchmark: HeteroBatchCallback against plain DDP on 2 CPU ranks, one slowed 4x (issue 3's targets).
+"""HeteroBatchCallback against plain DDP on 2 CPU ranks, one slowed 4x (``benchmarks/hetero_batch_worker.py``).
 
-Runs, side by side in one invocation:
-  1. each kind of rank alone (factor 1 and factor 4): the ideal throughput is the sum of the two;
-  2. plain DDP and HeteroBatch DDP with rank 1 slowed 4x;
-  3. plain DDP and HeteroBatch DDP with equal ranks (the callback's overhead);
-  4. HeteroBatch DDP where the slow rank changes mid-run (rank 1 slow, then rank 0 slow): steps until the
-     throughput is back within 10% of ideal, in adjustment periods.
-
-Throughput is the median over steady-state steps of global samples per step / step wall time (rank 0's clock),
-skipping the first epoch. Prints a table and writes JSON to benchmarks/results/hetero_batch.json.
-
-HeteroBatch adjusts every ``--adjust-every`` steps (default 8, 2 warm-up steps); ``--defaults`` runs
-``HeteroBatchCallback()`` with every setting at its default instead (early adjustments in the first epoch, then at
-epoch ends).
-
-Usage: python -m benchmarks run hetero_batch [--repeats 1] [--cost-s 0.0003] [--defaults]
+Runs, interleaved ``--repeats`` times: each kind of rank alone (factor 1 and 4; the ideal is their sum); plain DDP
+and HeteroBatch with rank 1 slowed 4x, and with equal ranks (the callback's overhead); then once, HeteroBatch where
+the slow rank changes mid-run: steps until the throughput is back within 10% of the ideal. Throughput is the median
+over the steps after the first epoch of global samples per step over the step's wall time (rank 0's clock).
+HeteroBatch adjusts every ``--adjust-every`` steps (2 warm-up steps), or with ``--defaults`` at every setting's
+default. Prints a table and writes ``benchmarks/results/hetero_batch.json``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
-import tempfile
-import time
 from pathlib import Path
 
 from benchmarks.harness.grid import Cell
-from benchmarks.harness.launch import RESULTS, child_env, module_command, run_job
-from benchmarks.harness.record import write_json
+from benchmarks.harness.launch import RESULTS, child_env, module_command, run_json
+from benchmarks.harness.models import flags
+from benchmarks.harness.record import table, write_json
 
 
 def run(method: str, factors: str, cost_s: float, epochs: int = 4, **extra: object) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "result.json"
-        cmd = module_command("hetero_batch_worker", out, "--method", method, "--factors", factors, "--cost-s", cost_s)
-        cmd += ["--epochs", str(epochs)]
-        for key, value in extra.items():
-            cmd += [f"--{key.replace('_', '-')}", str(value)]
-        run_job(cmd, timeout_s=600, env=child_env(PYTHONWARNINGS="ignore"))
-        return json.loads(out.read_text())
+    def command(out: Path) -> list[str]:
+        settings = flags(method=method, factors=factors, cost_s=cost_s, epochs=epochs, **extra)
+        return module_command("hetero_batch_worker", out, *settings)
+
+    return run_json(command, timeout_s=600, env=child_env(PYTHONWARNINGS="ignore"))
 
 
 def step_throughputs(result: dict) -> list[float]:
@@ -73,10 +57,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=RESULTS / "hetero_batch.json")
 
 
-def default_out(args: argparse.Namespace) -> Path:
-    return args.out
-
-
 def grid_axes(args: argparse.Namespace) -> dict[str, list[Cell] | str]:
     """From the command line's point: HeteroBatch over the ideal with one rank 4x slower."""
     return {
@@ -98,7 +78,6 @@ def main(args: argparse.Namespace) -> None:
     cost, batch = args.cost_s, 32
     steps_per_epoch = args.samples // (2 * batch)
     common = {"samples": args.samples}
-    started = time.time()
 
     configs = [
         ("DDP, rank 1 slowed 4x", "ddp", "1,4"),
@@ -144,15 +123,11 @@ def main(args: argparse.Namespace) -> None:
     ddp_ratio = throughput["DDP, rank 1 slowed 4x"] / ideal
     equal_ratio = throughput["HeteroBatch, equal ranks"] / throughput["DDP, equal ranks"]
     print(
-        f"\nHeteroBatchCallback benchmark ({platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
-        f"emulated cost {cost * 1e3:.2f} ms/sample at factor 1; global batch {2 * batch}; {args.samples} samples/epoch)"
+        f"\nHeteroBatch: {cost * 1e3:.2f} ms/sample at factor 1; global batch {2 * batch}; {args.samples} samples/epoch"
     )
-    print(f"{'configuration':<34} {'samples/s (median)':>18} {'vs ideal':>9} {'final split':>12}")
-    print(f"{'rank alone, factor 1':<34} {fast_alone:>18.0f}")
-    print(f"{'rank alone, factor 4':<34} {slow_alone:>18.0f}")
-    print(f"{'ideal (sum of the two)':<34} {ideal:>18.0f} {1.0:>9.2f}")
-    for name, value, split in rows:
-        print(f"{name:<34} {value:>18.0f} {value / ideal:>9.2f} {split or ''!s:>12}")
+    cells = [["rank alone, factor 1", fast_alone, None, None], ["rank alone, factor 4", slow_alone, None, None],
+             ["ideal (sum of the two)", ideal, 1.0, None], *([n, v, v / ideal, s] for n, v, s in rows)]  # fmt: skip
+    print(table(["configuration", "samples/s (median)", "vs ideal", "final split"], cells, ["", ".0f", ".2f"]))
     print(f"\nHeteroBatch / ideal, one rank 4x slower: {hetero_ratio:.2f} (target >= 0.90); plain DDP: {ddp_ratio:.2f}")
     print(f"HeteroBatch / DDP, equal ranks: {equal_ratio:.3f} (target >= 0.97)")
     cadence = "adjusting with the defaults" if args.defaults else f"periods of {args.adjust_every} steps"
@@ -165,18 +140,7 @@ def main(args: argparse.Namespace) -> None:
     write_json(
         args.out,
         {
-            "conditions": {
-                "cost_s_per_sample": cost,
-                "global_batch": 2 * batch,
-                "samples_per_epoch": args.samples,
-                "adjust_every_n_steps": args.adjust_every or None,
-                "hetero_settings": "HeteroBatchCallback() at its defaults"
-                if args.defaults
-                else f"HeteroBatchCallback(adjust_every_n_steps={args.adjust_every}, warmup_steps=2)",
-                "epochs": 4,
-                "statistic": "median of per-step samples/s, first epoch skipped",
-                "wall_s": round(time.time() - started, 1),
-            },
+            "conditions": {"cost_s_per_sample": cost, "global_batch": 2 * batch, "epochs": 4},
             "standalone": {"factor_1": fast_alone, "factor_4": slow_alone, "ideal": ideal},
             "throughput": throughput,
             "per_repeat": samples,

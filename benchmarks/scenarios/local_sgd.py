@@ -1,54 +1,12 @@
 """Local SGD (``AsyncPSStrategy(mode="local")``) against BSP, HeteroBatch BSP and ASP on emulated heterogeneous workers.
 
-Five configurations train the same recipe (SGD lr 0.1, momentum 0.9, batch 32 per rank: BSP's hyper-parameters, used
-as the inner optimizer by local SGD) side by side, cell by cell:
-
-- ``ddp``: Lightning's ``DDPStrategy`` (BSP);
-- ``hetero``: DDP + ``HeteroBatchCallback`` (per-rank batch sizes proportional to speed, BSP);
-- ``asp``: ``AsyncPSStrategy(mode="asp")`` (default asynchrony compensation);
-- ``local_equal``: ``AsyncPSStrategy(mode="local", local_steps="equal")`` (DiLoCo: the same local steps per rank);
-- ``local_prop``: ``AsyncPSStrategy(mode="local")`` (local steps proportional to measured speed, pseudo-gradients
-  combined as a plain mean over the ranks, the default);
-- ``local_prop_samples``: the same with ``pseudo_gradient_weighting="samples"`` (weighted by the samples each rank
-  trained in the round, so the fast ranks dominate).
-
-Local SGD rounds are ``--round-steps`` local steps per rank on average (``round_samples = round_steps x N x 32``)
-with plain averaging as the outer step by default (``SGD(lr=1.0)``; DiLoCo's Nesterov SGD: ``--outer-lr 0.7
---outer-momentum 0.9``, which overshoots in runs this short, see docs/results.md).
-
-Data: ``make_classification`` with ``--classes`` Gaussian clusters (default 4, noise 4: a task this MLP learns in
-its first epoch; ``--classes 256 --noise 1.5`` keeps rising for three epochs and separates the methods' speed of
-learning).
-
-Workers: N processes on this host; heterogeneity level HL slows rank k by ``HL ** (k / (N - 1))`` with
-``SlowdownEmulator`` (sleeps; ``--throttle cfs``: a CPU quota of 1/factor CPUs, ``SlowdownEmulator``'s CFS mode,
-which with the light model throttles real compute, the standalone runs' too). Models: ``light`` is a 32-512-512-4
-MLP (0.28M parameters) with no extra compute (a step is a few ms, as long as moving its parameters); ``heavy`` is the
-same MLP whose training step also sleeps ``--heavy-cost-s`` per sample (emulated compute, not charged to a quota). The summed standalone bound is measured before each seed's runs by
-N single-process runs started side by side (each with its rank's slowdown) for ``--standalone-s`` seconds.
-
-Measured per run: throughput (training samples per second, epochs after the first, from the first rank's start of
-an epoch to the last rank's end of its training, validation excluded) and its ratio
-to the summed standalone bound; payload bytes each rank hands to the collective or the server per training sample
-(measured for local SGD, from the parameter count for the others: 4P per step for an all-reduce, 8P for an ASP push +
-pull); accuracy after the same epochs (differences to ddp paired by seed); time to reach ddp's final accuracy minus
-0.5 points (the seed's ddp run), on a clock finer than epochs: rank 0 keeps a copy of the parameters all ranks
-agree on, with its training time (in local SGD after every round end, in ddp and hetero every ``--curve-steps``
-steps), and evaluates them on the validation set after training (untimed); ASP, whose ranks never agree inside an
-epoch, is timed at epoch ends.
-
-Usage:
-    python -m benchmarks run local_sgd [--quick] [--workers 2,4,8] [--hl 1,4,8] [--models light,heavy]
-        [--seeds 0,1,2] [--configs ddp,hetero,asp,local_equal,local_prop,local_prop_samples] [--classes 4]
-        [--budget-s 1800] [--breakdown] [--throttle sleep|cfs]
-
-``--breakdown`` (local SGD configurations) also records each rank's timeline and prints where the ranks' time went:
-compute, idle at round ends, the round-end all-reduce, claims, between batches, the epoch's edges
-(``benchmarks/scenarios/local_sgd_breakdown.py``; stored per run under ``breakdown``).
-
-Writes ``benchmarks/results/local_sgd.json`` (``--out``; ``--quick``: ``local_sgd_quick.json``, 2 workers, HL4, light,
-seed 0, 2 epochs) and prints a table. ``--budget-s`` starts no new cell after that many seconds; the JSON lists the
-cells that ran and those skipped.
+Configurations (SGD lr 0.1, momentum 0.9, batch 32 per rank): ``ddp``, ``hetero`` (+ ``HeteroBatchCallback``),
+``asp``, ``local_equal`` (DiLoCo), ``local_prop`` (local steps proportional to speed, the default) and
+``local_prop_samples``. N processes, rank k slowed ``HL ** (k / (N - 1))`` (sleeps, or ``--throttle cfs``); models
+``light`` (a 32-512-512-C tanh MLP) and ``heavy`` (also ``--heavy-cost-s`` per sample). Per run: samples/s over the
+epochs after the first against the standalone bound (N single processes side by side, measured before each seed),
+bytes per sample, accuracy and time to DDP's accuracy minus 0.5 points against the seed's ``ddp`` run.
+``--quick``: 2 workers, HL4, light, seed 0, 2 epochs; ``--breakdown``: where local SGD's time goes.
 """
 
 from __future__ import annotations
@@ -57,6 +15,7 @@ import argparse
 import json
 import os
 import statistics
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -68,58 +27,27 @@ from lightning.pytorch.strategies import DDPStrategy
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from benchmarks.harness.grid import Cell, scaled
-from benchmarks.harness.launch import ROOT as ROOT_DIR
-from benchmarks.harness.launch import child_env, run_job, run_jobs, scenario_command
-from benchmarks.harness.models import MLP
-from benchmarks.harness.record import write_json
-from benchmarks.harness.stats import median
+from benchmarks.harness.grid import Cell, workers_hl_axes
+from benchmarks.harness.launch import RESULTS, child_env, run_job, run_jobs, scenario_command
+from benchmarks.harness.models import (
+    MLP,
+    StartTogether,
+    add_child_flags,
+    chosen,
+    classification_split,
+    fit,
+    flags,
+    quiet_trainer,
+    slowdown_factors,
+)
+from benchmarks.harness.record import table, write_json
+from benchmarks.harness.stats import median, seed_paired, time_to_target, within_budget
 from benchmarks.scenarios.local_sgd_breakdown import BreakdownRecorder, collect, format_breakdown
 from lightning_hetero import AsyncPSStrategy, HeteroBatchCallback, SlowdownEmulator
-from lightning_hetero.synthetic import make_classification
 
-ROOT = ROOT_DIR
-RESULTS = ROOT / "benchmarks" / "results"
 CONFIGS = ("ddp", "hetero", "asp", "local_equal", "local_prop", "local_prop_samples")
 MODELS = ("light", "heavy")
 FEATURES, HIDDEN, BATCH = 32, 512, 32
-
-
-def slowdown_factors(workers: int, hl: float) -> list[float]:
-    """Per-rank slowdowns from 1 (rank 0) to ``hl`` (the last rank), geometrically spaced.
-
-    Example::
-
-        >>> slowdown_factors(2, 4.0), [round(f, 2) for f in slowdown_factors(3, 4.0)], slowdown_factors(1, 4.0)
-        ([1.0, 4.0], [1.0, 2.0, 4.0], [1.0])
-    """
-    if workers == 1:
-        return [1.0]
-    return [hl ** (rank / (workers - 1)) for rank in range(workers)]
-
-
-def time_to_target(
-    epochs: list[dict[str, Any]], target: float, curve: list[tuple[float, float]] | None = None
-) -> float | None:
-    """Training seconds until the validation accuracy first reaches ``target``: the first ``(train_s, acc)`` point
-    of ``curve`` that does, or without a curve the cumulative training time at the first epoch end that does.
-
-    Example::
-
-        >>> epochs = [{"train_s": 2.0, "val_acc": 0.8}, {"train_s": 3.0, "val_acc": 0.9}]
-        >>> time_to_target(epochs, 0.85), time_to_target(epochs, 0.95) is None
-        (5.0, True)
-        >>> time_to_target(epochs, 0.85, curve=[(0.5, 0.7), (2.6, 0.86), (5.0, 0.9)])
-        2.6
-    """
-    if curve:
-        return next((train_s for train_s, acc in curve if acc >= target), None)
-    elapsed = 0.0
-    for epoch in epochs:
-        elapsed += epoch["train_s"]
-        if epoch["val_acc"] is not None and epoch["val_acc"] >= target:
-            return elapsed
-    return None
 
 
 def curve_times(epochs: list[dict[str, Any]], snapshots: list[tuple[int, float]]) -> list[float]:
@@ -237,35 +165,20 @@ class StandaloneMeter(Callback):
             self.end = time.perf_counter()
 
 
-def datasets(args: argparse.Namespace) -> tuple[TensorDataset, TensorDataset]:
-    data = make_classification(
-        args.samples + args.val_samples, FEATURES, args.classes, seed=args.seed, noise=args.noise
-    )
-    x, y = data.tensors
-    return TensorDataset(x[: args.samples], y[: args.samples]), TensorDataset(x[args.samples :], y[args.samples :])
-
-
 def run_one(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     L.seed_everything(args.seed, verbose=False)
-    train, val = datasets(args)
+    train, val = classification_split(args.samples, args.val_samples, args.seed, args.noise, FEATURES, args.classes)
     factors = slowdown_factors(args.n, args.level)
     callbacks: list[Callback] = []
     slowed = {rank: factor for rank, factor in enumerate(factors) if factor > 1.0}
     cost_s = args.heavy_cost_s if args.model == "heavy" else 0.0
     if args.config == "standalone":
-        # start together: a process still importing torch would slow the others' measurement
-        Path(f"{args.out}.ready").touch()
-        while len(list(Path(args.out).parent.glob(f"{Path(args.barrier).name}*.ready"))) < args.barrier_n:
-            time.sleep(0.05)
         meter = StandaloneMeter()
         slow = [SlowdownEmulator(factors={0: args.level}, throttle=args.throttle)] if args.level > 1.0 else []
-        callbacks = [meter, *slow]
-        trainer = L.Trainer(
-            accelerator="cpu", devices=1, max_time={"seconds": args.standalone_s}, max_epochs=-1, callbacks=callbacks,
-            logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-            limit_val_batches=0,
-        )  # fmt: skip
+        callbacks = [meter, StartTogether(args.barrier, args.barrier_n), *slow]
+        trainer = quiet_trainer(devices=1, max_time={"seconds": args.standalone_s}, max_epochs=-1, callbacks=callbacks,
+                                limit_val_batches=0)  # fmt: skip
         trainer.fit(
             MLP(FEATURES, args.classes, [HIDDEN] * 2, args.lr, args.momentum, cost_s, nn.Tanh),
             DataLoader(train, batch_size=BATCH, shuffle=True),
@@ -300,18 +213,11 @@ def run_one(args: argparse.Namespace) -> None:
         )
         if args.breakdown:
             callbacks.append(BreakdownRecorder(str(args.out)))
-    trainer = L.Trainer(
-        accelerator="cpu", devices=args.n, strategy=strategy, max_epochs=args.epochs, callbacks=callbacks,
-        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        num_sanity_val_steps=0,
-    )  # fmt: skip
+    trainer = quiet_trainer(devices=args.n, strategy=strategy, max_epochs=args.epochs, callbacks=callbacks,
+                            num_sanity_val_steps=0)  # fmt: skip
     model = MLP(FEATURES, args.classes, [HIDDEN] * 2, args.lr, args.momentum, cost_s, nn.Tanh)
     params = sum(p.numel() for p in model.parameters())
-    trainer.fit(
-        model,
-        train_dataloaders=DataLoader(train, batch_size=BATCH, shuffle=True),
-        val_dataloaders=DataLoader(val, batch_size=1024),
-    )
+    fit(trainer, model, train, val, BATCH)
     if trainer.is_global_zero:
         rounds = getattr(strategy, "local_rounds", None)
         times = curve_times(recorder.epochs, [(epoch, wall) for epoch, wall, _ in curve.snapshots])
@@ -332,35 +238,30 @@ def run_one(args: argparse.Namespace) -> None:
         torch.distributed.destroy_process_group()
 
 
+#: the settings a run's child process is given
+CHILD_FLAGS = ("epochs", "samples", "val_samples", "noise", "lr", "momentum", "heavy_cost_s", "round_steps",
+               "standalone_s", "outer_lr", "outer_momentum", "barrier", "barrier_n", "classes", "curve_steps",
+               "throttle", "breakdown")  # fmt: skip
+
+
 def child_command(args: argparse.Namespace, config: str, model: str, n: int, level: float, seed: int, out: Path):
-    return [
-        *scenario_command("local_sgd"), "--run", config, "--model", model, "--n", str(n), "--level", str(level),
-        "--seed", str(seed), "--out", str(out), "--epochs", str(args.epochs), "--samples", str(args.samples),
-        "--val-samples", str(args.val_samples), "--noise", str(args.noise), "--lr", str(args.lr),
-        "--momentum", str(args.momentum), "--heavy-cost-s", str(args.heavy_cost_s),
-        "--round-steps", str(args.round_steps), "--standalone-s", str(args.standalone_s),
-        "--outer-lr", str(args.outer_lr), "--outer-momentum", str(args.outer_momentum),
-        "--barrier", str(args.barrier), "--barrier-n", str(args.barrier_n), "--classes", str(args.classes),
-        "--curve-steps", str(args.curve_steps), "--throttle", args.throttle,
-        *(["--breakdown"] if args.breakdown else []),
-    ]  # fmt: skip
+    settings = {key: getattr(args, key) for key in CHILD_FLAGS}
+    return scenario_command(
+        "local_sgd", *flags(run=config, model=model, n=n, level=level, seed=seed, out=out, **settings)
+    )
 
 
 def standalone_bound(args: argparse.Namespace, model: str, n: int, level: float) -> list[float]:
     """Each rank's standalone samples/s, measured by N single processes side by side."""
-    prefix = f".local_sgd_standalone_{os.getpid()}_{time.time_ns()}_"
-    outs = [RESULTS / f"{prefix}{rank}.json" for rank in range(n)]
-    args.barrier, args.barrier_n = RESULTS / prefix, n
-    commands = [
-        child_command(args, "standalone", model, 1, factor, 0, out)
-        for factor, out in zip(slowdown_factors(n, level), outs, strict=True)
-    ]
-    run_jobs(commands, 600, child_env(OMP_NUM_THREADS="1"))
-    rates = [json.loads(out.read_text())["samples_per_s"] for out in outs]
-    for out in outs:
-        out.unlink()
-        Path(f"{out}.ready").unlink()
-    return rates
+    with tempfile.TemporaryDirectory(prefix="local-sgd-standalone-") as tmp:
+        outs = [Path(tmp, f"{rank}.json") for rank in range(n)]
+        args.barrier, args.barrier_n = tmp, n  # the jobs start training together (imports take seconds of CPU)
+        commands = [
+            child_command(args, "standalone", model, 1, factor, 0, out)
+            for factor, out in zip(slowdown_factors(n, level), outs, strict=True)
+        ]
+        run_jobs(commands, 600, child_env(OMP_NUM_THREADS="1"))
+        return [json.loads(out.read_text())["samples_per_s"] for out in outs]
 
 
 def launch(args: argparse.Namespace, config: str, model: str, n: int, level: float, seed: int) -> dict[str, Any]:
@@ -417,19 +318,10 @@ def launch(args: argparse.Namespace, config: str, model: str, n: int, level: flo
 def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Medians over seeds per (model, workers, HL, config): throughput and its ratio to the standalone bound measured
     next to the run; accuracy and time-to-accuracy against the seed's ddp run."""
-    ddp = {(r["model"], r["workers"], r["hl"], r["seed"]): r for r in runs if r["config"] == "ddp"}
-    cells: dict[tuple, list[dict[str, Any]]] = {}
-    for run in runs:
-        cells.setdefault((run["model"], run["workers"], run["hl"], run["config"]), []).append(run)
     rows = []
-    for (model, workers, level, config), group in cells.items():
-        diffs, times = [], []
-        for run in group:
-            reference = ddp.get((model, workers, level, run["seed"]))
-            if reference is None:
-                continue
-            diffs.append(100 * (run["final_acc"] - reference["final_acc"]))
-            times.append(time_to_target(run["epochs"], reference["final_acc"] - 0.005, run.get("curve")))
+    for (model, workers, level, config), group, paired in seed_paired(runs, ["model", "workers", "hl"], "ddp"):
+        diffs = [100 * (run["final_acc"] - ddp["final_acc"]) for run, ddp in paired]
+        times = [time_to_target(run["epochs"], ddp["final_acc"] - 0.005, run.get("curve")) for run, ddp in paired]
         throughput = statistics.median(r["throughput"] for r in group)
         rows.append(
             {
@@ -454,21 +346,15 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
-    print(
-        f"{'model':>5} {'N':>2} {'HL':>3} {'config':>11} {'seeds':>5} {'samples/s':>9} {'of bound':>8} "
-        f"{'of busy':>7} {'B/sample':>9} {'acc':>6} {'vs ddp pt':>9} {'t to ddp-0.5 (s)':>16}"
-    )
-    for row in rows:
-        bound = "-" if row["of_standalone_bound"] is None else f"{row['of_standalone_bound']:.2f}"
-        busy = "-" if row["of_local_busy_bound"] is None else f"{row['of_local_busy_bound']:.2f}"
-        vs = "-" if row["acc_vs_ddp_points"] is None else f"{row['acc_vs_ddp_points']:+.2f}"
-        reached = f"{row['reached_ddp_acc']}/{len(row['seeds'])}"
-        tta = "-" if row["time_to_ddp_acc_s"] is None else f"{row['time_to_ddp_acc_s']:.1f}"
-        print(
-            f"{row['model']:>5} {row['workers']:>2} {row['hl']:>3g} {row['config']:>11} {len(row['seeds']):>5} "
-            f"{row['throughput']:>9.0f} {bound:>8} {busy:>7} {row['bytes_per_sample']:>9.0f} {row['acc']:>6.4f} {vs:>9} "
-            f"{tta:>10} ({reached})"
-        )
+    header = ["model", "N", "HL", "config", "seeds", "samples/s", "of bound", "of busy", "B/sample", "acc", "vs ddp pt",
+              "t to ddp-0.5 (s)", "reached"]  # fmt: skip
+    cells = [
+        [r["model"], r["workers"], r["hl"], r["config"], len(r["seeds"]), r["throughput"], r["of_standalone_bound"],
+         r["of_local_busy_bound"], r["bytes_per_sample"], r["acc"], r["acc_vs_ddp_points"], r["time_to_ddp_acc_s"],
+         f"{r['reached_ddp_acc']}/{len(r['seeds'])}"]
+        for r in rows
+    ]  # fmt: skip
+    print(table(header, cells, ["", "", "g", "", "", ".0f", ".2f", ".2f", ".0f", ".4f", "+.2f", ".1f"]))
 
 
 def default_out(args: argparse.Namespace) -> Path:
@@ -476,17 +362,10 @@ def default_out(args: argparse.Namespace) -> Path:
 
 
 def grid_axes(args: argparse.Namespace) -> dict[str, list[Cell] | str]:
-    """From the command line's cells, one condition varied at a time."""
-    other = "cfs" if args.throttle == "sleep" else "sleep"
-    return {
-        "emulation": [Cell("emulation", other, {"throttle": other})],
-        "cost": [Cell("cost", f"x{k:g}", {"heavy_cost_s": args.heavy_cost_s * k}) for k in (0.5, 2)]
-        if "heavy" in args.models
-        else "the light model has no emulated per-sample cost (--models heavy has)",
-        "epoch": [Cell("epoch", f"x{k:g}", {"samples": round(args.samples * k)}) for k in (0.25, 4)],
-        "workers": [Cell("workers", "x2", {"workers": scaled(args.workers, 2)})],
-        "quota": [Cell("quota", f"HL x{k:g}", {"throttle": "cfs", "hl": scaled(args.hl, k)}) for k in (0.5, 2)],
-    }
+    axes = workers_hl_axes(args, "heavy_cost_s")
+    if "heavy" not in args.models:
+        axes["cost"] = "the light model has no emulated per-sample cost (--models heavy has)"
+    return axes
 
 
 def figures(payload: dict) -> dict[str, float]:
@@ -534,13 +413,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--throttle", choices=("sleep", "cfs"), default="sleep", help="SlowdownEmulator's mode: sleeps or a CPU quota"
     )
-    parser.add_argument("--barrier", type=Path, default=RESULTS / ".none", help=argparse.SUPPRESS)
+    parser.add_argument("--barrier", default="", help=argparse.SUPPRESS)
     parser.add_argument("--barrier-n", type=int, default=1, help=argparse.SUPPRESS)
-    parser.add_argument("--run", choices=(*CONFIGS, "standalone"), help=argparse.SUPPRESS)
     parser.add_argument("--model", choices=MODELS, default="light", help=argparse.SUPPRESS)
-    parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--level", type=float, help=argparse.SUPPRESS)
-    parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    add_child_flags(parser, (*CONFIGS, "standalone"))
 
 
 def main(args: argparse.Namespace) -> None:
@@ -551,72 +427,48 @@ def main(args: argparse.Namespace) -> None:
     if args.quick:
         args.workers, args.hl, args.models, args.seeds, args.epochs = "2", "4", "light", "0", 2
         args.samples, args.standalone_s = 2048, 5.0
-    if args.out is None:
-        args.out = RESULTS / ("local_sgd_quick.json" if args.quick else "local_sgd.json")
-    configs = [c for c in args.configs.split(",") if c]
-    unknown = sorted(set(configs) - set(CONFIGS))
-    if unknown:
-        raise SystemExit(f"error: unknown configs {unknown}; choose from {', '.join(CONFIGS)}")
+    args.out = args.out or default_out(args)
+    configs = chosen(args.configs, CONFIGS)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    started, load_before = time.perf_counter(), os.getloadavg()
     runs: list[dict[str, Any]] = []
     standalone: dict[str, list[list[float]]] = {}
     ran, skipped = [], []
-    for model in args.models.split(","):
-        for level in (float(h) for h in args.hl.split(",")):
-            for n in (int(w) for w in args.workers.split(",")):
-                cell = {"model": model, "workers": n, "hl": level}
-                if time.perf_counter() - started > args.budget_s:
-                    skipped.append(cell)
-                    continue
-                key = f"{model}/{n}/{level:g}"
-                for seed in (int(s) for s in args.seeds.split(",")):
-                    # the bound is measured next to each seed's runs, so that both see about the same host load
-                    rates = standalone_bound(args, model, n, level)
-                    standalone.setdefault(key, []).append(rates)
-                    bound = sum(rates)
-                    print(f"{key} seed {seed}: standalone {[round(r) for r in rates]} sum {bound:.0f}", flush=True)
-                    for config in configs:  # interleaved per seed: side by side on the same host load
-                        run = launch(args, config, model, n, level, seed)
-                        run["standalone_bound"] = bound
-                        run["of_standalone_bound"] = run["throughput"] / bound
-                        if run["throughput_before_val_fetch"] is not None:
-                            run["of_standalone_bound_before_val_fetch"] = run["throughput_before_val_fetch"] / bound
-                        runs.append(run)
-                        print(
-                            f"  seed {seed} {config:>11}: {run['throughput']:.0f} samples/s "
-                            f"({run['of_standalone_bound']:.2f} of bound; "
-                            f"{run.get('of_standalone_bound_before_val_fetch', 0):.2f} ended before the validation "
-                            "fetch), acc "
-                            f"{' '.join(f'{a:.3f}' for a in run['acc_per_epoch'])}, {run['bytes_per_sample']:.0f} B/sample",
-                            flush=True,
-                        )
-                        if run["breakdown"] is not None:
-                            print(f"    time of {n} ranks: {format_breakdown(run['breakdown'], n)}", flush=True)
-                ran.append(cell)
+    cells = [
+        {"model": model, "workers": int(n), "hl": float(level)}
+        for model in args.models.split(",")
+        for level in args.hl.split(",")
+        for n in args.workers.split(",")
+    ]
+    for cell in within_budget(cells, args.budget_s, skipped):
+        model, n, level = cell.values()
+        key = f"{model}/{n}/{level:g}"
+        for seed in (int(s) for s in args.seeds.split(",")):
+            # the bound is measured next to each seed's runs, so that both see about the same host load
+            rates = standalone_bound(args, model, n, level)
+            standalone.setdefault(key, []).append(rates)
+            bound = sum(rates)
+            print(f"{key} seed {seed}: standalone {[round(r) for r in rates]} sum {bound:.0f}", flush=True)
+            for config in configs:  # interleaved per seed: side by side on the same host load
+                run = launch(args, config, model, n, level, seed)
+                run["standalone_bound"] = bound
+                run["of_standalone_bound"] = run["throughput"] / bound
+                if run["throughput_before_val_fetch"] is not None:
+                    run["of_standalone_bound_before_val_fetch"] = run["throughput_before_val_fetch"] / bound
+                runs.append(run)
+                print(
+                    f"  seed {seed} {config:>11}: {run['throughput']:.0f} samples/s "
+                    f"({run['of_standalone_bound']:.2f} of bound; "
+                    f"{run.get('of_standalone_bound_before_val_fetch', 0):.2f} ended before the validation "
+                    "fetch), acc "
+                    f"{' '.join(f'{a:.3f}' for a in run['acc_per_epoch'])}, {run['bytes_per_sample']:.0f} B/sample",
+                    flush=True,
+                )
+                if run["breakdown"] is not None:
+                    print(f"    time of {n} ranks: {format_breakdown(run['breakdown'], n)}", flush=True)
+        ran.append(cell)
     rows = summarise(runs)
     print_table(rows)
     report = {
-        "conditions": {
-            **{
-                k: v
-                for k, v in vars(args).items()
-                if k not in ("run", "n", "level", "seed", "config", "out", "model", "barrier", "barrier_n")
-            },
-            "out": str(args.out),
-            "models": {
-                "light": f"MLP {FEATURES}-{HIDDEN}-{HIDDEN}-{args.classes} (tanh), no emulated compute",
-                "heavy": f"the same MLP, training step sleeps {args.heavy_cost_s} s per sample",
-            },
-            "recipe": f"SGD lr {args.lr} momentum {args.momentum}, batch {BATCH} per rank; local SGD: outer "
-            f"SGD(lr={args.outer_lr}, momentum={args.outer_momentum}, nesterov={args.outer_momentum > 0})",
-            "emulation": f"N processes on one host; SlowdownEmulator (throttle={args.throttle!r}) slows rank k by "
-            "HL**(k/(N-1))" + (" (a CFS-style quota of 1/factor CPUs per 100 ms)" if args.throttle == "cfs" else ""),
-            "host": f"{os.cpu_count()} CPUs shared with other jobs, 1 torch thread per process",
-            "load_average_before": load_before,
-            "load_average_after": os.getloadavg(),
-            "wall_s": time.perf_counter() - started,
-        },
         "cells_ran": ran,
         "cells_skipped_for_budget": skipped,
         "standalone_samples_per_s": standalone,

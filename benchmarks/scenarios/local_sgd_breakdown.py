@@ -1,24 +1,11 @@
-"""Where a local-SGD run's time goes, per rank: ``bench_local_sgd.py --breakdown``.
+"""Where a local-SGD run's time goes, per rank: ``python -m benchmarks run local_sgd --breakdown``.
 
-:class:`BreakdownRecorder` (a callback, one per rank) timestamps every batch's start and end, every round-end
-all-reduce of ``AsyncPSStrategy(mode="local")`` (entry, exit, and the process's CPU time inside it) and every claim
-of a chunk from the store, and writes them to ``<out>.rank<k>.json``; :func:`breakdown` turns the ranks' records into
-seconds per category over the measured epochs (all but the first), summed over the ranks:
-
-- ``compute``: batch start to batch end, minus the round-end all-reduces inside it (training step, backward, the
-  optimizer's step, the emulated slowdown's sleep, the strategy's per-step bookkeeping);
-- ``round_wait``: in a round-end all-reduce before the last rank arrived (``max(entries) - entry``);
-- ``round_sync``: in a round-end all-reduce after the last rank arrived (the transfer and the outer step);
-- ``claims``: in the store's ``add`` that claims the next chunk (between batches);
-- ``between_batches``: batch end to the next batch's start, minus claims (fetching and collating the batch,
-  Lightning's loop);
-- ``epoch_edges``: the epoch's span (first rank's start to last rank's end of training) outside the rank's first
-  batch start and last batch end (the epoch's start and end hooks, the wait for the last rank to finish).
-
-``arrival_after_first_s`` lists, per round end, each rank's entry after the first rank's. The categories of one rank
-add up to the epoch spans. Every round end is recorded on every rank in the same order
-(the ranks call the same sequence of collectives), so entries can be compared across ranks; all ranks run on one
-host, whose ``time.time()`` they share.
+:class:`BreakdownRecorder` timestamps every batch, every round-end all-reduce (with the CPU time inside it) and
+every chunk claim, and :func:`breakdown` sums over the ranks, over the epochs after the first, seconds of
+``compute`` (batches minus all-reduces), ``round_wait`` (before the last rank arrived), ``round_sync`` (after it),
+``claims``, ``between_batches`` (data loading, Lightning's loop) and ``epoch_edges`` (the epoch's span outside the
+rank's batches); ``arrival_after_first_s`` is each rank's lateness per round end. One rank's categories add up to
+the epoch spans.
 """
 
 from __future__ import annotations

@@ -1,25 +1,15 @@
 """What per-step logging costs inside a Lightning training step: ``self.log`` of a number against the
 ``EpochLog`` metric path that ``AsyncPSStrategy`` uses for its per-step values (``lightning_hetero.ps.reporting``).
 
-One process, one torch thread, a 4-2 linear model on batches of 32: the training step times only its own logging
-calls (two a step, as ASP's staleness mean and maximum) and the medians over the steps after a warm-up are reported,
-repeated ``--repeats`` times with the variants interleaved. Variants:
-
-- ``log_float``: ``self.log(name, 1.0, on_step=False, on_epoch=True, batch_size=1, rank_zero_only=True)`` twice;
-- ``log_float_sync``: the same with ``sync_dist=True`` (no other rank: Lightning's bookkeeping only);
-- ``epoch_log``: two ``EpochLog.report`` calls (a torchmetrics update each; ``self.log`` once an epoch).
-
-Usage::
-
-    python -m benchmarks run log_cost [--steps 400] [--repeats 3] [--json benchmarks/results/log_cost.json]
-
-Prints a table (µs per step for the two calls, median of repeats, and each repeat) and writes the JSON.
+One process, one torch thread, a 4-2 linear model on batches of 32; the step times only its two logging calls, the
+median over the steps after a warm-up, ``--repeats`` times with the variants interleaved: ``log_float``
+(``self.log(..., on_epoch=True, rank_zero_only=True)``), ``log_float_sync`` (with ``sync_dist=True``) and
+``epoch_log`` (two ``EpochLog.report`` calls).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 from pathlib import Path
@@ -102,7 +92,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
-    load_before = os.getloadavg()
     each: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
     for repeat in range(args.repeats):
         order = VARIANTS[repeat % len(VARIANTS) :] + VARIANTS[: repeat % len(VARIANTS)]
@@ -115,13 +104,7 @@ def main(args: argparse.Namespace) -> None:
         repeats = ", ".join(f"{v:.0f}" for v in row["us_per_step_each"])
         print(f"{variant:16} {row['us_per_step_median']:18.1f} {ratio:>12}  {repeats}")
     result = {
-        "conditions": {
-            "torch_threads": 1,
-            "steps": args.steps,
-            "warmup_steps": WARMUP_STEPS,
-            "repeats": args.repeats,
-            "load_average_1_5_15min_before_and_after": [load_before, os.getloadavg()],
-        },
+        "conditions": {"torch_threads": 1, "warmup_steps": WARMUP_STEPS},
         "summary": summary,
     }
     write_json(args.json, result, indent=2)

@@ -1,43 +1,11 @@
-"""Benchmark: ASP at scale. ``AsyncPSStrategy``'s throughput against the ideal, from 2 to 16 workers and from 0.25M to
-17M parameters, with sleep-emulated compute.
+"""ASP at scale: ``AsyncPSStrategy``'s throughput against the ideal, 2 to 16 workers, 0.25M to 17M parameters.
 
-Every worker is one Lightning process (gloo on loopback; the parameter server runs as threads in rank 0). A training
-step sleeps ``step_ms`` (the emulated compute) and then runs a real forward and backward through one linear layer of
-the configured size, on a batch of 2, so the gradient is dense and as large as the model. Workers are equally fast.
-
-- **ASP / ideal**: ASP's aggregate samples per second against the *ideal*, the sum of the workers' standalone
-  throughputs measured the same way (N single-process jobs with the same model, sleep and batch, run side by side so
-  that they share the host as the ASP ranks do, plain Lightning with the same SGD optimizer).
-- **server busy**: the fraction of the measured window the server spent applying updates (``ParameterServer``'s
-  statistics; absent on code that does not keep them); with ``server_shards`` the busiest shard's.
-- **µs per MB**: the server's cost of one update (optimizer step on the pushed gradient and the reply copy),
-  in-process, per MB of parameters, for each model size.
-- **Server placement** (``--placement worker,dedicated``): the server's threads inside training rank 0 against a
-  rank reserved for the server (``server_placement="dedicated"``). The configuration's N is the number of *training*
-  workers: a dedicated variant starts N + 1 ranks (``--dedicated-rank extra``, the default) or N ranks of which N - 1
-  train (``within``); its ideal counts only the training workers' standalone throughputs. Every variant's plain
-  throughput is also divided by the first variant's in the same repeat (``over_first``).
-
-Throughput counts training samples over the epochs after the first (warm-up) one, from the earliest epoch start to
-the latest last-batch end across ranks. Repeats are interleaved (standalone and ASP alternate, configurations in
-turn) and medians reported; ``uptime`` is recorded with every run. Prints a table and writes
-``benchmarks/results/ps_scale.json`` (or ``--out``).
-
-Usage::
-
-    python -m benchmarks run ps_scale --quick                # the issue's three goal configurations
-    python -m benchmarks run ps_scale                         # 2/4/8/16 workers x 0.25M/4.3M/17M x 5/65 ms
-    python -m benchmarks run ps_scale --configs 2x0.25Mx5,4x4.3Mx65 --repeats 3
-    # variants side by side against the same standalone runs (an older checkout through its src/)
-    python -m benchmarks run ps_scale --quick --variant 'main={}@/tmp/main/src' --variant 'textbook={}' \
-        --variant 'overlap={"overlap_round_trip": true}'
-    # one server against two shards (the model in 4 layers, since a shard holds whole tensors)
-    python -m benchmarks run ps_scale --configs 2x17Mx5 --layers 4 --variant 'one={}' \
-        --variant 'shards2={"server_shards": 2}'
-    # the server's placement: threads in training rank 0 against a rank reserved for the server
-    python -m benchmarks run ps_scale --configs 2x0.25Mx65,4x0.25Mx65 --placement worker,dedicated
-    # the server's capacity alone, one against two shards (in process, a thread per shard)
-    python -m benchmarks run ps_scale --capacity 17M --layers 4 --repeats 5 --json benchmarks/results/x.json
+Equal workers, one Lightning process each (gloo on loopback, the server as threads in rank 0); a step sleeps
+``step_ms`` (or runs under a CPU quota, ``--emulation quota``), then a real forward and backward through one linear
+layer of the model's size on a batch of 2. **ASP / ideal**: ASP's samples/s over the sum of N standalone jobs run
+side by side the same way, over the epochs after the first; **server busy**, **µs per MB** from the server's
+statistics. ``--variant LABEL=JSON_KWARGS[@SRC]`` runs ASP variants against the same standalone runs (``SRC``:
+another checkout's ``src/``). Repeats interleave standalone and ASP; medians reported.
 """
 
 from __future__ import annotations
@@ -45,18 +13,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import platform
 import statistics
 import subprocess
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import lightning as L
 import torch
-import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -64,20 +28,17 @@ from torch.utils.data import DataLoader, TensorDataset
 from benchmarks.harness.grid import Cell
 from benchmarks.harness.launch import RESULTS as RESULTS_DIR
 from benchmarks.harness.launch import child_env, run_jobs, scenario_command
-from benchmarks.harness.record import write_json
+from benchmarks.harness.models import StartTogether, finish, flags, quiet_trainer
+from benchmarks.harness.record import table, write_json
 from lightning_hetero import SlowdownEmulator
 from lightning_hetero.ps import AsyncPSStrategy
-from lightning_hetero.ps.bootstrap import shard_server
-from lightning_hetero.ps.layout import FlatLayout, flatten_model
+from lightning_hetero.ps.layout import FlatLayout
 from lightning_hetero.ps.protocol import PushHeader, new_message
 from lightning_hetero.ps.server import ParameterServer
-from lightning_hetero.ps.sharding import plan_shards
 
 RESULTS = RESULTS_DIR / "ps_scale.json"
 #: model name -> width of the square linear layer (``width * (width + 1)`` parameters)
 MODELS = {"0.25M": 500, "4.3M": 2073, "17M": 4123}
-WORKERS = (2, 4, 8, 16)
-STEPS_MS = (5.0, 65.0)
 #: the issue's goal configurations (a 3 ms sleep makes the ~4.5 ms steps of the issue's first goal)
 QUICK = ("2x0.25Mx3", "4x4.3Mx65", "16x0.25Mx65")
 BATCH = 2
@@ -87,26 +48,12 @@ OUT_DEST = "json"
 
 
 class ScaleModel(L.LightningModule):
-    """``layers`` square linear layers of about as many parameters in all as one ``width x width`` layer;
-    ``training_step`` sleeps ``step_ms`` first (the emulated compute).
+    """One square linear layer ``width`` wide; ``training_step`` sleeps ``step_ms`` first (the emulated compute)."""
 
-    Args:
-        width: the width of the one-layer model.
-        step_ms: the emulated compute per step, in milliseconds.
-        layers: the number of layers (each ``width / sqrt(layers)`` wide), e.g. 4 so that server shards, which
-            hold whole tensors, can be balanced.
-
-    Example::
-
-        >>> sum(p.numel() for p in ScaleModel(2073, 0.0, layers=4).parameters())  # "4.3M" in 4 layers
-        4297328
-    """
-
-    def __init__(self, width: int, step_ms: float, layers: int = 1) -> None:
+    def __init__(self, width: int, step_ms: float) -> None:
         super().__init__()
-        self.width = round(width / math.sqrt(layers))
-        stack = [nn.Linear(self.width, self.width) for _ in range(layers)]
-        self.layer = stack[0] if layers == 1 else nn.Sequential(*stack)
+        self.width = width
+        self.layer = nn.Linear(width, width)
         self.step_s = step_ms / 1000
         self.slept_s = 0.0
 
@@ -118,24 +65,6 @@ class ScaleModel(L.LightningModule):
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=1e-3, momentum=0.9)
-
-
-class StartTogether(Callback):
-    """Standalone jobs run side by side wait for each other before training, as the ranks of a distributed job do,
-    so that no job's measured epochs overlap another's start-up (imports take seconds of CPU).
-
-    Args:
-        folder: a folder shared by the jobs.
-        jobs: how many jobs meet there.
-    """
-
-    def __init__(self, folder: str, jobs: int) -> None:
-        self.folder, self.jobs = Path(folder), jobs
-
-    def on_train_start(self, trainer, pl_module):
-        (self.folder / f"ready-{os.getpid()}").touch()
-        while len(list(self.folder.glob("ready-*"))) < self.jobs:
-            time.sleep(0.01)
 
 
 class EpochWindows(Callback):
@@ -160,7 +89,7 @@ def train(args: argparse.Namespace) -> None:
     # under a quota q, the emulated compute is q x step_ms charged as CPU time: an idle host's step still takes about
     # step_ms, and the real work (the server, the pushes) is stretched by 1/q, as in a container at q CPUs
     quota = args.quota if args.emulation == "quota" else 1.0
-    model = ScaleModel(MODELS[args.model], args.step_ms * quota, args.layers)
+    model = ScaleModel(MODELS[args.model], args.step_ms * quota)
     data = TensorDataset(torch.randn(args.samples, model.width), torch.randn(args.samples, model.width))
     windows = EpochWindows()
     callbacks: list[Callback] = [windows]
@@ -172,24 +101,11 @@ def train(args: argparse.Namespace) -> None:
     if args.start_together:
         callbacks.append(StartTogether(args.start_together, args.start_together_jobs))
     strategy = AsyncPSStrategy(**json.loads(args.strategy_kwargs)) if args.strategy == "asp" else "auto"
-    trainer = L.Trainer(
-        accelerator="cpu",
-        devices=args.devices,
-        strategy=strategy,
-        max_epochs=args.epochs,
-        callbacks=callbacks,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        limit_val_batches=0,
-    )
+    trainer = quiet_trainer(devices=args.devices, strategy=strategy, max_epochs=args.epochs, callbacks=callbacks,
+                            num_sanity_val_steps=0, limit_val_batches=0)  # fmt: skip
     trainer.fit(model, DataLoader(data, batch_size=BATCH, shuffle=True))
     report = {"windows": windows.windows, "server_summary": getattr(trainer.strategy, "server_summary", None)}
-    Path(args.out, f"rank{trainer.global_rank}.json").write_text(json.dumps(report))
-    if dist.is_initialized():
-        dist.destroy_process_group()  # an undestroyed gloo group can abort the interpreter at exit
+    finish(trainer, Path(args.out, f"rank{trainer.global_rank}.json"), report, every_rank=True)
 
 
 def parse_config(text: str) -> dict:
@@ -213,35 +129,6 @@ def parse_variant(text: str) -> dict:
     return {"label": label, "kwargs": json.loads(kwargs or "{}"), "source": source}
 
 
-def placement_variants(text: str) -> list[dict]:
-    """``"worker,dedicated"`` -> one variant per server placement (labelled by it).
-
-    Example::
-
-        >>> [v["label"] for v in placement_variants("worker,dedicated")]
-        ['worker', 'dedicated']
-        >>> placement_variants("dedicated")[0]["kwargs"]
-        {'server_placement': 'dedicated'}
-    """
-    return [{"label": name, "kwargs": {"server_placement": name}, "source": ""} for name in text.split(",") if name]
-
-
-def job_ranks(workers: int, kwargs: dict, dedicated_rank: str) -> tuple[int, int]:
-    """``(ranks, training ranks)`` of an ASP job for ``workers`` configured workers: with a dedicated server rank,
-    one more rank (``"extra"``) or one fewer training rank (``"within"``).
-
-    Example::
-
-        >>> job_ranks(4, {}, "extra"), job_ranks(4, {"server_placement": "dedicated"}, "extra")
-        ((4, 4), (5, 4))
-        >>> job_ranks(4, {"server_placement": "dedicated"}, "within")
-        (4, 3)
-    """
-    if kwargs.get("server_placement") != "dedicated":
-        return workers, workers
-    return (workers + 1, workers) if dedicated_rank == "extra" else (workers, workers - 1)
-
-
 def _run(args: argparse.Namespace, jobs: list[dict], source: str = "") -> list[list[dict]]:
     """Start jobs side by side (with ``source`` first on ``PYTHONPATH`` when given), wait for all; each job's ranks'
     reports."""
@@ -250,10 +137,8 @@ def _run(args: argparse.Namespace, jobs: list[dict], source: str = "") -> list[l
         for i, job in enumerate(jobs):
             out = Path(tmp, str(i))
             out.mkdir()
-            command = scenario_command("ps_scale", "--role", "train", "--out", out)
-            command += [f"--{key.replace('_', '-')}={value}" for key, value in job.items()]
-            command += [f"--emulation={args.emulation}", f"--quota={args.quota}"]
-            commands.append(command)
+            commands.append(scenario_command("ps_scale", "--role", "train", "--out", out, *flags(
+                **job, emulation=args.emulation, quota=args.quota)))  # fmt: skip
             outs.append(out)
         run_jobs(commands, args.job_timeout_s, child_env(source), Path(tmp, "logs"))
         return [
@@ -279,7 +164,7 @@ def measure(args: argparse.Namespace, config: dict, variants: list[dict], rotati
     """One repeat of one configuration: N standalone workers side by side, and ASP with N workers for each variant,
     in an order rotated by ``rotation`` (so that no variant always runs first or last)."""
     workers = config["workers"]
-    common = {"model": config["model"], "step_ms": config["step_ms"], "layers": args.layers}
+    common = {"model": config["model"], "step_ms": config["step_ms"]}
     standalone_job = {**common, "strategy": "single", "devices": 1, "epochs": args.epochs}
     standalone_job["samples"] = _samples(config, args.epoch_s, 1)
     names = ["standalone"] + [variant["label"] for variant in variants]
@@ -294,23 +179,18 @@ def measure(args: argparse.Namespace, config: dict, variants: list[dict], rotati
             result["standalone"] = [_throughput(reports, args.epochs) for reports in jobs]
             continue
         variant = next(v for v in variants if v["label"] == name)
-        ranks, training = job_ranks(workers, variant["kwargs"], args.dedicated_rank)
-        asp_job = {**common, "strategy": "asp", "devices": ranks, "epochs": args.epochs}
-        asp_job["samples"] = _samples(config, args.epoch_s, training)
+        asp_job = {**common, "strategy": "asp", "devices": workers, "epochs": args.epochs}
+        asp_job["samples"] = _samples(config, args.epoch_s, workers)
         asp_job["strategy_kwargs"] = json.dumps(variant["kwargs"])
         (reports,) = _run(args, [asp_job], variant["source"])
         asp = _throughput(reports, args.epochs)
         asp["per_rank_samples"] = [sum(r["windows"][str(e)]["samples"] for e in range(1, args.epochs)) for r in reports]
-        result["variants"][name] = {
-            "asp": asp, "server_summary": reports[0]["server_summary"], "ranks": ranks, "training_ranks": training
-        }  # fmt: skip
+        result["variants"][name] = {"asp": asp, "server_summary": reports[0]["server_summary"]}
     result["ideal_samples_per_s"] = sum(s["samples_per_s"] for s in result["standalone"])
     result["standalone_step_ms"] = statistics.median(1000 * BATCH / s["samples_per_s"] for s in result["standalone"])
     first = result["variants"][variants[0]["label"]]["asp"]["samples_per_s"]
     for run in result["variants"].values():
-        # the ideal counts the training workers only (all standalone jobs run the same model and sleep)
-        run["ideal_samples_per_s"] = result["ideal_samples_per_s"] * run["training_ranks"] / workers
-        run["asp_over_ideal"] = run["asp"]["samples_per_s"] / run["ideal_samples_per_s"]
+        run["asp_over_ideal"] = run["asp"]["samples_per_s"] / result["ideal_samples_per_s"]
         run["over_first"] = run["asp"]["samples_per_s"] / first
         stats = (run["server_summary"] or {}).get("server")
         if stats:
@@ -351,78 +231,6 @@ def server_apply_cost(model: str, updates: int) -> dict:
     }
 
 
-def server_capacity(model: str, layers: int, shards: int, updates: int) -> dict:
-    """In-process: the model's server cut into ``shards`` shards as ``server_shards`` cuts it, each shard applying
-    ``updates`` pushed gradients in a thread of its own, all at once (torch's kernels release the GIL, so the shards
-    run on as many cores as there are); the updates per second and MB of updates per second they apply together
-    (SGD momentum 0.9). This is the server's capacity where it, not the workers, is the bottleneck."""
-    torch.set_num_threads(1)
-    flat = flatten_model(ScaleModel(MODELS[model], 0.0, layers))
-    template = torch.optim.SGD(flat.params, lr=1e-3, momentum=0.9)
-    plan = plan_shards(flat.layout, shards)
-    servers = [shard_server(flat, template, shard, world_size=2) for shard in plan]
-
-    def apply(server: ParameterServer, count: int) -> None:
-        grad, reply = torch.randn(server.layout.numel), new_message(server.layout.numel)
-        for _ in range(count):
-            server.apply(1, PushHeader(0, server.version, 0.5), grad, reply)
-
-    def run_all(count: int) -> float:
-        threads = [threading.Thread(target=apply, args=(server, count)) for server in servers]
-        start = time.perf_counter()
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        return time.perf_counter() - start
-
-    run_all(3)  # warm-up
-    wall = run_all(updates)
-    return {
-        "shards": shards,
-        "largest_shard_share": max(shard.numel for shard in plan) / flat.flat.numel(),
-        "updates_per_s": updates / wall,
-        "mb_per_s": updates * flat.flat.numel() * 4 / 1e6 / wall,
-    }
-
-
-def measure_capacity(args: argparse.Namespace) -> None:
-    """``--capacity MODEL``: one server against ``server_shards`` 2 (interleaved, ``--repeats`` times), medians."""
-    started, load_before = time.time(), os.getloadavg()
-    rounds = [
-        {k: server_capacity(args.capacity, args.layers, k, args.apply_updates) for k in (1, 2)}
-        for _ in range(args.repeats)
-    ]
-    summary = {
-        str(k): {
-            "mb_per_s_median": statistics.median(r[k]["mb_per_s"] for r in rounds),
-            "mb_per_s_each": [r[k]["mb_per_s"] for r in rounds],
-        }
-        for k in (1, 2)
-    }
-    speedups = [r[2]["mb_per_s"] / r[1]["mb_per_s"] for r in rounds]
-    result = {
-        "label": args.label,
-        "model": args.capacity,
-        "layers": args.layers,
-        "updates_per_round": args.apply_updates,
-        "summary": summary,
-        "speedup_each": speedups,
-        "speedup_median": statistics.median(speedups),
-        "rounds": [{str(k): v for k, v in r.items()} for r in rounds],
-        "conditions": {
-            "cpus_visible": os.cpu_count(),
-            "torch": torch.__version__,
-            "load_average_1_5_15min_before_and_after": [load_before, os.getloadavg()],
-        },
-        "wall_s": time.time() - started,
-    }
-    write_json(args.json, result, indent=2)
-    for k in (1, 2):
-        print(f"server_shards={k}: {summary[str(k)]['mb_per_s_median']:.0f} MB/s of updates (median)")
-    print(f"speedup {result['speedup_median']:.2f}x ({', '.join(f'{x:.2f}' for x in speedups)}); wrote {args.json}")
-
-
 def summarise(runs: list[dict], label: str) -> dict:
     """Medians over repeats of one configuration for one variant."""
     mine = [r["variants"][label] for r in runs]
@@ -434,9 +242,7 @@ def summarise(runs: list[dict], label: str) -> dict:
         "asp_over_ideal_median": median([m["asp_over_ideal"] for m in mine]),
         "asp_over_ideal_each": [m["asp_over_ideal"] for m in mine],
         "asp_samples_per_s_median": median([m["asp"]["samples_per_s"] for m in mine]),
-        "ideal_samples_per_s_median": median(
-            [m.get("ideal_samples_per_s", r["ideal_samples_per_s"]) for r, m in zip(runs, mine, strict=True)]
-        ),
+        "ideal_samples_per_s_median": median([r["ideal_samples_per_s"] for r in runs]),
         "over_first_median": median([m["over_first"] for m in mine if "over_first" in m]),
         "over_first_each": [m["over_first"] for m in mine if "over_first" in m],
         "standalone_step_ms_median": median([r["standalone_step_ms"] for r in runs]),
@@ -447,32 +253,30 @@ def summarise(runs: list[dict], label: str) -> dict:
 
 
 def print_table(summary: dict[str, dict[str, dict]], costs: dict[str, dict]) -> None:
-    print(
-        f"\n{'config':<13}{'variant':<10}{'ASP/ideal':>10}{'(repeats)':>24}{'ASP s/s':>9}{'ideal s/s':>10}"
-        f"{'step ms':>8}{'busy':>6}{'us/MB':>7}{'stale':>6}{'/first':>7}"
+    keys = (
+        "asp_samples_per_s_median",
+        "ideal_samples_per_s_median",
+        "standalone_step_ms_median",
+        "server_busy_fraction_median",
+        "server_us_per_mb_median",
+        "staleness_mean_median",
+        "over_first_median",
     )
-    for name, by_variant in summary.items():
-        for label, row in by_variant.items():
-            each = ", ".join(f"{x:.2f}" for x in row["asp_over_ideal_each"])
-
-            def text(value: float | None, spec: str) -> str:
-                return "-" if value is None else format(value, spec)
-
-            print(
-                f"{name:<13}{label:<10}{row['asp_over_ideal_median']:>10.2f}{each:>24}"
-                f"{row['asp_samples_per_s_median']:>9.0f}{row['ideal_samples_per_s_median']:>10.0f}"
-                f"{row['standalone_step_ms_median']:>8.1f}{text(row['server_busy_fraction_median'], '.2f'):>6}"
-                f"{text(row['server_us_per_mb_median'], '.0f'):>7}{text(row['staleness_mean_median'], '.2f'):>6}"
-                f"{text(row['over_first_median'], '.2f'):>7}"
-            )
-    print()
+    header = ["config", "variant", "ASP/ideal", "(repeats)", "ASP s/s", "ideal s/s", "step ms", "busy", "us/MB",
+              "stale", "/first"]  # fmt: skip
+    rows = [
+        [name, label, row["asp_over_ideal_median"], ", ".join(f"{x:.2f}" for x in row["asp_over_ideal_each"])]
+        + [row[key] for key in keys]
+        for name, by_variant in summary.items()
+        for label, row in by_variant.items()
+    ]
+    print("\n" + table(header, rows, ["", "", ".2f", "", ".0f", ".0f", ".1f", ".2f", ".0f", ".2f", ".2f"]) + "\n")
     for model, cost in costs.items():
         print(f"server apply {model:<6} {cost['us_per_update']:>9.0f} us/update  {cost['us_per_mb']:>7.0f} us/MB")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--role", default="main", choices=["main", "train"])
-    parser.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK)}")
     parser.add_argument("--configs", default="", help="comma-separated WORKERSxMODELxSTEP_MS, e.g. 4x4.3Mx65")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=3, help="the first is warm-up")
@@ -485,23 +289,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "another checkout's src/); repeat to compare variants side by side against the same standalone runs "
         "(default: asp={})",
     )
-    parser.add_argument(
-        "--placement",
-        default="",
-        help="comma-separated server placements, each a variant: AsyncPSStrategy(server_placement=...), e.g. "
-        "worker,dedicated (after any --variant)",
-    )
-    parser.add_argument(
-        "--dedicated-rank",
-        default="extra",
-        choices=["extra", "within"],
-        help="a dedicated server rank is one more rank than the configured workers (extra), or one of them (within)",
-    )
     parser.add_argument("--strategy-kwargs", default="{}", help="train: JSON keyword arguments for AsyncPSStrategy")
     parser.add_argument("--apply-updates", type=int, default=30, help="updates timed per model for the server cost")
-    parser.add_argument(
-        "--capacity", default="", choices=["", *sorted(MODELS)], help="only: server capacity, 1 against 2 shards"
-    )
     parser.add_argument("--job-timeout-s", type=float, default=600)
     parser.add_argument("--label", default="", help="a note stored in the JSON (e.g. the code version)")
     parser.add_argument("--json", default=str(RESULTS), help="where to write the results")
@@ -512,17 +301,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--step-ms", type=float, default=5.0)
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--samples", type=int, default=1024)
-    parser.add_argument("--layers", type=int, default=1, help="split the model in this many square layers")
     parser.add_argument("--start-together", default="", help="standalone jobs: a folder where they meet to start")
     parser.add_argument("--start-together-jobs", type=int, default=1)
     parser.add_argument(
         "--emulation", default="sleep", choices=["sleep", "quota"], help="compute by sleeping, or under a CPU quota"
     )
     parser.add_argument("--quota", type=float, default=0.5, help="with --emulation quota: CPUs per worker")
-
-
-def default_out(args: argparse.Namespace) -> Path:
-    return Path(args.json)
 
 
 def _reshape(configs: str, workers: float = 1.0, step: float = 1.0) -> str:
@@ -567,20 +351,11 @@ def main(args: argparse.Namespace) -> None:
     if args.role == "train":
         train(args)
         return
-    if args.capacity:
-        measure_capacity(args)
-        return
-
-    if args.configs:
-        configs = args.configs.split(",")
-    elif args.quick:
-        configs = list(QUICK)
-    else:
-        configs = [f"{n}x{m}x{s:g}" for s in STEPS_MS for m in MODELS for n in WORKERS]
+    configs = (args.configs or ",".join(QUICK)).split(",")
     parsed = {name: parse_config(name) for name in configs}
-    variants = [parse_variant(text) for text in args.variant] + placement_variants(args.placement)
+    variants = [parse_variant(text) for text in args.variant]
     variants = variants or [parse_variant("asp={}")]
-    started, load_before = time.time(), os.getloadavg()
+    started = time.time()
     runs: dict[str, list[dict]] = {name: [] for name in configs}
 
     def write(costs: dict[str, dict], complete: bool) -> dict:
@@ -592,20 +367,6 @@ def main(args: argparse.Namespace) -> None:
             "label": args.label,
             "complete": complete,
             "variants": variants,
-            "conditions": {
-                "host": platform.node(),
-                "cpus_visible": os.cpu_count(),
-                "torch_threads_per_process": 1,
-                "torch": torch.__version__,
-                "lightning": L.__version__,
-                "model": f"{args.layers} square linear layer(s) of the model's size in all, batch {BATCH}, SGD "
-                "momentum 0.9; equal workers; compute emulated by sleeping step_ms in training_step",
-                "epochs": f"{args.epochs}, the first not measured; ideal epochs of ~{args.epoch_s} s",
-                "dedicated_rank": args.dedicated_rank,
-                "emulation": args.emulation if args.emulation == "sleep" else f"CPU quota of {args.quota} CPU",
-                "note": "see load_average_1_5_15min_before_and_after for how busy the host was",
-                "load_average_1_5_15min_before_and_after": [load_before, os.getloadavg()],
-            },
             "summary": summary,
             "runs": runs,
             "server_apply_cost_this_checkout": costs,

@@ -1,49 +1,28 @@
 """BSP vs ASP vs the BSP-then-ASP hybrid (SyncSwitchCallback) on a generated task with emulated heterogeneity.
 
-Each configuration trains the same model on the same data with ``AsyncPSStrategy`` on N CPU processes, rank 1
-slowed by ``SlowdownEmulator`` (it computes ``--slowdown`` times slower). The configurations:
-
-- ``bsp``: synchronous all-reduce throughout.
-- ``asp``: asynchronous parameter server throughout.
-- ``hybrid``: BSP for ``--bsp-fraction`` of the epochs (rounded up), then ASP (``FixedFractionPolicy``).
-- ``reverse``: the hybrid's phases in the opposite order: ASP first for as many epochs as the hybrid spends in ASP,
-  then BSP for the rest (a schedule string such as ``"asp:0-8,bsp:9-"``), to test Sync-Switch's claim that BSP
-  first beats the reverse order.
-- ``asp_hetero``: ASP plus ``HeteroBatchCallback`` (per-rank batch sizes rebalanced at epoch ends from measured
-  compute), to test OmniLearn's claim that heterogeneity-aware batches raise ASP's accuracy.
-- ``switch_cost``: not a training comparison; the switch cost for the CIFAR ResNet-20 of ``examples/`` (0.27M
-  parameters, SGD with momentum) over six alternating switches.
-
-Rank 0 records, per epoch, the training time (validation excluded) and the validation accuracy. The table shows the
-final accuracy, the total training time, the time to reach ``--target`` accuracy and the cost of each mode switch.
-
-Usage:
-    python -m benchmarks run sync_switch [--workers 2] [--epochs 12] [--slowdown 4] [--bsp-fraction 0.25]
-        [--configs bsp,asp,hybrid,reverse,asp_hetero,switch_cost] [--tag NAME]
-
-``--configs`` picks a subset (default: all). Results go to ``benchmarks/results/sync_switch_<N>workers.json``
-(``sync_switch_<N>workers_<tag>.json`` with ``--tag``). Lightning's launcher re-runs this script for ranks 1..N-1,
-so each configuration runs in its own child process (``--config``).
+The same MLP and data with ``AsyncPSStrategy`` on N CPU processes, rank 1 ``--slowdown`` times slower: ``bsp``,
+``asp``, ``hybrid`` (BSP for ``--bsp-fraction`` of the epochs, then ASP), ``reverse`` (ASP first: Sync-Switch's
+claim), ``asp_hetero`` (ASP + ``HeteroBatchCallback``: OmniLearn's claim); ``switch_cost`` times six switches of
+the CIFAR ResNet-20 of ``examples/``. Reported: final accuracy, training time (validation excluded), time to
+``--target`` accuracy and each switch's cost; each configuration runs in its own child process.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
-from pathlib import Path
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 from torch.utils.data import DataLoader
 
-from benchmarks.harness.launch import ROOT as ROOT_DIR
-from benchmarks.harness.launch import run_job, scenario_command
-from benchmarks.harness.models import MLP, TrainingTimes, classification_split, quiet_trainer
-from benchmarks.harness.record import write_json
+from benchmarks.harness.launch import RESULTS, ROOT, run_json, scenario_command
+from benchmarks.harness.models import MLP, TrainingTimes, classification_split, finish, fit, quiet_trainer
+from benchmarks.harness.record import table, write_json
+from benchmarks.harness.stats import time_to_target
 from lightning_hetero.emulation.slowdown import SlowdownEmulator
 from lightning_hetero.hetero_batch import HeteroBatchCallback
 from lightning_hetero.ps import AsyncPSStrategy
@@ -51,8 +30,6 @@ from lightning_hetero.switching import FixedFractionPolicy
 from lightning_hetero.switching.callback import SyncSwitchCallback
 from lightning_hetero.switching.policies import share_in_epochs
 
-ROOT = ROOT_DIR
-RESULTS = ROOT / "benchmarks" / "results"
 CONFIGS = ("bsp", "asp", "hybrid", "reverse", "asp_hetero")
 ALL = (*CONFIGS, "switch_cost")
 ALTERNATING = "bsp:0,asp:1,bsp:2,asp:3,bsp:4,asp:5,bsp:6-"
@@ -112,9 +89,8 @@ def measure_switch_cost(args: argparse.Namespace) -> None:
         limit_val_batches=0,
     )
     trainer.fit(model, train_dataloaders=DataLoader(dataset, batch_size=16, shuffle=True))
-    if trainer.is_global_zero:
-        parameters = sum(p.numel() for p in model.parameters())
-        Path(args.out).write_text(json.dumps({"parameters": parameters, "switches": switch.switches}))
+    parameters = sum(p.numel() for p in model.parameters())
+    finish(trainer, args.out, {"parameters": parameters, "switches": switch.switches})
 
 
 def run_config(args: argparse.Namespace) -> None:
@@ -144,58 +120,28 @@ def run_config(args: argparse.Namespace) -> None:
         hetero = HeteroBatchCallback(verbose=False)
         callbacks.append(hetero)
     strategy = AsyncPSStrategy(mode=mode)
-    trainer = quiet_trainer(
-        devices=args.workers,
-        strategy=strategy,
-        max_epochs=args.epochs,
-        callbacks=callbacks,
-    )
-    trainer.fit(
-        model,
-        train_dataloaders=DataLoader(train, batch_size=args.batch_size, shuffle=True),
-        val_dataloaders=DataLoader(val, batch_size=1024),
-    )
-    if trainer.is_global_zero:
-        result = {
-            "config": args.config,
-            "epochs": recorder.epochs,
-            "switches": switch.switches if switch else [],
-            "server_summary": strategy.server_summary,
-        }
-        if hetero is not None:
-            result["final_split"] = list(hetero.batch_sizes or ())
-            result["split_history"] = [
-                {
-                    "epoch": entry["epoch"],
-                    "from": list(entry["from"]),
-                    "to": list(entry["to"]),
-                    "costs_overhead_s_per_sample_s": [list(cost) for cost in entry["costs"]],
-                }
-                for entry in hetero.history
-            ]
-        Path(args.out).write_text(json.dumps(result, default=str))
+    trainer = quiet_trainer(devices=args.workers, strategy=strategy, max_epochs=args.epochs, callbacks=callbacks)
+    fit(trainer, model, train, val, args.batch_size)
+    result = {"config": args.config, "epochs": recorder.epochs, "switches": switch.switches if switch else []}
+    result["server_summary"] = strategy.server_summary
+    if hetero is not None:
+        result["final_split"] = list(hetero.batch_sizes or ())
+        result["split_history"] = [
+            {"epoch": e["epoch"], "from": e["from"], "to": e["to"], "costs_overhead_s_per_sample_s": e["costs"]}
+            for e in hetero.history
+        ]
+    finish(trainer, args.out, result)
 
 
 def launch(config: str) -> dict:
     """Run one configuration in a child process (Lightning's launcher starts its other ranks from it)."""
-    out = RESULTS / f".sync_switch_{config}.json"
-    command = [*scenario_command("sync_switch"), *sys.argv[3:], "--config", config, "--out", str(out)]
+    argv = [*sys.argv[3:], "--config", config]  # the parent's own flags (python -m benchmarks run sync_switch ...)
+    command = lambda out: [*scenario_command("sync_switch"), *argv, "--out", str(out)]  # noqa: E731
     load_before, started = os.getloadavg(), time.perf_counter()
-    run_job(command, timeout_s=1800)
-    result = json.loads(out.read_text())
-    out.unlink()
+    result = run_json(command, timeout_s=1800)
     result["wall_s"] = time.perf_counter() - started
     result["load_average_1_5_15min_before_and_after"] = [load_before, os.getloadavg()]
     return result
-
-
-def time_to(epochs: list[dict], target: float) -> float | None:
-    elapsed = 0.0
-    for record in epochs:
-        elapsed += record["train_s"]
-        if record["val_acc"] >= target:
-            return elapsed
-    return None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -231,7 +177,6 @@ def main(args: argparse.Namespace) -> None:
         return
 
     RESULTS.mkdir(parents=True, exist_ok=True)
-    load_before, started = os.getloadavg(), time.perf_counter()
     runs = {config: launch(config) for config in args.configs}
     resnet = runs.pop("switch_cost", None)
 
@@ -252,7 +197,7 @@ def main(args: argparse.Namespace) -> None:
                 "final_acc": epochs[-1]["val_acc"],
                 "best_acc": max(e["val_acc"] for e in epochs),
                 "train_s": sum(e["train_s"] for e in epochs),
-                "time_to_target_s": time_to(epochs, target),
+                "time_to_target_s": time_to_target(epochs, target),
                 "modes": "".join("B" if e["mode"] == "bsp" else "A" for e in epochs),
                 "switch_cost_s": [s["cost_s"] for s in run["switches"]],
                 "final_split": run.get("final_split"),
@@ -265,15 +210,12 @@ def main(args: argparse.Namespace) -> None:
             f"target accuracy {target:.4f} ({target_text}); rank 1 {args.slowdown}x slower; {args.workers} workers; "
             f"{args.epochs} epochs"
         )
-        print(f"{'config':>10} {'final acc':>9} {'train s':>8} {'to target s':>11} {'vs BSP':>7}  modes")
-        bsp_time = next((row["train_s"] for row in rows if row["config"] == "bsp"), None)
-        for row in rows:
-            to_target = "never" if row["time_to_target_s"] is None else f"{row['time_to_target_s']:.1f}"
-            vs_bsp = "-" if bsp_time is None else f"{row['train_s'] / bsp_time:.2f}x"
-            print(
-                f"{row['config']:>10} {row['final_acc']:>9.4f} {row['train_s']:>8.1f} {to_target:>11} "
-                f"{vs_bsp:>7}  {row['modes']}"
-            )
+        bsp_s = next((row["train_s"] for row in rows if row["config"] == "bsp"), None)
+        cells = [[r["config"], r["final_acc"], r["train_s"], "never" if r["time_to_target_s"] is None else
+                  f"{r['time_to_target_s']:.1f}", None if bsp_s is None else r["train_s"] / bsp_s, r["modes"]]
+                 for r in rows]  # fmt: skip
+        header = ["config", "final acc", "train s", "to target s", "vs BSP", "modes"]
+        print(table(header, cells, ["", ".4f", ".1f", "", ".2f"]))
         for row in rows:
             for cost in row["switch_cost_s"]:
                 print(f"{row['config']}: switch cost {cost * 1000:.1f} ms")
@@ -289,13 +231,9 @@ def main(args: argparse.Namespace) -> None:
     parameters = sum(p.numel() for p in MLP(args.features, args.classes, [args.hidden] * 4, 0.1, 0.0).parameters())
     report = {
         "conditions": {
-            **{key: value for key, value in vars(args).items() if key not in ("config", "out")},
             "target": target,
             "reverse_schedule": reverse_schedule(args.epochs, args.bsp_fraction),
             "parameters": parameters,
-            "emulation": "SlowdownEmulator sleeps on rank 1 (compute stretched, CPU not throttled)",
-            "load_average_1_5_15min_before_and_after": [load_before, os.getloadavg()],
-            "wall_s": time.perf_counter() - started,
         },
         "rows": rows,
         "resnet20_switch_cost": resnet,

@@ -1,8 +1,9 @@
-"""bench_asp_accuracy's pure parts: slowdown factors, cell order and the seed-paired summary."""
+"""asp_accuracy's pure parts: slowdown factors, cell order and the seed-paired summary."""
 
 from __future__ import annotations
 
 import pytest
+from benchmarks.harness.models import slowdown_factors
 from benchmarks.scenarios import asp_accuracy as bench
 
 
@@ -15,10 +16,10 @@ def _run(config, seed, acc, train_s, workers=2, staleness=None, momentum=None):
 
 
 def test_slowdown_factors_span_the_heterogeneity_level_with_rank_zero_fastest():
-    factors = bench.slowdown_factors(8, 4.0)
+    factors = slowdown_factors(8, 4.0)
     assert factors[0] == 1.0 and factors[-1] == pytest.approx(4.0)
     assert factors == sorted(factors)
-    assert bench.slowdown_factors(4, 1.0) == [1.0] * 4
+    assert slowdown_factors(4, 1.0) == [1.0] * 4
 
 
 def test_summary_pairs_differences_to_bsp_by_seed():
@@ -41,11 +42,3 @@ def test_summary_pairs_differences_to_bsp_by_seed():
 
 def test_cells_start_with_the_highest_heterogeneity_and_fewest_workers():
     assert bench.cell_order([8, 2], [1.0, 4.0])[:2] == [(2, 4.0), (8, 4.0)]
-
-
-def test_plot_draws_each_config_against_bsp(tmp_path):
-    pytest.importorskip("matplotlib", reason="matplotlib is not installed (the plots extra)")
-    runs = [_run(config, seed, 0.9 - 0.01 * seed, 10.0) for config in bench.CONFIGS for seed in (0, 1)]
-    path = tmp_path / "asp_accuracy.png"
-    assert bench.plot(bench.summarise(runs), path) is True
-    assert path.read_bytes()[:4] == b"\x89PNG"

@@ -1,12 +1,10 @@
-"""bench_docker's pure parts: timed throughput across ranks, levels that keep OmniLearn's ratios, --plot-only."""
+"""docker's pure parts: timed throughput across ranks, levels that keep OmniLearn's ratios, the sweep's pairs."""
 
 from __future__ import annotations
 
 import doctest
-import json
 
 import pytest
-from benchmarks.harness.cli import main
 from benchmarks.scenarios import docker as bench
 
 
@@ -30,18 +28,6 @@ def test_levels_keep_the_ratio_within_two_cores(workers):
     for name, quotas in bench.LEVELS[workers].items():
         assert len(quotas) == workers and sum(quotas) <= 2.0
         assert max(quotas) / min(quotas) == int(name[2:])
-
-
-def test_plot_only_writes_a_png_from_existing_json(tmp_path, monkeypatch):
-    pytest.importorskip("matplotlib", reason="matplotlib is not installed (the plots extra)")
-    rows = [
-        {"workers": 2, "level": "HL4", "method": m, "throughput": t, "ideal": 100.0, "load_average_1min": 1.0}
-        for m, t in (("ddp", 40.0), ("hetero", 55.0))
-    ]
-    path = tmp_path / "docker.json"
-    path.write_text(json.dumps({"conditions": {"cpus": 2}, "rows": rows}))
-    main(["run", "docker", "--plot-only", str(path)])
-    assert (tmp_path / "docker.png").stat().st_size > 0
 
 
 def test_docstring_examples_pass():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from benchmarks.harness.models import slowdown_factors
 from benchmarks.scenarios import local_sgd as bench
 
 
@@ -16,7 +17,7 @@ def _run(config, seed, accs, train_s=1.0, throughput=100.0, bound=200.0):
 
 
 def test_slowdown_factors_span_the_heterogeneity_level():
-    factors = bench.slowdown_factors(4, 8.0)
+    factors = slowdown_factors(4, 8.0)
     assert factors[0] == 1.0 and factors[-1] == pytest.approx(8.0) and factors == sorted(factors)
 
 

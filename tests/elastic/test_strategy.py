@@ -1,5 +1,5 @@
 """ElasticLocalSGDStrategy end to end: one worker in this process (checkpoints, a lighthouse nobody runs), and a job
-of separate worker processes (``benchmarks/elastic_worker.py``) that leave and join."""
+of separate worker processes (``examples/elastic/elastic_worker.py``) that leave and join."""
 
 from __future__ import annotations
 

@@ -7,7 +7,8 @@ Each sample's trainings per epoch are summed over the ranks at the epoch's end a
 the final attempt holds the counts of the job's history (the epochs its checkpoints descend from). Rank 0 appends
 each attempt's record (``TorchrunRestarts.record`` and the time) to ``OUT/attempts.jsonl``; every rank appends one
 line per training step to ``OUT/steps.jsonl`` (time, ``NODE_NAME`` from the environment, rank, world size, epoch);
-the final attempt's rank 0 writes ``OUT/final.json``. Used by ``torchrun_job.py`` (the benchmark and the tests).
+the final attempt's rank 0 writes ``OUT/final.json``. ``benchmarks/torchrun_job.py`` runs it (the benchmark and the
+tests).
 """
 
 import argparse

@@ -1,6 +1,6 @@
 """One worker of an elastic local-SGD job (``ElasticLocalSGDStrategy``) on generated data; start one per "machine".
 
-Usage: python benchmarks/elastic_worker.py OUT_DIR --lighthouse http://localhost:PORT [--start-lighthouse] [options]
+Usage: python examples/elastic/elastic_worker.py OUT_DIR --lighthouse http://localhost:PORT [--start-lighthouse] [...]
 
 The worker appends one JSON line per committed round to ``OUT_DIR/commits-<name>-<pid>.jsonl`` (its
 ``CommitRecord``: the epoch, the chunks it and all trained, the step, the parameters' digests; the time, and the
