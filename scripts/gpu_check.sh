@@ -3,8 +3,9 @@
 # benchmarks/results/gpu/*.json plus a table. Installs nothing beyond the project's own extras ([dev]), and only
 # when something is missing; the CUDA torch already installed is kept (pinned by a constraint).
 #
-#   scripts/gpu_check.sh              # tests marked `cuda`, then `python -m benchmarks run gpu` (10 cases x 3 seeds), then
-#                                     # local SGD's 4-worker CPU cell on the machine's CPUs (8 cores or more)
+#   scripts/gpu_check.sh              # tests marked `cuda`, then `python -m benchmarks run gpu` (10 cases x 3 seeds), BSP
+#                                     # against DDP on 16 distinct layers (bsp_ddp/), then local SGD's 4-worker CPU cell
+#                                     # on the machine's CPUs (8 cores or more)
 #   scripts/gpu_check.sh --quick      # tests, then a 1-epoch, 1-seed benchmark (about 5 minutes on one GPU)
 #   scripts/gpu_check.sh --dry-run    # without a GPU: every step on the CPU (the `cuda` tests skip, the benchmark's
 #                                     # smallest case), into benchmarks/results/gpu_dry_run/; installs nothing
@@ -124,7 +125,17 @@ case "$mode" in
 esac
 step benchmark "$BENCH_S" "$PYTHON" -m benchmarks run gpu "${bench[@]}" --out "$out" --case-timeout-s "$CASE_S"
 
-# 5. A CPU cell the project's 2-core host cannot settle: local SGD, 4 workers at HL4, the light model. Its 4
+# 5. BSP against DDP on a network of 16 distinct layers, where DDP's bucketed all-reduce overlaps backward: the goal
+# is BSP at 0.98 of DDP's throughput or more (summary.json: goals.bsp_of_ddp, medians over seeds)
+case "$mode" in
+    full) overlap=(--device cuda --epochs 2 --seeds 3) ;;
+    quick) overlap=(--device cuda --epochs 1 --seeds 1) ;;
+    dry-run) overlap=(--device cpu --epochs 1 --seeds 1 --samples 640) ;;
+esac
+step bsp_ddp "$BENCH_S" "$PYTHON" -m benchmarks run gpu "${overlap[@]}" --cases ddp,bsp --layers 16 \
+    --out "$out/bsp_ddp" --case-timeout-s "$CASE_S"
+
+# 6. A CPU cell the project's 2-core host cannot settle: local SGD, 4 workers at HL4, the light model. Its 4
 # CPU-bound processes need 4 cores; on 2 the summed standalone bound is the cores' capacity and the strategy's own
 # CPU comes off it (docs/results.md, Local SGD). The GPU machine's CPUs measure it; under 8 cores it is skipped.
 case "$mode" in
@@ -145,5 +156,5 @@ out, mode, steps = Path(sys.argv[1]), sys.argv[2], [s.split() for s in sys.argv[
 check = {"mode": mode, "steps": [{"step": n, "exit": int(e), "seconds": int(t)} for n, e, t in steps]}
 (out / "check.json").write_text(json.dumps(check, indent=1))
 PY
-log "results in $out (tests.json, summary.json, table.txt, local_sgd_cpu.json, check.json)$([ "$mode" = dry-run ] || echo '; commit them')"
+log "results in $out (tests.json, summary.json, table.txt, bsp_ddp/, local_sgd_cpu.json, check.json)$([ "$mode" = dry-run ] || echo '; commit them')"
 exit "$failed"

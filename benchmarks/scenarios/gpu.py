@@ -1,12 +1,10 @@
 """The GPU check's benchmark: two ranks, rank 1 slowed 3x (``SlowdownEmulator``); DDP vs HeteroBatch vs the best
-fixed split (the fastest of ``FIXED_SPLITS``), ASP and local SGD accuracy against BSP, AMP, and torch.compile with
-changing sizes (graphs compiled per rank).
+fixed split (``FIXED_SPLITS``), ASP and local SGD accuracy against BSP, AMP, torch.compile with changing sizes, and
+(``--layers``: distinct layers, where DDP's all-reduce overlaps backward) BSP's throughput against DDP's.
 
-Each case runs as its own 2-rank Lightning job of two one-device "nodes" (two GPUs: one each, NCCL; one GPU: both on
-it, gloo), ``--seeds`` times; the goals are medians over seeds of the seed-paired ratios and accuracy differences.
-Writes ``<out>/<case>_s<seed>.json`` per run and ``<out>/summary.json`` (rewritten after every run; a run that fails
-or passes ``--case-timeout-s`` is recorded under ``failures``, and the exit status is then 1) and prints a table.
-``scripts/gpu_check.sh`` runs it; ``--device cpu --cases hetero --epochs 1`` is the CPU smoke run the tests use.
+Each case is a 2-rank job of two one-device "nodes" (two GPUs: NCCL; one GPU: both on it, gloo), run ``--seeds``
+times; goals are medians over seeds of seed-paired ratios. Writes ``<out>/<case>_s<seed>.json`` and
+``<out>/summary.json`` (after every run; failures recorded, exit status 1) and prints a table.
 """
 
 from __future__ import annotations
@@ -46,22 +44,21 @@ NO_GRID = "it runs on a GPU machine through scripts/gpu_check.sh, with its own c
 
 
 class Model(MLPClassifier):
-    """A wider perceptron; validation accuracy logged across ranks. With ``tokens`` > 1 or ``depth`` > 0 its network
-    is :class:`TokenStack`, which gives the device work that outweighs a step's fixed costs."""
+    """A wider perceptron. ``tokens`` > 1 or ``depth`` > 0: :class:`TokenStack` (device work that outweighs a step's
+    fixed costs); ``layers`` > 0: that many distinct 1024-wide layers (DDP's all-reduce can overlap backward)."""
 
-    def __init__(self, tokens: int = 1, depth: int = 0) -> None:
+    def __init__(self, tokens: int = 1, depth: int = 0, layers: int = 0) -> None:
         super().__init__(num_features=64, num_classes=8, hidden=512, lr=0.05, momentum=0.9)
-        if tokens > 1 or depth > 0:
+        if layers > 0:
+            stack = [module for _ in range(layers) for module in (torch.nn.Linear(1024, 1024), torch.nn.Tanh())]
+            self.net = torch.nn.Sequential(torch.nn.Linear(64, 1024), torch.nn.Tanh(), *stack, torch.nn.Linear(1024, 8))
+        elif tokens > 1 or depth > 0:
             self.net = TokenStack(64, 8, hidden=1024, tokens=tokens, depth=depth)
 
 
 class TokenStack(torch.nn.Module):
-    """Device work per sample with few parameters to all-reduce: a sample's hidden vector plus ``tokens`` learned
-    offsets, ``depth`` residual passes of one shared layer over every token, mean-pooled.
-
-    On an H200 the default perceptron's step is microseconds of kernels inside milliseconds of fixed costs (the gloo
-    all-reduce through host memory, Lightning's loop), so a 3x stretch of its device time barely shows; this network
-    costs ``6 * tokens * depth * hidden**2`` FLOPs per sample with about ``hidden**2`` parameters.
+    """Device work per sample with few parameters to all-reduce (``6 * tokens * depth * hidden**2`` FLOPs, about
+    ``hidden**2`` parameters): ``tokens`` learned offsets, ``depth`` residual passes of one shared layer, mean-pooled.
 
     Example::
 
@@ -103,12 +100,13 @@ def _callbacks(case: str) -> list:
 
 
 def run_case(
-    case: str, device: str, epochs: int, samples: int, out: Path, seed: int = 0, tokens: int = 1, depth: int = 0
-) -> None:
+    case: str, device: str, epochs: int, samples: int, out: Path, seed: int = 0, tokens: int = 1, depth: int = 0,
+    layers: int = 0,
+) -> None:  # fmt: skip
     """One case as a 2-rank job; rank 0 writes ``<out>/<case>_s<seed>.json``."""
     torch.manual_seed(seed)
     train, val = classification_split(int(0.8 * samples), samples - int(0.8 * samples), seed + 1, 5.0, 64, 8)
-    model = Model(tokens, depth)
+    model = Model(tokens, depth, layers)
     graphs_before = compiled_graphs()
     if case == "compile":  # the network compiled (compiling the whole LightningModule under DDP fails in dynamo here)
         model.net = torch.compile(model.net, backend="inductor" if device == "cuda" else "eager")
@@ -167,11 +165,13 @@ def summarize(runs: dict[str, list[dict]]) -> dict:
         pairs = _paired(runs.get(mode, []), runs.get("bsp", []))
         return statistics.median(100 * (r["val_acc"] - b["val_acc"]) for r, b in pairs) if pairs else None
 
+    bsp_ddp = _paired(runs.get("bsp", []), runs.get("ddp", []))
     graphs = [max(g) for r in runs.get("compile", []) for g in [r["compiled_graphs_per_rank"]]]
     return {
         "best_fixed": best,
         "hetero_of_best_fixed": ratio("hetero"),
         "ddp_of_best_fixed": ratio("ddp"),
+        "bsp_of_ddp": statistics.median(d["fit_s"] / b["fit_s"] for b, d in bsp_ddp) if bsp_ddp else None,
         "asp_minus_bsp_points": points("asp"),
         "local_minus_bsp_points": points("local"),
         "most_graphs_per_rank": max(graphs) if graphs else None,
@@ -179,8 +179,7 @@ def summarize(runs: dict[str, list[dict]]) -> dict:
 
 
 def _paired(runs: list[dict], others: list[dict]) -> list[tuple[dict, dict]]:
-    """The runs of ``runs`` and ``others`` with the same seed (their position where a run has no ``seed``); a seed
-    that failed in either has no pair.
+    """The runs of ``runs`` and ``others`` with the same seed (else position); a seed failed in either has no pair.
 
     Example::
 
@@ -216,6 +215,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--case-timeout-s", type=float, default=600, help="a run's limit (both ranks killed past it)")
     parser.add_argument("--tokens", type=int, default=1, help="a heavier network (TokenStack): tokens per sample")
     parser.add_argument("--depth", type=int, default=0, help="a heavier network (TokenStack): shared-layer passes")
+    parser.add_argument("--layers", type=int, default=0, help="a deep network of this many distinct layers")
 
 
 def main(args: argparse.Namespace) -> None:
@@ -226,9 +226,9 @@ def main(args: argparse.Namespace) -> None:
     default = "gpu" if args.device == "cuda" else "gpu_cpu_smoke"
     out = args.out or RESULTS_DIR / default
     out.mkdir(parents=True, exist_ok=True)
+    network = (args.tokens, args.depth, args.layers)
     if args.case:
-        run_case(args.case, args.device, args.epochs, args.samples, out, args.seed, args.tokens, args.depth)
-        return
+        return run_case(args.case, args.device, args.epochs, args.samples, out, args.seed, *network)
     cases = []
     for case in args.cases.split(","):
         if case not in CASES:
@@ -242,7 +242,7 @@ def main(args: argparse.Namespace) -> None:
         for case in cases:
             command = [*scenario_command("gpu"), "--case", case, "--seed", str(seed), "--device", args.device,
                        "--epochs", str(args.epochs), "--samples", str(args.samples), "--out", str(out),
-                       "--tokens", str(args.tokens), "--depth", str(args.depth)]  # fmt: skip
+                       "--tokens", str(args.tokens), "--depth", str(args.depth), "--layers", str(args.layers)]  # fmt: skip
             report = out / f"{case}_s{seed}.json"
             report.unlink(missing_ok=True)
             why = _two_ranks(command, args.device, args.case_timeout_s)

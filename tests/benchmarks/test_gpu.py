@@ -6,6 +6,7 @@ import json
 import sys
 
 import pytest
+import torch
 from benchmarks.harness.launch import ROOT, scenario_command
 from benchmarks.scenarios import gpu as bench
 
@@ -18,7 +19,7 @@ def test_summary_medians_of_paired_ratios_and_accuracy_points():
         "fixed192": [{"fit_s": 9.5}, {"fit_s": 9.0}, {"fit_s": 9.0}],
         "fixed208": [{"fit_s": 12.0}, {"fit_s": 12.0}, {"fit_s": 12.0}],
         "ddp": [{"fit_s": 19.0}, {"fit_s": 18.0}, {"fit_s": 18.0}],
-        "bsp": [{"val_acc": 0.80}, {"val_acc": 0.70}, {"val_acc": 0.75}],
+        "bsp": [{"val_acc": 0.80, "fit_s": 19.0}, {"val_acc": 0.70, "fit_s": 20.0}, {"val_acc": 0.75, "fit_s": 36.0}],
         "local": [{"val_acc": 0.79}, {"val_acc": 0.70}, {"val_acc": 0.74}],
         "compile": [{"compiled_graphs_per_rank": [2.0, 3.0]}],
     }
@@ -27,6 +28,14 @@ def test_summary_medians_of_paired_ratios_and_accuracy_points():
     assert goals["hetero_of_best_fixed"] == pytest.approx(0.9) and goals["ddp_of_best_fixed"] == pytest.approx(0.5)
     assert goals["local_minus_bsp_points"] == pytest.approx(-1.0) and goals["asp_minus_bsp_points"] is None
     assert goals["most_graphs_per_rank"] == 3.0
+    assert goals["bsp_of_ddp"] == pytest.approx(0.9)  # BSP's throughput against DDP's: DDP's time over BSP's
+
+
+def test_a_deep_network_of_distinct_layers_for_the_overlap_cell():
+    net = bench.Model(layers=12).net
+    linears = [module for module in net if isinstance(module, torch.nn.Linear)]
+    assert len(linears) == 14 and len({id(layer.weight) for layer in linears}) == 14
+    assert net(torch.zeros(3, 64)).shape == (3, 8)
 
 
 def test_a_failed_seed_leaves_only_the_pairs_of_the_seeds_that_ran():
