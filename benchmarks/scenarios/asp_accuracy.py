@@ -52,7 +52,7 @@ from benchmarks.harness.launch import run_job, scenario_command
 from benchmarks.harness.models import TrainingTimes, classification_split, quiet_trainer
 from benchmarks.harness.record import write_json
 from lightning_hetero import AsyncPSStrategy, SlowdownEmulator, SyncSwitchCallback
-from lightning_hetero.ps.compensation import AsynchronyCompensator
+from lightning_hetero.asp.compensation import AsynchronyCompensator
 from lightning_hetero.switching import FixedFractionPolicy, SchedulePolicy
 from lightning_hetero.switching.policies import share_in_epochs
 from lightning_hetero.synthetic import MLPClassifier

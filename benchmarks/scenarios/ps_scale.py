@@ -66,12 +66,12 @@ from benchmarks.harness.launch import RESULTS as RESULTS_DIR
 from benchmarks.harness.launch import child_env, run_jobs, scenario_command
 from benchmarks.harness.record import write_json
 from lightning_hetero import SlowdownEmulator
-from lightning_hetero.ps import AsyncPSStrategy
-from lightning_hetero.ps.bootstrap import shard_server
-from lightning_hetero.ps.layout import FlatLayout, flatten_model
-from lightning_hetero.ps.protocol import PushHeader, new_message
-from lightning_hetero.ps.server import ParameterServer
-from lightning_hetero.ps.sharding import plan_shards
+from lightning_hetero.asp.layout import FlatLayout, flatten_model
+from lightning_hetero.asp.protocol import PushHeader, new_message
+from lightning_hetero.asp.server import ParameterServer
+from lightning_hetero.asp.sharding import plan_shards
+from lightning_hetero.async_ps import AsyncPSStrategy
+from lightning_hetero.async_ps.runtime.bootstrap import shard_server
 
 RESULTS = RESULTS_DIR / "ps_scale.json"
 #: model name -> width of the square linear layer (``width * (width + 1)`` parameters)

@@ -44,9 +44,9 @@ from benchmarks.harness.launch import ROOT as ROOT_DIR
 from benchmarks.harness.launch import run_job, scenario_command
 from benchmarks.harness.models import MLP, TrainingTimes, classification_split, quiet_trainer
 from benchmarks.harness.record import write_json
+from lightning_hetero.async_ps import AsyncPSStrategy
 from lightning_hetero.emulation.slowdown import SlowdownEmulator
 from lightning_hetero.hetero_batch import HeteroBatchCallback
-from lightning_hetero.ps import AsyncPSStrategy
 from lightning_hetero.switching import FixedFractionPolicy
 from lightning_hetero.switching.callback import SyncSwitchCallback
 from lightning_hetero.switching.policies import share_in_epochs
