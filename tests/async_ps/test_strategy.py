@@ -80,3 +80,13 @@ def test_elastic_mode_refuses_hetero_batches_whose_split_assumes_fixed_ranks():
     strategy = AsyncPSStrategy(on_worker_lost="continue")
     with pytest.raises(ValueError, match="does not support HeteroBatchCallback"):
         strategy.attach_hetero_batches(ComputeTimer(), lambda: 0.5)
+
+
+def test_the_settings_are_held_once_and_read_only():
+    strategy = AsyncPSStrategy(max_staleness=3, server_placement="dedicated")
+    assert (strategy.max_staleness, strategy.server_placement) == (3, "dedicated")
+    assert strategy.max_staleness is strategy.settings.max_staleness
+    with pytest.raises(AttributeError, match="read-only"):
+        strategy.fault_timeout_s = 1.0
+    with pytest.raises(AttributeError):
+        strategy.settings.fault_timeout_s = 1.0

@@ -33,7 +33,7 @@ from lightning_hetero.async_ps.runtime.context import BatchWeighting, StepCounte
 from lightning_hetero.async_ps.runtime.fault_tolerance import kill_launched
 from lightning_hetero.async_ps.runtime.reporting import EpochLog
 from lightning_hetero.async_ps.runtime.trainer_limits import TrainerLimits
-from lightning_hetero.async_ps.settings import PUBLIC_SETTINGS, PSSettings
+from lightning_hetero.async_ps.settings import PSSettings, read_only_settings
 from lightning_hetero.contracts import ComputeEndMark, Mode, check_mode
 from lightning_hetero.local_sgd.rounds import LocalRounds
 from lightning_hetero.lr_schedules import CountedLRSchedulers
@@ -53,34 +53,20 @@ class AsyncPSStrategy(DDPStrategy):
     Args:
         mode: ``"asp"``, ``"bsp"`` or ``"local"``; can be changed later with :meth:`set_mode`.
         max_staleness: a worker this many own updates ahead of the slowest waits (``None``: no bound, pure ASP).
-        lr_scaling: ``"none"``, or ``"inverse"`` to divide the learning rate of each update by its staleness.
         asynchrony_compensation: ``"auto"``: in ASP the server lowers SGD's momentum (then the learning rate) by the
-            measured staleness; other optimizers (Adam, AdamW, ...) keep theirs
-            (:mod:`~lightning_hetero.asp.compensation`); ``"dc"``: also delay-compensated gradients (Zheng et al.,
-            2017); ``None``: the user's hyper-parameters as they are (as BSP always uses).
+            measured staleness, other optimizers keep theirs (:mod:`~lightning_hetero.asp.compensation`); ``"dc"``: also
+            delay-compensated gradients (Zheng et al., 2017); ``None``: the user's hyper-parameters as they are.
         fault_timeout_s: how long any rank waits for a peer before failing with an error naming it.
-        startup_timeout_s: how long the ranks wait for each other at start-up (the process group's rendezvous).
-        on_worker_lost: ``"fail"`` ends the job when any rank is lost; ``"continue"`` (elastic ASP): the others
-            train on without a lost non-server rank while in ASP, rank 0 taking its unfinished batches (any loss in
-            BSP or local SGD, or of rank 0, ends the job; refused with ``mode="local"``).
+        on_worker_lost: ``"fail"`` ends the job when a rank is lost; ``"continue"`` (elastic ASP): in ASP the others
+            train on without a lost rank but 0, which takes its unfinished batches; refused with ``mode="local"``.
         round_samples: local SGD: a round lasts this many training samples over all ranks.
         round_s: local SGD: or this many seconds (give at most one; neither: 16 local steps per rank on average).
-        local_steps: local SGD: ``"proportional"`` (each rank's steps follow its throughput) or ``"equal"``.
         outer_optimizer: local SGD: the outer optimizer's class (default ``torch.optim.SGD``).
         outer_optimizer_kwargs: its arguments (default ``lr=1.0``: plain averaging; DiLoCo's: 0.7, Nesterov 0.9).
-        pseudo_gradient_weighting: local SGD: ``"mean"`` over the ranks that trained, or by their ``"samples"``.
-        overlap_round_trip: ``False`` (default): textbook ASP, each worker waits for its reply; ``True``: the push
-            and the reply travel while the next batch is computed, faster where the round trip is long next to a step,
-            at one own update of extra staleness (which broke training of small CNNs with Adam and with SGD).
-        server_shards: split the server into this many shards of whole tensors, hosted by ranks
-            ``0 .. server_shards - 1`` (``docs/async_ps.md``, Sharding); not with ``on_worker_lost="continue"``.
-        server_placement: ``"worker"``: rank 0 hosts the server and trains like the others; ``"dedicated"``: in ASP
-            it trains only its first batch of each epoch (:mod:`~lightning_hetero.asp.placement`).
-        accelerator: see :class:`~lightning.pytorch.strategies.DDPStrategy` (so are the next four).
-        parallel_devices: Lightning's.
-        cluster_environment: Lightning's.
-        checkpoint_io: Lightning's.
-        precision_plugin: Lightning's.
+        lr_scaling, startup_timeout_s, local_steps, pseudo_gradient_weighting, overlap_round_trip, server_shards,
+            server_placement: expert settings, documented in :class:`~lightning_hetero.async_ps.settings.PSSettings`.
+        accelerator, parallel_devices, cluster_environment, checkpoint_io, precision_plugin: as
+            :class:`~lightning.pytorch.strategies.DDPStrategy` takes them.
         process_group_backend: backend of the default group (used in BSP); the server always talks gloo.
 
     Notes:
@@ -98,6 +84,8 @@ class AsyncPSStrategy(DDPStrategy):
     """
 
     strategy_name = "async_ps"
+    max_staleness, lr_scaling, fault_timeout_s, startup_timeout_s, on_worker_lost = read_only_settings(5)
+    local_steps, pseudo_gradient_weighting, overlap_round_trip, server_shards, server_placement = read_only_settings(5)
 
     def __init__(
         self, mode: Mode = "asp", max_staleness: int | None = None, lr_scaling: str = "none",
@@ -120,13 +108,9 @@ class AsyncPSStrategy(DDPStrategy):
             checkpoint_io=checkpoint_io, precision_plugin=precision_plugin,
             process_group_backend=process_group_backend, timeout=timedelta(seconds=startup_timeout_s),
         )  # fmt: skip
-        self._settings = settings
-        for name in PUBLIC_SETTINGS:  # max_staleness, fault_timeout_s, server_shards, ...: readable attributes
-            setattr(self, name, getattr(settings, name))
-
-        def workers() -> tuple[int, int]:
-            return concurrency(self.world_size, settings.server_placement, settings.overlap_round_trip)
-
+        #: the constructor's settings, checked and read-only (the attributes of the same name read them)
+        self.settings = settings
+        workers = lambda: concurrency(self.world_size, server_placement, overlap_round_trip)  # noqa: E731
         self._compensation = Compensation(asynchrony_compensation, workers, lambda: self.optimizers[0])
         #: seconds the last effective :meth:`set_mode` took (``None`` before any switch)
         self.last_switch_s: float | None = None
@@ -208,12 +192,11 @@ class AsyncPSStrategy(DDPStrategy):
         if not self._active:
             self._mode = mode
             return
-        assert self._run is not None
+        assert self._run is not None  # an active run has one
         start = time.perf_counter()
         switch(self._engine, self._engines[mode], self._run.fault)
         self._mode = mode
-        if self._run.ctx.servers.server is not None:  # elastic ASP is unsharded: rank 0's server is the only one
-            self._run.ctx.servers.server.tolerate_lost_workers = self._run.fault.tolerates_lost_workers
+        self._run.fault.tell_server()
         self.last_switch_s = time.perf_counter() - start
 
     @classmethod
@@ -263,7 +246,7 @@ class AsyncPSStrategy(DDPStrategy):
         assert self.cluster_environment is not None
         ddp = super()  # its collectives, ungated
         ctx, group = bootstrap.build_context(
-            self._settings, trainer, self.optimizers[0], self.precision_plugin, self.root_device, self.global_rank,
+            self.settings, trainer, self.optimizers[0], self.precision_plugin, self.root_device, self.global_rank,
             self.world_size, self.cluster_environment.main_address, ddp.broadcast, self._counter, self._weighting,
             self._schedules, self._log, self._limits,
         )  # fmt: skip

@@ -89,9 +89,8 @@ def test_each_rank_is_told_after_each_batch_whether_it_validates_now(lock_step, 
         fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=progress)),
     )
     sampler = SimpleNamespace(epoch_samples=48 * 4, chunk_size=4, segment_ended=lambda: ended)
-    ctx = SimpleNamespace(claim_sampler=sampler, world_size=2)
-    engine = SimpleNamespace(lock_step=lock_step)
-    ValidateTogether(ctx, lambda: engine, ValidationPoints(0.5, 1)).on_train_batch_end(
+    mode = SimpleNamespace(lock_step=lock_step)
+    ValidateTogether(lambda: sampler, 2, lambda: mode, ValidationPoints(0.5, 1)).on_train_batch_end(
         trainer, None, None, None, batch_idx
     )
     assert trainer.val_check_batch == 1 if expected == 1 else trainer.val_check_batch > 10**9

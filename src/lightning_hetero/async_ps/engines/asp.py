@@ -26,7 +26,7 @@ from lightning_hetero._lightning_internals import is_last_batch, optimizers_to_d
 from lightning_hetero.asp.client import RemoteStepOptimizer
 from lightning_hetero.asp.protocol import FLAG_JOIN, FLAG_LAST, FLAG_SKIPPED, SERVER_RANK, STATUS_OK
 from lightning_hetero.asp.server_sizing import sizing_advice
-from lightning_hetero.async_ps.runtime.checkpointing import SavedState
+from lightning_hetero.async_ps.interfaces import SavedState
 from lightning_hetero.async_ps.runtime.claim_size import ClaimSize, claim_size_message
 from lightning_hetero.async_ps.runtime.clipping import ClippingStep
 from lightning_hetero.async_ps.runtime.reporting import (

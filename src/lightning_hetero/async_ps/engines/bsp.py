@@ -21,7 +21,7 @@ from lightning_hetero.async_ps.runtime.reporting import report_hyperparameters
 from lightning_hetero.batch_weighting import gradient_weight
 
 if TYPE_CHECKING:
-    from lightning_hetero.async_ps.runtime.checkpointing import SavedState
+    from lightning_hetero.async_ps.interfaces import SavedState
     from lightning_hetero.async_ps.runtime.collectives import CollectiveGate
     from lightning_hetero.async_ps.runtime.context import BatchWeighting, PSContext
     from lightning_hetero.async_ps.runtime.fault_tolerance import FaultTolerance

@@ -22,7 +22,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning_hetero._lightning_internals import is_last_batch, optimizers_to_device
 from lightning_hetero.allocation import rate_share
 from lightning_hetero.asp.protocol import SERVER_RANK
-from lightning_hetero.async_ps.runtime.checkpointing import SavedState
+from lightning_hetero.async_ps.interfaces import SavedState
 from lightning_hetero.async_ps.runtime.clipping import ClippingStep
 from lightning_hetero.async_ps.runtime.grad_scaling import fold_scaler, unfold_scaler
 from lightning_hetero.async_ps.runtime.reporting import report_hyperparameters

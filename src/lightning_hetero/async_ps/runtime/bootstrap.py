@@ -45,7 +45,7 @@ from lightning_hetero.async_ps.runtime.validation_points import install as insta
 
 if TYPE_CHECKING:
     from lightning_hetero.asp.compensation import AsynchronyCompensator
-    from lightning_hetero.async_ps.engines import Engine
+    from lightning_hetero.async_ps.interfaces import Engine
     from lightning_hetero.async_ps.runtime.context import BatchWeighting, StepCounter
     from lightning_hetero.async_ps.runtime.reporting import EpochLog
     from lightning_hetero.async_ps.runtime.trainer_limits import TrainerLimits
@@ -353,7 +353,11 @@ def start_run(
     stop = AgreedStop(ctx, fault, engine)
     ctx.counter.ceiling = stop.shown_step
     install(ctx.trainer, stop)
-    points = ValidateTogether(ctx, engine, ctx.val_points) if ctx.val_points is not None else None
+    points = (
+        ValidateTogether(lambda: ctx.claim_sampler, ctx.world_size, engine, ctx.val_points)
+        if ctx.val_points is not None
+        else None
+    )
     install_validation(ctx.trainer, points)
     forget_train_dataloader(ctx.trainer)  # one loaded for `estimated_stepping_batches` lacks the claim sampler
     return Run(ctx, fault, gate, DataClaiming(ctx, fault, engine))

@@ -20,39 +20,21 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from lightning_hetero.async_ps.interfaces import Engine, SavedState
 from lightning_hetero.contracts import Mode, check_mode
 from lightning_hetero.param_groups import hyperparameters
 
 if TYPE_CHECKING:
-    from torch import Tensor
     from torch.optim import Optimizer
 
-    from lightning_hetero.async_ps.engines import Engine
     from lightning_hetero.async_ps.runtime.context import PSContext, StepCounter
 
 #: the key of the strategy's own state in a checkpoint
 CHECKPOINT_KEY = "async_ps"
 #: the key of the claim pool's position in the strategy's entry (a checkpoint at a validation point inside an epoch)
 POOL_KEY = "claim_pool"
-
-
-@dataclass
-class SavedState:
-    """What an engine saves in place of this rank's model: the flat parameters and, when they come from the server,
-    its optimizer state and version.
-
-    Args:
-        params: the flat parameters to save as the model's.
-        optimizer: the optimizer state to save as the user's (``None``: this rank's optimizer's own).
-        version: the model's version (``None``: the strategy's).
-    """
-
-    params: Tensor
-    optimizer: dict[str, Any] | None = None
-    version: int | None = None
 
 
 class Checkpointing:

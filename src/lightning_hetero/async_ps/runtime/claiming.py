@@ -29,7 +29,7 @@ from lightning_hetero.async_ps.runtime.trainer_limits import lock_step_interval,
 from lightning_hetero.async_ps.runtime.validation_points import refuse_without_claims
 
 if TYPE_CHECKING:
-    from lightning_hetero.async_ps.engines import Engine
+    from lightning_hetero.async_ps.interfaces import ModeFlags
     from lightning_hetero.async_ps.runtime.context import PSContext
     from lightning_hetero.async_ps.runtime.fault_tolerance import FaultTolerance
 
@@ -129,13 +129,13 @@ class DataClaiming:
     Args:
         ctx: the run's shared context (its store; the claim sampler is kept in it).
         fault: the fault tolerance (the cause of a failed claim; lost workers' chunks in elastic ASP).
-        engine: the engine in force (ranks claim chunks unless it trains in lock-step).
+        mode: the mode in force (ranks claim chunks unless it trains in lock-step).
     """
 
-    def __init__(self, ctx: PSContext, fault: FaultTolerance, engine: Callable[[], Engine]) -> None:
+    def __init__(self, ctx: PSContext, fault: FaultTolerance, mode: Callable[[], ModeFlags]) -> None:
         self.ctx = ctx
         self.fault = fault
-        self._engine = engine
+        self._mode = mode
         #: a restored checkpoint's position in its epoch's claim pool (:meth:`ClaimSampler.position`), handed to the
         #: next claim sampler built
         self.resume: dict[str, int] | None = None
@@ -174,11 +174,11 @@ class DataClaiming:
             dataloader,
             StoreClaims(ctx.store, self.fault.lost_cause),
             epoch=lambda: trainer.current_epoch,
-            asynchronous=lambda: not self._engine().lock_step,
+            asynchronous=lambda: not self._mode().lock_step,
             rank=ctx.rank,
             world_size=ctx.world_size,
             tail=self.fault.lost_workers_chunks if elastic else None,
-            reserved_only=lambda: reserved_only(ctx.settings.server_placement, self._engine().through_server, ctx.rank),
+            reserved_only=lambda: reserved_only(ctx.settings.server_placement, self._mode().through_server, ctx.rank),
             limit=ctx.train_limit,
         )
         if claiming is None:  # a loader of its own (HeteroBatch's, a custom sampler): Lightning's limit applies
@@ -192,6 +192,6 @@ class DataClaiming:
         if points is not None:  # the pool is cut at the validation points (every rank alike)
             pool = -(-ctx.claim_sampler.epoch_samples // loader.batch_size)
             ctx.claim_sampler.segments = lambda epoch: points.plan(epoch, pool, ctx.world_size)[0]
-        if self._engine().lock_step and mode_switcher(trainer) is None:  # BSP alone validates inside an epoch
+        if self._mode().lock_step and mode_switcher(trainer) is None:  # BSP alone validates inside an epoch
             lock_step_interval(trainer, -(-ctx.claim_sampler.epoch_samples // loader.batch_size // ctx.world_size))
         return loader

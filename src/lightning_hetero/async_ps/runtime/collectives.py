@@ -20,7 +20,7 @@ from lightning_hetero._lightning_internals import inside_training_batch
 from lightning_hetero.asp.placement import reserved_only
 
 if TYPE_CHECKING:
-    from lightning_hetero.async_ps.engines import Engine
+    from lightning_hetero.async_ps.interfaces import ModeFlags
     from lightning_hetero.async_ps.runtime.context import PSContext
     from lightning_hetero.async_ps.runtime.fault_tolerance import FaultTolerance
 
@@ -44,7 +44,7 @@ class CollectiveGate:
     Args:
         ctx: the run's shared context.
         fault: the fault tolerance (the remaining ranks' group, naming the rank lost first).
-        engine: the engine in force (collectives stay local inside its batches unless it trains in lock-step).
+        mode: the mode in force (collectives stay local inside its batches unless it trains in lock-step).
         reduce: DDP's ``reduce`` on the default group, ungated.
         broadcast: DDP's ``broadcast`` on the default group, ungated.
     """
@@ -53,13 +53,13 @@ class CollectiveGate:
         self,
         ctx: PSContext,
         fault: FaultTolerance,
-        engine: Callable[[], Engine],
+        mode: Callable[[], ModeFlags],
         reduce: Reduce,
         broadcast: Broadcast,
     ) -> None:
         self.ctx = ctx
         self.fault = fault
-        self._engine = engine
+        self._mode = mode
         self._reduce = reduce
         #: DDP's broadcast on the default group, for switches where every rank is present
         self.broadcast = broadcast
@@ -67,7 +67,7 @@ class CollectiveGate:
     def inside_asynchronous_batch(self) -> bool:
         """True inside a training batch while ranks are not in lock-step (ASP, local SGD): collectives stay local."""
         trainer = self.ctx.trainer
-        if self._engine().lock_step or not self.ctx.active or trainer.state.stage != RunningStage.TRAINING:
+        if self._mode().lock_step or not self.ctx.active or trainer.state.stage != RunningStage.TRAINING:
             return False
         return inside_training_batch(trainer)
 
@@ -100,7 +100,7 @@ class CollectiveGate:
         buffers = ctx.float_buffers()
         if not buffers or ctx.world_size == 1:
             return
-        reserved = reserved_only(ctx.settings.server_placement, self._engine().through_server, ctx.rank)
+        reserved = reserved_only(ctx.settings.server_placement, self._mode().through_server, ctx.rank)
         flat = torch.cat(
             [b.detach().reshape(-1).to(torch.float64) for b in buffers] + [torch.ones(1, dtype=torch.float64)]
         )

@@ -26,7 +26,7 @@ from lightning_hetero.asp.protocol import SERVER_RANK, PeerLostError
 if TYPE_CHECKING:
     import lightning.pytorch as pl
 
-    from lightning_hetero.async_ps.engines import Engine
+    from lightning_hetero.async_ps.interfaces import ModeFlags
     from lightning_hetero.async_ps.runtime.context import PSContext
 
 # Rank 0 failing keeps serving aborts until every remote worker left, at most this long past fault_timeout_s (a
@@ -54,14 +54,14 @@ class FaultTolerance:
 
     Args:
         ctx: the run's shared context (its store, membership, servers and claim sampler).
-        engine: the engine in force (whether it trains through the server decides what a loss allows).
+        mode: the mode in force (whether it trains through the server decides what a loss allows).
         launcher: Lightning's launcher (the processes it started).
         launched: every process the launcher started, in local-rank order (1..).
     """
 
-    def __init__(self, ctx: PSContext, engine: Callable[[], Engine], launcher: Any, launched: list[Any]) -> None:
+    def __init__(self, ctx: PSContext, mode: Callable[[], ModeFlags], launcher: Any, launched: list[Any]) -> None:
         self.ctx = ctx
-        self._engine = engine
+        self._mode = mode
         self._launcher = launcher
         self.launched = launched
         #: the epoch's first collective after its asynchronous batches is preceded by a meeting (see :meth:`meet`)
@@ -71,7 +71,13 @@ class FaultTolerance:
     @property
     def tolerates_lost_workers(self) -> bool:
         """Whether training goes on without a lost worker now (elastic ASP)."""
-        return self.ctx.settings.on_worker_lost == "continue" and self._engine().through_server
+        return self.ctx.settings.on_worker_lost == "continue" and self._mode().through_server
+
+    def tell_server(self) -> None:
+        """Tell rank 0's server whether the mode in force tolerates a lost worker (elastic ASP is unsharded: rank 0's
+        server is the only one)."""
+        if self.ctx.servers.server is not None:
+            self.ctx.servers.server.tolerate_lost_workers = self.tolerates_lost_workers
 
     def sampler_kwargs(self) -> dict[str, Any] | None:
         """A ``DistributedSampler``'s ``num_replicas`` and ``rank`` among the remaining ranks after a loss (``None``:
@@ -143,7 +149,7 @@ class FaultTolerance:
             if server is not None and server.lost is not None:
                 raise server.lost
 
-        if reserved_only(ctx.settings.server_placement, self._engine().through_server, ctx.rank):
+        if reserved_only(ctx.settings.server_placement, self._mode().through_server, ctx.rank):
             # a dedicated server rank trained its one batch at the epoch's start: wait for the workers to finish
             # theirs before the meeting, whose fault timeout starts on rank 0's arrival
             self._await_other_workers(ctx.trainer.current_epoch, patience_s=ctx.settings.fault_timeout_s)
@@ -160,7 +166,7 @@ class FaultTolerance:
     def check_no_rank_lost(self, action: str, allow_elastic: bool = False) -> None:
         """Fail naming the lost ranks, if any, unless ``allow_elastic`` and training goes through the server."""
         lost = self._lost_ranks()
-        if lost and not (allow_elastic and self._engine().through_server):
+        if lost and not (allow_elastic and self._mode().through_server):
             raise RuntimeError(
                 f"AsyncPSStrategy cannot {action} after losing rank(s) {lost}: synchronous training needs every rank. "
                 "Restart the job (e.g. torchrun --max-restarts) and resume from the last checkpoint "

@@ -37,7 +37,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning_hetero._lightning_internals import is_last_batch
 
 if TYPE_CHECKING:
-    from lightning_hetero.async_ps.engines import Engine
+    from lightning_hetero.async_ps.interfaces import Engine
     from lightning_hetero.async_ps.runtime.context import PSContext
     from lightning_hetero.async_ps.runtime.fault_tolerance import FaultTolerance
 

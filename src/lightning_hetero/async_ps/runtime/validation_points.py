@@ -45,8 +45,8 @@ from lightning.pytorch.callbacks import Callback
 from lightning_hetero._lightning_internals import is_last_batch, set_val_check_batch
 
 if TYPE_CHECKING:
-    from lightning_hetero.async_ps.engines import Engine
-    from lightning_hetero.async_ps.runtime.context import PSContext
+    from lightning_hetero.async_ps.interfaces import ModeFlags
+    from lightning_hetero.async_ps.runtime.sampler import ClaimSampler
 
 
 @dataclass(frozen=True)
@@ -128,25 +128,33 @@ class ValidateTogether(Callback):
     ``trainer.val_check_batch``: 1 for yes, a count never reached for no).
 
     Args:
-        ctx: the run's shared context (the Trainer, the claim sampler).
-        engine: the engine in force (lock-step or not).
+        sampler: the training loader's claim sampler (``None`` before the loader is built, or for a custom one).
+        world_size: the number of ranks.
+        mode: the mode in force (lock-step or not).
         points: the validation points.
     """
 
-    def __init__(self, ctx: PSContext, engine: Callable[[], Engine], points: ValidationPoints) -> None:
-        self.ctx = ctx
-        self._engine = engine
+    def __init__(
+        self,
+        sampler: Callable[[], ClaimSampler | None],
+        world_size: int,
+        mode: Callable[[], ModeFlags],
+        points: ValidationPoints,
+    ) -> None:
+        self._sampler = sampler
+        self._world_size = world_size
+        self._mode = mode
         self.points = points
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-        sampler = self.ctx.claim_sampler
+        sampler = self._sampler()
         if sampler is None:
             return
-        pool, world_size = -(-sampler.epoch_samples // sampler.chunk_size), self.ctx.world_size
+        pool, world_size = -(-sampler.epoch_samples // sampler.chunk_size), self._world_size
         points, at_end = self.points.plan(trainer.current_epoch, pool, world_size)
         if is_last_batch(trainer):
             validate = at_end
-        elif self._engine().lock_step:
+        elif self._mode().lock_step:
             validate = (batch_idx + 1) * world_size in points
         else:
             validate = sampler.segment_ended()
