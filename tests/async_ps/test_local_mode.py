@@ -40,7 +40,7 @@ def test_local_settings_are_validated_whatever_the_starting_mode():
 def test_defaults_are_plain_averaging_and_speed_proportional_steps():
     strategy = AsyncPSStrategy(mode="local")
     assert strategy.mode == "local" and strategy.local_steps == "proportional"
-    assert strategy._settings.outer.description == "SGD(lr=1.0)"
+    assert strategy.settings.outer.description == "SGD(lr=1.0)"
     assert strategy.pseudo_gradient_weighting == "mean"
     assert AsyncPSStrategy(mode="local", round_s=2.5)._engines["local"].round_description() == "2.5 s"
 
