@@ -1,5 +1,6 @@
 import pytest
 
+from lightning_hetero.async_ps import AsyncPSStrategy
 from lightning_hetero.contracts import (
     MODES,
     CompensatedStrategy,
@@ -7,7 +8,6 @@ from lightning_hetero.contracts import (
     SwitchableStrategy,
     check_mode,
 )
-from lightning_hetero.ps import AsyncPSStrategy
 from lightning_hetero.switching import policies
 
 

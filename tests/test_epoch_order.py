@@ -1,6 +1,6 @@
+from lightning_hetero.async_ps.runtime.sampler import epoch_order as ps_epoch_order
 from lightning_hetero.epoch_order import epoch_order
 from lightning_hetero.hetero_batch import HeteroBatchSampler, SplitPlan
-from lightning_hetero.ps.sampler import epoch_order as ps_epoch_order
 
 
 def test_epoch_order_changes_with_epoch_and_is_shared():

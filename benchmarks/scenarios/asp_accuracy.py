@@ -28,7 +28,7 @@ from benchmarks.harness.launch import RESULTS, run_json, scenario_command
 from benchmarks.harness.record import table, write_json
 from benchmarks.harness.stats import mean_sd, seed_paired, within_budget
 from lightning_hetero import AsyncPSStrategy, SlowdownEmulator, SyncSwitchCallback
-from lightning_hetero.ps.compensation import AsynchronyCompensator
+from lightning_hetero.asp.compensation import AsynchronyCompensator
 from lightning_hetero.switching import FixedFractionPolicy, SchedulePolicy
 from lightning_hetero.switching.policies import share_in_epochs
 

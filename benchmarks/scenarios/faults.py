@@ -39,7 +39,7 @@ def worker(args: argparse.Namespace) -> None:
     from torch.utils.data import DataLoader, Dataset
 
     from benchmarks.harness.models import finish, quiet_trainer
-    from lightning_hetero.ps import AsyncPSStrategy
+    from lightning_hetero.async_ps import AsyncPSStrategy
     from lightning_hetero.synthetic import MLPClassifier, make_classification
 
     class Indexed(Dataset):

@@ -1,5 +1,5 @@
 """What per-step logging costs inside a Lightning training step: ``self.log`` of a number against the
-``EpochLog`` metric path that ``AsyncPSStrategy`` uses for its per-step values (``lightning_hetero.ps.reporting``).
+``EpochLog`` metric path that ``AsyncPSStrategy`` uses for its per-step values (``lightning_hetero.async_ps.runtime.reporting``).
 
 One process, one torch thread, a 4-2 linear model on batches of 32; the step times only its two logging calls, the
 median over the steps after a warm-up, ``--repeats`` times with the variants interleaved: ``log_float``
@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from benchmarks.harness.launch import RESULTS as RESULTS_DIR
 from benchmarks.harness.models import quiet_trainer
 from benchmarks.harness.record import write_json
-from lightning_hetero.ps.reporting import EpochLog
+from lightning_hetero.async_ps.runtime.reporting import EpochLog
 
 VARIANTS = ("log_float", "log_float_sync", "epoch_log")
 WARMUP_STEPS = 20

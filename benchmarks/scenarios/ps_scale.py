@@ -31,10 +31,10 @@ from benchmarks.harness.launch import child_env, run_jobs, scenario_command
 from benchmarks.harness.models import StartTogether, finish, flags, quiet_trainer
 from benchmarks.harness.record import table, write_json
 from lightning_hetero import SlowdownEmulator
-from lightning_hetero.ps import AsyncPSStrategy
-from lightning_hetero.ps.layout import FlatLayout
-from lightning_hetero.ps.protocol import PushHeader, new_message
-from lightning_hetero.ps.server import ParameterServer
+from lightning_hetero.asp.layout import FlatLayout
+from lightning_hetero.asp.protocol import PushHeader, new_message
+from lightning_hetero.asp.server import ParameterServer
+from lightning_hetero.async_ps import AsyncPSStrategy
 
 RESULTS = RESULTS_DIR / "ps_scale.json"
 #: model name -> width of the square linear layer (``width * (width + 1)`` parameters)

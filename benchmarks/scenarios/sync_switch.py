@@ -23,9 +23,9 @@ from benchmarks.harness.launch import RESULTS, ROOT, run_json, scenario_command
 from benchmarks.harness.models import MLP, TrainingTimes, classification_split, finish, fit, quiet_trainer
 from benchmarks.harness.record import table, write_json
 from benchmarks.harness.stats import time_to_target
+from lightning_hetero.async_ps import AsyncPSStrategy
 from lightning_hetero.emulation.slowdown import SlowdownEmulator
 from lightning_hetero.hetero_batch import HeteroBatchCallback
-from lightning_hetero.ps import AsyncPSStrategy
 from lightning_hetero.switching import FixedFractionPolicy
 from lightning_hetero.switching.callback import SyncSwitchCallback
 from lightning_hetero.switching.policies import share_in_epochs

@@ -24,8 +24,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from lightning_hetero.async_ps import AsyncPSStrategy
 from lightning_hetero.elastic.torchrun import TorchrunAttempt, TorchrunRestarts
-from lightning_hetero.ps import AsyncPSStrategy
 from lightning_hetero.synthetic import MLPClassifier, make_classification
 
 

@@ -16,10 +16,10 @@ from lightning_hetero._lazy import lazy_attributes
 from lightning_hetero._registration import register_now_or_after_lightning
 
 if TYPE_CHECKING:
+    from lightning_hetero.async_ps import AsyncPSStrategy
     from lightning_hetero.elastic import ElasticLocalSGDStrategy
     from lightning_hetero.emulation import ProgressReporter, SlowdownEmulator
     from lightning_hetero.hetero_batch import HeteroBatchCallback
-    from lightning_hetero.ps import AsyncPSStrategy
     from lightning_hetero.switching import (
         FixedFractionPolicy,
         GreedyPolicy,
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 #: the user-facing classes and policies
 _MODULES = {
-    "AsyncPSStrategy": "lightning_hetero.ps",
+    "AsyncPSStrategy": "lightning_hetero.async_ps",
     "ElasticLocalSGDStrategy": "lightning_hetero.elastic",
     "FixedFractionPolicy": "lightning_hetero.switching",
     "GreedyPolicy": "lightning_hetero.switching",

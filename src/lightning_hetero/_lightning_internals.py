@@ -22,7 +22,7 @@ from torch.optim import Optimizer
 from torch.utils.data import DataLoader, Sampler
 
 # No module-level import of Lightning here: importing Lightning registers "async_ps" (see _registration), which
-# imports ps/, which imports this module; a Lightning import at the top would make that a cycle whenever this
+# imports async_ps/, which imports this module; a Lightning import at the top would make that a cycle whenever this
 # module is imported first. The functions import what they touch.
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -109,7 +109,7 @@ def rebuild_train_dataloader(trainer: Any, rebuild: Callable[[Any], Any]) -> Non
     fit_loop._data_source = _RebuiltDataSource(source, rebuild)
 
 
-# --- strategies, launchers and module state (used by ps/) ---
+# --- strategies, launchers and module state (used by async_ps/) ---
 #
 # Each function below was checked against Lightning 2.6.6 (pyproject allows lightning>=2.2); its test in
 # tests/test_lightning_internals.py names the private thing it relies on.

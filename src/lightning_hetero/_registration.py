@@ -19,8 +19,9 @@ _TRIGGER = "lightning"
 
 
 def register_async_ps() -> None:
-    """Imports the parameter-server package, whose import registers ``"async_ps"``."""
-    importlib.import_module("lightning_hetero.ps")
+    """Imports the strategy's module, whose import registers ``"async_ps"`` (when that module is the one importing
+    Lightning, this returns it half-initialised and its end registers)."""
+    importlib.import_module("lightning_hetero.async_ps.strategy")
 
 
 class _RegisterAfterLightning(importlib.abc.MetaPathFinder):

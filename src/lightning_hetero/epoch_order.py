@@ -1,6 +1,6 @@
 """The order in which an epoch visits the dataset, identical on every rank: the one permutation both samplers cut up
 (:class:`~lightning_hetero.hetero_batch.HeteroBatchSampler` into global batches,
-:class:`~lightning_hetero.ps.sampler.ClaimSampler` into claimed chunks)."""
+:class:`~lightning_hetero.async_ps.runtime.sampler.ClaimSampler` into claimed chunks)."""
 
 from __future__ import annotations
 

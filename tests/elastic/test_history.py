@@ -2,7 +2,7 @@ import torch
 
 from lightning_hetero.elastic.history import ID_SLOTS, from_slots, next_history, to_slots, winner
 from lightning_hetero.elastic.rounds import ElasticRounds
-from lightning_hetero.ps.outer_optimizer import OuterOptimizer
+from lightning_hetero.local_sgd.outer_optimizer import OuterOptimizer
 
 
 def _join_round(group: list[ElasticRounds]) -> None:

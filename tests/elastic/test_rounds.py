@@ -6,7 +6,7 @@ import random
 import torch
 
 from lightning_hetero.elastic.rounds import ElasticRounds
-from lightning_hetero.ps.outer_optimizer import OuterOptimizer
+from lightning_hetero.local_sgd.outer_optimizer import OuterOptimizer
 
 NUM_CHUNKS = 40
 

@@ -5,7 +5,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_hetero.elastic.rounds import ElasticRounds
 from lightning_hetero.elastic.sampler import IDLE, ElasticBatchSampler, elastic_loader
-from lightning_hetero.ps.outer_optimizer import OuterOptimizer
+from lightning_hetero.local_sgd.outer_optimizer import OuterOptimizer
 
 
 def _rounds(num_chunks: int) -> ElasticRounds:

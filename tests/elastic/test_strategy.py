@@ -15,7 +15,7 @@ from torch.nn.utils import parameters_to_vector
 
 from lightning_hetero.elastic import ElasticError, ElasticLocalSGDStrategy
 from lightning_hetero.elastic.rounds import ElasticRounds
-from lightning_hetero.ps.outer_optimizer import OuterOptimizer
+from lightning_hetero.local_sgd.outer_optimizer import OuterOptimizer
 from lightning_hetero.synthetic import MLPClassifier, SyntheticClassificationDataModule
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))

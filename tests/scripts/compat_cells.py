@@ -29,10 +29,10 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 from torchmetrics.classification import MulticlassAccuracy
 
+from lightning_hetero.async_ps import AsyncPSStrategy
 from lightning_hetero.emulation.slowdown import SlowdownEmulator
 from lightning_hetero.hetero_batch import HeteroBatchAdvanced, HeteroBatchCallback
 from lightning_hetero.hetero_batch.batches import compiled_graphs
-from lightning_hetero.ps import AsyncPSStrategy
 from lightning_hetero.switching import SyncSwitchCallback
 from lightning_hetero.synthetic import MLPClassifier, SyntheticClassificationDataModule
 

@@ -17,8 +17,8 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from ps_train import PSTestModel, checksum
 
+from lightning_hetero.async_ps import AsyncPSStrategy
 from lightning_hetero.emulation import SlowdownEmulator
-from lightning_hetero.ps import AsyncPSStrategy
 from lightning_hetero.switching import SyncSwitchCallback
 
 

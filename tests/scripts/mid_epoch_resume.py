@@ -19,7 +19,7 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch.utils.data import DataLoader, Dataset
 
-from lightning_hetero.ps import AsyncPSStrategy
+from lightning_hetero.async_ps import AsyncPSStrategy
 from lightning_hetero.synthetic import MLPClassifier, make_classification
 
 

@@ -22,8 +22,8 @@ from lightning.pytorch.callbacks import Callback, EarlyStopping, ModelCheckpoint
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from lightning_hetero.async_ps import AsyncPSStrategy
 from lightning_hetero.hetero_batch import HeteroBatchAdvanced, HeteroBatchCallback
-from lightning_hetero.ps import AsyncPSStrategy
 from lightning_hetero.synthetic import MLPClassifier, make_classification
 
 

@@ -18,7 +18,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
-from lightning_hetero.ps import AsyncPSStrategy
+from lightning_hetero.async_ps import AsyncPSStrategy
 from lightning_hetero.switching import GreedyPolicy, PhaseHyperparams, StragglerDetector
 from lightning_hetero.switching.callback import SyncSwitchCallback
 from lightning_hetero.synthetic import MLPClassifier, SyntheticClassificationDataModule

@@ -13,7 +13,7 @@ nothing: see :mod:`~lightning_hetero.elastic.history`.
 
 Example: two workers, one all-reduce simulated by a sum::
 
-    >>> from lightning_hetero.ps.outer_optimizer import OuterOptimizer
+    >>> from lightning_hetero.local_sgd.outer_optimizer import OuterOptimizer
     >>> workers = [ElasticRounds(4, 2, OuterOptimizer(torch.optim.SGD, {"lr": 1.0})) for _ in range(2)]
     >>> params = [torch.zeros(2), torch.zeros(2)]
     >>> for worker, flat in zip(workers, params):
@@ -42,9 +42,9 @@ from torch import Tensor
 
 from lightning_hetero.elastic.history import ID_SLOTS, from_slots, new_tag, next_history, to_slots, winner
 from lightning_hetero.elastic.ledger import EpochLedger, assign, round_quotas
+from lightning_hetero.local_sgd.outer_optimizer import OuterOptimizer
+from lightning_hetero.local_sgd.rounds import check_weighting
 from lightning_hetero.measurement import ThroughputMeter
-from lightning_hetero.ps.local_sgd import check_weighting
-from lightning_hetero.ps.outer_optimizer import OuterOptimizer
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ class ElasticRounds:
         num_chunks: batches in an epoch.
         steps_per_round: local steps per participant and round, split by speed.
         outer: the outer optimizer.
-        weighting: ``"mean"`` or ``"samples"`` (see :class:`~lightning_hetero.ps.local_sgd.LocalRounds`).
+        weighting: ``"mean"`` or ``"samples"`` (see :class:`~lightning_hetero.local_sgd.rounds.LocalRounds`).
     """
 
     def __init__(self, num_chunks: int, steps_per_round: int, outer: OuterOptimizer, weighting: str = "mean") -> None:

@@ -8,7 +8,7 @@ uses it only to attend the next round end. The epoch ends for every worker at th
 
 Example::
 
-    >>> from lightning_hetero.ps.outer_optimizer import OuterOptimizer
+    >>> from lightning_hetero.local_sgd.outer_optimizer import OuterOptimizer
     >>> rounds = ElasticRounds(num_chunks=3, steps_per_round=1, outer=OuterOptimizer())
     >>> rounds.queue.extend([2, 0])
     >>> sampler = ElasticBatchSampler(rounds, num_samples=5, batch_size=2, shuffle=False, seed=0)
@@ -26,9 +26,9 @@ from collections.abc import Callable, Iterator
 
 from torch.utils.data import DataLoader, Sampler
 
+from lightning_hetero.async_ps.runtime.sampler import sampler_order
 from lightning_hetero.elastic.rounds import ElasticRounds
 from lightning_hetero.epoch_order import epoch_order
-from lightning_hetero.ps.sampler import sampler_order
 
 #: what :meth:`ElasticBatchSampler.next_chunk` returns for an idle batch
 IDLE = -1

@@ -32,8 +32,8 @@ from lightning_hetero.elastic.membership import wait_reachable as _wait_reachabl
 from lightning_hetero.elastic.rounds import ElasticRounds
 from lightning_hetero.elastic.sampler import IDLE, ElasticBatchSampler, elastic_loader
 from lightning_hetero.elastic.signature import model_signature, signature_mismatch
-from lightning_hetero.ps.local_sgd import check_weighting
-from lightning_hetero.ps.outer_optimizer import OuterOptimizer
+from lightning_hetero.local_sgd.outer_optimizer import OuterOptimizer
+from lightning_hetero.local_sgd.rounds import check_weighting
 
 #: the checkpoint's key for the elastic state (a plain Lightning checkpoint otherwise)
 CHECKPOINT_KEY = "elastic_local_sgd"

@@ -1,12 +1,8 @@
-"""Asynchronous parameter-server training: wire protocol, server, staleness logic and the Lightning strategy.
+"""The old home of ``AsyncPSStrategy``, kept for one release: use :mod:`lightning_hetero.async_ps`."""
 
-Importing this package registers ``"async_ps"`` in Lightning's ``StrategyRegistry``.
-"""
+from lightning_hetero._deprecation import renamed_attributes
+from lightning_hetero.async_ps.strategy import AsyncPSStrategy as _AsyncPSStrategy
 
-from lightning.pytorch.strategies import StrategyRegistry
-
-from lightning_hetero.ps.strategy import AsyncPSStrategy
-
-AsyncPSStrategy.register_strategies(StrategyRegistry)
-
-__all__ = ["AsyncPSStrategy"]
+__getattr__ = renamed_attributes(
+    __name__, {"AsyncPSStrategy": ("lightning_hetero.async_ps.AsyncPSStrategy", _AsyncPSStrategy)}
+)

@@ -50,15 +50,8 @@ def summarize_phases(epochs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             last["time_s"] += record["time_s"]
             last["samples"] += record["samples"]
         else:
-            phases.append(
-                {
-                    "mode": record["mode"],
-                    "first_epoch": record["epoch"],
-                    "last_epoch": record["epoch"],
-                    "time_s": record["time_s"],
-                    "samples": record["samples"],
-                }
-            )
+            kept = {key: record[key] for key in ("mode", "time_s", "samples")}
+            phases.append({**kept, "first_epoch": record["epoch"], "last_epoch": record["epoch"]})
     for phase in phases:
         first, last = phase["first_epoch"], phase["last_epoch"]
         phase["epochs"] = str(first) if first == last else f"{first}-{last}"
