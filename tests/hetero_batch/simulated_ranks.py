@@ -4,18 +4,28 @@ Rank ``k`` needs ``overhead_s[k] + per_sample_s[k] x b`` seconds of CPU for a st
 a CFS quota (:class:`~lightning_hetero.emulation.slowdown.CfsQuota`, charged every millisecond of CPU on a virtual
 clock) and multiplied by seeded noise. A step ends when the slowest rank is done plus ``comm_s``; each rank's busy
 time is its own compute including its throttling, as :class:`~lightning_hetero.measurement.BusyTimer` measures it,
-with its CPU time at the quota's rate as a floor (:func:`~lightning_hetero.measurement.sustained_step_s`).
+with its CPU time at the quota's rate as a floor (:func:`~lightning_hetero.measurement.sustained_step_s`), or no floor
+with ``quota_visible=False`` (a quota the rank cannot read: neither a cgroup it finds nor an emulator among the
+callbacks): a rank under a quota runs at full speed until the quota period's budget is spent and stops to the
+period's end, so its per-step times are bimodal, and without the floor nothing evens them out.
 """
 
 from __future__ import annotations
 
 import random
+import warnings
 from collections.abc import Sequence
+from itertools import pairwise
+
+import torch
 
 from lightning_hetero.emulation.slowdown import CfsQuota
 from lightning_hetero.hetero_batch.controller import BatchSizeController
 from lightning_hetero.hetero_batch.cost_model import PeriodCostModel
+from lightning_hetero.hetero_batch.period import read_rows
 from lightning_hetero.hetero_batch.policy import AdjustmentPolicy
+from lightning_hetero.hetero_batch.settings import HeteroBatchSettings
+from lightning_hetero.hetero_batch.tuner import SplitTuner
 
 
 class SimulatedRanks:
@@ -27,7 +37,9 @@ class SimulatedRanks:
         noise: float = 0.0,
         comm_s: float = 0.001,
         seed: int = 0,
+        quota_visible: bool = True,
     ) -> None:
+        self.quota_visible = quota_visible
         self.overhead_s = list(overhead_s)
         self.per_sample_s = list(per_sample_s)
         self.quotas = [None if q is None else CfsQuota(q, 0.1) for q in (quotas or [None] * len(overhead_s))]
@@ -52,7 +64,7 @@ class SimulatedRanks:
                     now += quota.charge(chunk, now)
             # what HeteroBatchCallback measures: busy time, and as a floor the CPU time at the quota's rate
             cpu_s = self.overhead_s[k] + self.per_sample_s[k] * b
-            busy.append((now - start, 0.0 if quota is None else cpu_s / quota.quota_cpus))
+            busy.append((now - start, 0.0 if quota is None or not self.quota_visible else cpu_s / quota.quota_cpus))
         wall = max(b for b, _ in busy) + self.comm_s
         self.now = start + wall
         return busy, wall
@@ -130,3 +142,89 @@ def best_static(
             best = (split, mean)
     assert best is not None
     return best
+
+
+def run_tuner(
+    ranks: SimulatedRanks,
+    global_batch: int,
+    epochs: int = 3,
+    steps_in_epoch: int = 32,
+    adjust_every_n_steps: int | None = None,
+    change_at: int | None = None,
+    change: dict | None = None,
+) -> dict:
+    """Closed loop through the callback's entry points, one :class:`SplitTuner` per rank built from the settings
+    (default warm-up): :meth:`~SplitTuner.start_fit`, every step recorded (the first at a new split and the one across
+    an epoch's end not measured), and at each adjustment (:meth:`~SplitTuner.adjusts_after`, every epoch's end) the
+    rows closed, read as after the all-gather and adjusted; a new split comes into force at the next step."""
+    world = len(ranks.overhead_s)
+    settings = HeteroBatchSettings(adjust_every_n_steps=adjust_every_n_steps)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tuners = [SplitTuner.from_settings(settings, global_batch, rank, world, "cpu") for rank in range(world)]
+    splits: list[tuple[int, ...]] = []
+    walls: list[float] = []
+    position, previous = 0, None
+    for epoch in range(epochs):
+        for tuner in tuners:
+            if epoch == 0:
+                tuner.start_fit(epoch, steps_in_epoch, lock_step=True)
+        for index in range(steps_in_epoch):
+            if change_at is not None and position == change_at and change:
+                for name, values in change.items():
+                    setattr(ranks, name, list(values))
+            split = tuners[0].plan.split_at(position)
+            busy, wall = ranks.step(split)
+            for k, tuner in enumerate(tuners):
+                if split != previous or index == 0:
+                    tuner.skip_next()
+                tuner.record_step(split, busy_s=busy[k][0], floor_s=busy[k][1], wall_s=wall)
+            previous = split
+            splits.append(split)
+            walls.append(wall)
+            position += 1
+            asked = [tuner.adjusts_after(index + 1, steps_in_epoch, epoch) for tuner in tuners]
+            assert all(a == asked[0] for a in asked)
+            if index + 1 == steps_in_epoch or asked[0]:
+                seen = read_rows(torch.stack([tuner.close_period(position - 1) for tuner in tuners]))
+                decisions = [tuner.adjust(seen, step=position, epoch=epoch) for tuner in tuners]
+                assert all(d == decisions[0] for d in decisions)
+    return {"splits": splits, "walls": walls, "history": tuners[0].history, "tuners": tuners}
+
+
+def changes(splits: Sequence[tuple[int, ...]]) -> int:
+    """How many times the split in force changes."""
+    return sum(1 for a, b in pairwise(splits) if a != b)
+
+
+def best_fixed(ranks_factory, global_batch: int, steps: int = 96) -> tuple[tuple[int, ...], float]:
+    """The fixed split with the shortest mean step, swept over 2 ranks' splits or, for more ranks, over moves of one
+    sample at a time from the speed-proportional split (fresh ranks for each split)."""
+    ranks = ranks_factory()
+    world = len(ranks.overhead_s)
+    if world == 2:
+        return best_static(ranks_factory, global_batch, steps)
+    cache: dict[tuple[int, ...], float] = {}
+
+    def mean(split: tuple[int, ...]) -> float:
+        if split not in cache:
+            cache[split] = ranks_factory().mean_step_s(split, steps)
+        return cache[split]
+
+    shares = [1.0 if quota is None else quota.quota_cpus for quota in ranks.quotas]
+    costs = zip(ranks.overhead_s, ranks.per_sample_s, shares, strict=True)
+    rates = [share / (a + c * global_batch / world) for a, c, share in costs]
+    split = list(BatchSizeController(global_batch, world).propose(rates))
+    while True:
+        best = tuple(split)
+        for i in range(world):
+            for j in range(world):
+                if i != j and split[i] > 1:
+                    moved = list(split)
+                    moved[i] -= 1
+                    moved[j] += 1
+                    if mean(tuple(moved)) < mean(best):
+                        best = tuple(moved)
+        if best == tuple(split):
+            return best, mean(best)
+        split = list(best)

@@ -11,8 +11,10 @@ instead
   merged with the earlier periods at the same size (up to ``memory_steps`` steps), so that a split that stays put
   is measured ever more precisely and a noisy neighbour's occasional stall is averaged out;
 - **checks each period against its prediction**: if the model's prediction for the size just run misses the
-  period's median step by more than a factor ``1 + change_tolerance`` either way, the rank's speed changed (or the model
-  was wrong), so older sizes are forgotten and the model is rescaled to the new measurement, keeping its overhead
+  period's level (its mean, time-weighted over the period: under a CPU quota per-step times are bimodal, full speed
+  until the quota period's budget is spent, then stopped, and their median sees a fast rank whose "speed" then
+  changes with its batch size) by more than a factor ``1 + change_tolerance`` either way, the rank's speed changed
+  (or the model was wrong), so older sizes are forgotten and the model is rescaled to the new measurement, keeping its overhead
   share (while the overhead is not identified the prediction is the band of every plausible overhead, except right
   after a change, whose period can mix both speeds);
 - fits the line through the remembered size means (``max_sizes`` newest distinct sizes, weighted by step counts)
@@ -26,7 +28,6 @@ from __future__ import annotations
 
 import copy
 import math
-import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -125,8 +126,8 @@ class PeriodCostModel:
         The optional floor is a lower bound on the step's sustained cost (its CPU time at a CPU quota's rate): a
         size's level is ``max(mean busy, mean floor)``. Means over the period, not per-step maxima: a rank that
         limits the step pays its quota's debt in a few long throttled steps, and those already make the mean busy
-        time equal its mean floor. The check for a speed change compares the *median* step (``max(busy, floor)``)
-        with the prediction, so one stall from a noisy neighbour does not count as a change.
+        time equal its mean floor. The check for a speed change compares that level with the prediction too (a
+        median step missed the throttled steps under a quota and reported a change after nearly every move).
         """
         busy: dict[int, list[float]] = {}
         floors: dict[int, list[float]] = {}
@@ -152,7 +153,7 @@ class PeriodCostModel:
         changed = False
         if self.ready:
             predicted = self.step_time_s(newest)
-            typical = statistics.median(max(b, f) for b, f in zip(busy[newest], floors[newest], strict=True))
+            typical = means[newest][0]
             error = typical / predicted - 1
             # right after a change the model rests on the period that saw it, which can mix both speeds: there a
             # miss is a miss (the band would let the mixed level and the next size make a line of nonsense)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from lightning_hetero._validation import check_range
@@ -45,10 +45,33 @@ class Proposal:
 
 
 @dataclass(frozen=True)
-class Rejection:
-    """A rolled-back change: moves from ``origin`` towards ``rejected`` stay out while ``left`` adjustments remain.
+class Outcome:
+    """The synchronous step measured at one split: its time-weighted mean over every step measured there (total wall
+    seconds over steps, each period's steps weighted by their time, not a per-step median) and how many steps.
 
-    ``strikes`` counts the rollbacks of that move since the speeds last changed; each one makes the wait 4x longer.
+    Example::
+
+        >>> Outcome(0.050, 8).merged(Outcome(0.080, 24)).mean_s
+        0.0725
+    """
+
+    #: mean wall seconds per synchronous step
+    mean_s: float
+    #: steps it rests on
+    steps: int
+
+    def merged(self, other: Outcome | None) -> Outcome:
+        """This outcome and ``other`` (an earlier stint at the same split) as one."""
+        if other is None:
+            return self
+        steps = self.steps + other.steps
+        return Outcome((self.mean_s * self.steps + other.mean_s * other.steps) / steps, steps)
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A rolled-back change: moves from ``origin`` towards ``rejected`` stay out until a rank's speed measurably
+    changes (``left``, ``strikes``: kept for checkpoints of the release before, which waited ``left`` adjustments).
 
     Example::
 
@@ -89,19 +112,24 @@ class AdjustmentPolicy:
       adjustments in a row), and it is not the split the last change left (no A -> B -> A). Near the balance point
       one sample can be worth 2-5% of the step (a rank at 20 samples of a 64-sample global batch): the deadband
       alone stops one sample short, and the noise gate and persistence keep noise from moving the split.
+    - **Outcomes**: the synchronous step measured at every split run (:class:`Outcome`: its time-weighted mean over
+      all the steps measured there, across stints) decides between splits; the fitted costs only propose. A proposal
+      is not applied when its split was measured slower than the one in force.
     - **Rollback**: each applied change is a trial. Once the synchronous step at the new split rests on at least
       ``min_sync_steps`` steps, it is compared with the one measured before the change; if it is slower by more
       than ``rollback_tolerance``, the previous split comes back (unless that split is now inverted, i.e. the ranks'
-      speeds changed under it). The rejected move is then remembered (:class:`Rejection`): no split moving from
-      the restored one the same way is proposed for ``reject_periods`` adjustments, four times as many at each
-      further rollback of that move (a back-off: 3, 12, 48, ... adjustments), and the memory is forgotten when a rank's
-      measured speed changes (``speeds_changed``). Under a CPU quota the fitted costs keep pointing to a split
-      that measures slower; without the memory the policy tried a neighbour of the rejected split at the next
-      adjustment, and half the periods ran at a worse split.
+      speeds changed under it). The rejected move is remembered (:class:`Rejection`): no move from the restored
+      split the same way is proposed again.
       Until then the split is held, also when the baseline rests on too few steps to judge the change (a change
       takes effect a step or two after it is decided, so with short periods the first measurement at it can rest
       on one step: one throttled step must neither undo it nor move the split on); a baseline on fewer steps
       judges nothing.
+    - **Speed changes**: the outcomes and rejections are forgotten only when a rank's speed measurably changed while
+      the split stayed the same: a cost model reports a change (``speeds_changed``) and the synchronous step at the
+      split in force differs from the one measured there before by more than ``change_tolerance``. Under a CPU
+      quota a rank's step time is bimodal (full speed until the quota period's budget is spent, then stopped to the
+      period's end): its per-step figures change with its batch size, and the cost model reports a change after
+      nearly every move. Forgetting then made the policy retry, at every adjustment, a move it had measured slower.
     - **Explore**: a rank that sat at its lower bound for ``explore_after`` adjustments while its cost was known at a
       single batch size is offered one notch more, so its cost can be measured at a second size and it can leave
       the minimum when the minimum was a misfit (a trial like any other: rolled back if slower).
@@ -109,11 +137,13 @@ class AdjustmentPolicy:
     Args:
         controller: the bounds, global batch and deadband.
         rollback_tolerance: fractional slow-down of the measured synchronous step that rolls a change back.
-        reject_periods: adjustments during which a rolled-back move is not proposed again (x4 per repeat).
+        reject_periods: 0 forgets rolled-back moves at once (any other value: until a rank's speed changes).
         explore_after: adjustments at the lower bound (with one known size) before exploring; ``None``: never.
         min_sync_steps: steps a synchronous-step measurement needs to judge a trial (when the caller gives counts).
         refine_gain: smallest predicted gain of a refinement (below the controller's deadband); ``None``: never refine.
         refine_after: adjustments in a row that must propose the same refinement before it is applied.
+        change_tolerance: fractional difference of the synchronous step at an unchanged split that is a change of
+            speed.
 
     Example::
 
@@ -136,6 +166,7 @@ class AdjustmentPolicy:
         min_sync_steps: int = 3,
         refine_gain: float | None = 0.02,
         refine_after: int = 2,
+        change_tolerance: float = 0.4,
     ) -> None:
         check_range("rollback_tolerance", rollback_tolerance, low=0)
         check_range("reject_periods", reject_periods, low=0, integer=True)
@@ -143,6 +174,8 @@ class AdjustmentPolicy:
         check_range("min_sync_steps", min_sync_steps, low=1, integer=True)
         check_range("refine_gain", refine_gain, low=0, optional=True)
         check_range("refine_after", refine_after, low=1, integer=True)
+        check_range("change_tolerance", change_tolerance, low=0)
+        self.change_tolerance = change_tolerance
         self.controller = controller
         self.min_sync_steps = min_sync_steps
         self.rollback_tolerance = rollback_tolerance
@@ -155,6 +188,13 @@ class AdjustmentPolicy:
         self._at_floor = [0] * controller.world_size  # adjustments each rank sat at its lower bound
         self._proposed: Proposal | None = None  # the refinement proposed at the last adjustment
         self._left: tuple[int, ...] | None = None  # the split the last applied change left
+        self._outcomes: dict[tuple[int, ...], Outcome] = {}  # the synchronous step measured at each split
+        self._stint: tuple[tuple[int, ...] | None, Outcome | None] = (None, None)  # the split now run, earlier outcome
+
+    @property
+    def on_trial(self) -> bool:
+        """Whether the last applied change awaits its judgement."""
+        return self._trial is not None
 
     def decide(
         self,
@@ -172,8 +212,9 @@ class AdjustmentPolicy:
         ``sync_steps``: how many steps ``sync_step_s`` rests on (``None``: enough).
         ``relative_errors``: each rank's relative standard error of its measured level at ``current`` (for
         refinements; ``None``: not known, no noise gate; NaN: unmeasured, no refinement).
-        ``speeds_changed``: a rank's cost model saw its speed change since the last adjustment (forgets the rejected
-        moves: the evidence against them is gone).
+        ``speeds_changed``: a rank's cost model saw its speed change since the last adjustment, and ``sync_step_s``
+        is the newest period's (forgets the outcomes and rejected moves if the synchronous step at ``current``
+        changed too: the evidence against them is gone).
 
         Example::
 
@@ -187,9 +228,10 @@ class AdjustmentPolicy:
             False
         """
         current = tuple(current)
-        if speeds_changed:
-            self._rejected = []
-        self._rejected = [replace(r, left=max(0, r.left - 1)) for r in self._rejected]
+        measured = sync_step_s is not None and (sync_steps is None or sync_steps >= self.min_sync_steps)
+        if speeds_changed and measured and self._changed_at(current, sync_step_s):  # type: ignore[arg-type]
+            self._rejected, self._outcomes, self._stint = [], {}, (None, None)
+        self._record(current, sync_step_s if measured else None, sync_steps, restarted=speeds_changed)
         trial, self._trial = self._trial, None
         if trial is not None:
             judged = self._hold(trial, current, sync_steps) or self._rollback(trial, current, costs, sync_step_s)
@@ -206,7 +248,7 @@ class AdjustmentPolicy:
             explored = self._explore(proposed, known_sizes)
             if explored is not None:
                 proposed, reason = explored, "explore"
-        rejected = any(r.left and r.covers(proposed) for r in self._rejected)
+        rejected = any(r.covers(proposed) for r in self._rejected) or self._measured_slower(proposed, current)
         apply = proposed != current and not rejected and (balanced.apply or reason != "balance")
         if apply:
             self._trial = Trial(current, sync_step_s, sync_steps)
@@ -214,6 +256,30 @@ class AdjustmentPolicy:
         now = step_time_s(current, rates, overheads)
         gain = (now - step_time_s(proposed, rates, overheads)) / now
         return Decision(proposed, gain, apply=apply, reason=reason)
+
+    def _changed_at(self, current: tuple[int, ...], sync_step_s: float) -> bool:
+        """Whether the synchronous step at ``current`` differs from the one measured there before beyond
+        ``change_tolerance`` (no earlier measurement: no evidence of a change)."""
+        before = self._outcomes.get(current)
+        return before is not None and abs(math.log(sync_step_s / before.mean_s)) > math.log1p(self.change_tolerance)
+
+    def _record(
+        self, current: tuple[int, ...], sync_step_s: float | None, sync_steps: int | None, restarted: bool
+    ) -> None:
+        """Keep the outcome at ``current``: the figure measured since the split came into force (since the newest
+        period, ``restarted``) merged with what earlier stints (and this one before the restart) measured there."""
+        split, earlier = self._stint
+        if split != current or restarted:
+            earlier = self._outcomes.get(current)
+            self._stint = (current, earlier)
+        if sync_step_s is not None:
+            steps = self.min_sync_steps if sync_steps is None else sync_steps
+            self._outcomes[current] = Outcome(sync_step_s, steps).merged(earlier)
+
+    def _measured_slower(self, proposed: tuple[int, ...], current: tuple[int, ...]) -> bool:
+        """Whether ``proposed`` was measured slower than ``current``."""
+        there, here = self._outcomes.get(proposed), self._outcomes.get(current)
+        return there is not None and here is not None and proposed != current and there.mean_s > here.mean_s
 
     def _hold(self, trial: Trial, current: tuple[int, ...], sync_steps: int | None) -> Decision | None:
         """Hold the split until the last change has been measured on ``min_sync_steps`` steps: to judge it, and
@@ -250,11 +316,11 @@ class AdjustmentPolicy:
         return Decision(trial.before, (trial.before_s - sync_step_s) / sync_step_s, apply=True, reason="rollback")
 
     def _reject(self, origin: tuple[int, ...], rejected: tuple[int, ...]) -> None:
-        """Remember a rolled-back move; a repeat of a remembered one (same origin, same way) waits 4x as long."""
+        """Remember a rolled-back move (replacing one from the same origin the same way)."""
         same = [r for r in self._rejected if r.origin == origin and r.covers(rejected)]
         strikes = 1 + max((r.strikes for r in same), default=0)
         self._rejected = [r for r in self._rejected if r not in same]
-        self._rejected.append(Rejection(origin, rejected, self.reject_periods * 4 ** (strikes - 1), strikes))
+        self._rejected.append(Rejection(origin, rejected, self.reject_periods, strikes))
 
     def _refine(self, balanced: Decision, current: tuple[int, ...], relative_errors: Sequence[float] | None) -> bool:
         """Whether to apply a balancing move under the deadband: above ``refine_gain`` and the comparison's noise,
@@ -308,8 +374,10 @@ class AdjustmentPolicy:
         return tuple(explored)
 
     def state_dict(self) -> dict[str, Any]:
-        """The rejected splits, the adjustments at the floor, the pending refinement and the split last left."""
+        """The rejected splits, the outcomes, the adjustments at the floor, the pending refinement and the split last
+        left."""
         return {
+            "outcomes": [[list(split), o.mean_s, o.steps] for split, o in self._outcomes.items()],
             "rejected": [[list(r.origin), list(r.rejected), r.left, r.strikes] for r in self._rejected],
             "at_floor": self._at_floor,
             "proposed": None if self._proposed is None else [list(self._proposed.sizes), self._proposed.in_a_row],
@@ -319,6 +387,9 @@ class AdjustmentPolicy:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned (a different world size keeps the floor counts at zero)."""
         self._rejected = [_rejection(entry) for entry in state.get("rejected", [])]
+        self._outcomes = {
+            tuple(split): Outcome(mean_s, int(steps)) for split, mean_s, steps in state.get("outcomes", [])
+        }
         at_floor = list(state.get("at_floor", []))
         if len(at_floor) == self.controller.world_size:
             self._at_floor = at_floor

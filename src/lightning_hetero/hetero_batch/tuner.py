@@ -25,7 +25,15 @@ from lightning_hetero.allocation import line_times_s
 from lightning_hetero.hetero_batch.batches import SplitPlan
 from lightning_hetero.hetero_batch.controller import BatchSizeController, Decision
 from lightning_hetero.hetero_batch.cost_model import PeriodCostModel
-from lightning_hetero.hetero_batch.period import Exchanged, MeasuredPeriod, adjusts_after, describe, own_row, trimmed
+from lightning_hetero.hetero_batch.period import (
+    EARLY_PERIOD,
+    Exchanged,
+    MeasuredPeriod,
+    adjusts_after,
+    describe,
+    own_row,
+    trimmed,
+)
 from lightning_hetero.hetero_batch.policy import AdjustmentPolicy
 from lightning_hetero.hetero_batch.settings import (
     HeteroBatchSettings,
@@ -44,7 +52,7 @@ class SplitTuner:
         rank: this rank (whose steps :meth:`record_step` receives).
         start: the split to start from (default: the controller's equal split).
         rollback_tolerance: passed to :class:`~lightning_hetero.hetero_batch.policy.AdjustmentPolicy`.
-        change_tolerance: passed to :class:`~lightning_hetero.hetero_batch.cost_model.PeriodCostModel`.
+        change_tolerance: passed to :class:`~lightning_hetero.hetero_batch.cost_model.PeriodCostModel` and the policy.
         warmup_steps: steps not measured at the start.
         respects_memory_caps: keep every split within the ranks' exchanged memory caps (``memory_caps="auto"``).
         adjust_every_n_steps: adjust every ``n`` steps inside an epoch; ``None``: the default cadence
@@ -81,7 +89,9 @@ class SplitTuner:
         self.respects_memory_caps = respects_memory_caps
         self.adjust_every_n_steps, self.warmup_steps = adjust_every_n_steps, warmup_steps
         self._first_epoch: int | None = None  # a new tuner's first epoch adjusts early too (not a restored one)
-        self.policy = AdjustmentPolicy(controller, rollback_tolerance=rollback_tolerance)
+        self.policy = AdjustmentPolicy(
+            controller, rollback_tolerance=rollback_tolerance, change_tolerance=change_tolerance
+        )
         self.cost = PeriodCostModel(change_tolerance=change_tolerance)
         self.period = MeasuredPeriod(skip=warmup_steps)
         self.plan = SplitPlan(controller.equal_split() if start is None else start)
@@ -97,6 +107,7 @@ class SplitTuner:
         self.history: list[dict[str, Any]] = []
         self._period_walls: list[float] = []
         self._changed = False
+        self._since_change = 0  # steps since the last adjustment
 
     @classmethod
     def from_settings(
@@ -152,9 +163,15 @@ class SplitTuner:
 
     def adjusts_after(self, step: int, steps_in_epoch: int, epoch: int) -> bool:
         """Whether to adjust after the ``step``-th step (from 1) of ``epoch``, short of its end (which always adjusts;
-        :func:`~lightning_hetero.hetero_batch.period.adjusts_after`)."""
+        :func:`~lightning_hetero.hetero_batch.period.adjusts_after`). Asked once after every step, on every rank:
+        with the default cadence a change on trial is also judged :data:`~.period.EARLY_PERIOD` steps after it was
+        decided, so that a split measured slower runs a few steps, not a period of 32."""
         first = epoch == self._first_epoch
-        return adjusts_after(step, steps_in_epoch, self.adjust_every_n_steps, self.warmup_steps, first)
+        self._since_change += 1
+        judge = self.adjust_every_n_steps is None and self.policy.on_trial and self._since_change >= EARLY_PERIOD
+        return (step < steps_in_epoch and judge) or adjusts_after(
+            step, steps_in_epoch, self.adjust_every_n_steps, self.warmup_steps, first
+        )
 
     def record_step(self, split: tuple[int, ...], busy_s: float, floor_s: float, wall_s: float) -> None:
         """One finished step taken at ``split``: this rank's busy seconds, its CPU-at-quota floor and wall seconds."""
@@ -197,6 +214,7 @@ class SplitTuner:
         if self.respects_memory_caps:
             caps = tuple(None if not math.isfinite(cap) else int(cap) for cap in seen.memory_caps)
             decision = respect_caps(decision, self.plan.current, self.controller, caps)
+        self._since_change = 0
         if decision is not None and decision.apply:
             self.plan.change_at(max(seen.position + 1, not_before), decision.sizes)
         return decision
