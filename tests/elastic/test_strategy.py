@@ -95,7 +95,7 @@ def test_settings_are_checked_by_name(monkeypatch):
     with pytest.raises(ValueError, match="join_timeout_s=10 must be below round_timeout_s=10"):
         ElasticLocalSGDStrategy(lighthouse="http://h:1", join_timeout_s=10, round_timeout_s=10)
     monkeypatch.setenv("TORCHFT_LIGHTHOUSE", "http://node0:29510")
-    assert ElasticLocalSGDStrategy().lighthouse == "http://node0:29510"
+    assert ElasticLocalSGDStrategy().connection.lighthouse == "http://node0:29510"
 
 
 class _FailingOnce:
@@ -117,7 +117,7 @@ def test_a_failed_round_end_ends_again_at_once_with_nothing_trained_and_keeps_it
     strategy._lightning_module = model = MLPClassifier(hidden=8)
     strategy.rounds = rounds = ElasticRounds(CHUNKS, 2, OuterOptimizer(torch.optim.SGD, {"lr": 1.0}))
     strategy._sampler = object()  # the loader is not used here
-    strategy.membership = membership = _FailingOnce()
+    strategy.connection.membership = membership = _FailingOnce()
     start = parameters_to_vector(model.parameters()).detach().clone()
     rounds.begin(start)
     rounds.queue.extend([3, 5])
