@@ -1,5 +1,5 @@
 """ElasticHeteroBatchStrategy end to end: one worker in this process, and a job of separate worker processes
-(``tests/elastic/sync_worker.py``) that leave, come back and join."""
+(``examples/elastic/elastic_worker.py --sync``) that leave, come back and join."""
 
 from __future__ import annotations
 
@@ -19,9 +19,8 @@ from lightning_hetero.elastic import CommitRecord, ElasticError, ElasticHeteroBa
 from lightning_hetero.synthetic import MLPClassifier, SyntheticClassificationDataModule
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from elastic_job import ElasticJob, free_port
+from elastic_job import SYNC, ElasticJob, free_port
 
-WORKER = Path(__file__).resolve().parents[2] / "benchmarks" / "elastic_sync_worker.py"
 SAMPLES, BATCH = 200, 16
 CHUNKS = -(-SAMPLES // BATCH)
 
@@ -129,9 +128,7 @@ def test_workers_killed_restarted_and_added_keep_the_global_batch_the_ledger_and
     global batch (each participant counting its own samples), every epoch trained each global batch once, the
     finished workers hold the same parameters, and a restarted or added worker trained from a peer's state."""
     stop = tmp_path / "stop"
-    job = ElasticJob(
-        tmp_path, ["--samples", str(SAMPLES), "--batch-size", str(BATCH), "--stop-file", str(stop)], worker=WORKER
-    )
+    job = ElasticJob(tmp_path, [*SYNC, "--samples", str(SAMPLES), "--batch-size", str(BATCH), "--stop-file", str(stop)])
     try:
         a = job.start("a", "--step-sleep-s", "0.01", host=True)
         b = job.start("b", "--step-sleep-s", "0.02")
@@ -196,7 +193,7 @@ def test_workers_at_different_speeds_train_as_one_process_does_on_the_same_globa
     stop = tmp_path / "stop"
     stop.write_text("2")
     args = ["--samples", str(SAMPLES), "--batch-size", str(BATCH), "--no-shuffle", "--device", device]
-    job = ElasticJob(tmp_path, [*args, "--stop-file", str(stop), "--min-workers", "3"], worker=WORKER)
+    job = ElasticJob(tmp_path, [*SYNC, *args, "--stop-file", str(stop), "--min-workers", "3"])
     try:
         job.start("a", "--step-sleep-s", "0.01", host=True)
         job.start("b", "--step-sleep-s", "0.02")
