@@ -79,7 +79,14 @@ def test_settings_are_checked_by_name(monkeypatch):
     with pytest.raises(ValueError, match="join_timeout_s=10 must be below round_timeout_s=10"):
         ElasticLocalSGDStrategy(lighthouse="http://h:1", join_timeout_s=10, round_timeout_s=10)
     monkeypatch.setenv("TORCHFT_LIGHTHOUSE", "http://node0:29510")
-    assert ElasticLocalSGDStrategy().connection.lighthouse == "http://node0:29510"
+    strategy = ElasticLocalSGDStrategy(round_timeout_s=20)
+    assert strategy.connection.lighthouse == "http://node0:29510"
+    with pytest.deprecated_call(match=r"ElasticLocalSGDStrategy.lighthouse is deprecated .*\.connection\.lighthouse"):
+        assert strategy.lighthouse == "http://node0:29510"
+    with pytest.deprecated_call(match="use ElasticLocalSGDStrategy.connection.quorum_timeout_s"):
+        assert strategy.round_timeout_s == 20
+    with pytest.raises(AttributeError, match="no attribute 'rounds_total'"):
+        strategy.rounds_total
 
 
 class _FailingOnce:

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from lightning_hetero._deprecation import warn_renamed
 from lightning_hetero._validation import check_range
 from lightning_hetero.elastic.membership import LIGHTHOUSE_ENV, Membership, start_lighthouse, wait_reachable
 
@@ -162,3 +163,20 @@ class JobConnection:
     def load(self, checkpoint: dict[str, Any]) -> None:
         """Keep ``checkpoint``'s job position for :meth:`join` (a plain Lightning checkpoint has none)."""
         self._restored = checkpoint.get(self.checkpoint_key)
+
+
+#: what ``ElasticLocalSGDStrategy`` held as its own attributes before they moved here (its ``round_timeout_s`` is
+#: ``quorum_timeout_s`` here)
+MOVED = ("lighthouse", "start_lighthouse", "replica_id", "min_workers", "startup_timeout_s", "join_timeout_s")
+MOVED += ("heartbeat_timeout_s", "membership", "host_lighthouse")
+
+
+def moved_attribute(strategy: Any, name: str, quorum_timeout_name: str) -> Any:
+    """``strategy.name`` read from its connection with a ``DeprecationWarning``, for a setting that moved there."""
+    new = "quorum_timeout_s" if name == quorum_timeout_name else name
+    connection = vars(strategy).get("connection")
+    if connection is None or new not in (*MOVED, "quorum_timeout_s"):
+        raise AttributeError(f"{type(strategy).__name__!r} object has no attribute {name!r}")
+    owner = type(strategy).__name__
+    warn_renamed(f"{owner}.{name}", f"{owner}.connection.{new}")
+    return getattr(connection, new)

@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader
 from lightning_hetero._lightning_internals import advance_current_epoch, set_current_epoch, set_global_step
 from lightning_hetero._validation import check_range
 from lightning_hetero.elastic.commits import CommitRecord, digest
-from lightning_hetero.elastic.connection import JobConnection
+from lightning_hetero.elastic.connection import JobConnection, moved_attribute
 from lightning_hetero.elastic.membership import ElasticError
 from lightning_hetero.elastic.rounds import ElasticRounds
 from lightning_hetero.elastic.sampler import IDLE, ElasticBatchSampler, elastic_loader
@@ -136,6 +136,9 @@ class ElasticLocalSGDStrategy(SingleDeviceStrategy):
         #: called with a :class:`~lightning_hetero.elastic.CommitRecord` per round this worker commits
         self.on_commit: Callable[[CommitRecord], None] | None = None
         self._sampler: ElasticBatchSampler | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return moved_attribute(self, name, "round_timeout_s")  # the settings were attributes here (0.2.0)
 
     # ------------------------------------------------------------------ setup and teardown
 
