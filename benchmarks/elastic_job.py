@@ -21,6 +21,8 @@ from benchmarks.harness.launch import free_port, spawn, stop, wait_for  # noqa: 
 from lightning_hetero.elastic.commits import CommitRecord, epoch_coverage, lineage
 
 WORKER = Path(__file__).resolve().parents[1] / "examples" / "elastic" / "elastic_worker.py"
+#: the worker's options for a synchronous job (``ElasticHeteroBatchStrategy``), which ends at its ``--stop-file``
+SYNC = ["--sync", "--epochs", "1000", "--hidden", "16", "--step-timeout-s", "30"]
 
 
 class ElasticJob:
@@ -31,12 +33,10 @@ class ElasticJob:
         args: command-line options for every worker.
         lighthouse: the lighthouse's address (default: a free local port; the first worker started with
             ``host=True`` starts it).
-        worker: the worker script (``elastic_sync_worker.py`` for ``ElasticHeteroBatchStrategy``).
     """
 
-    def __init__(self, out: Path, args: list[str], lighthouse: str | None = None, worker: Path = WORKER) -> None:
+    def __init__(self, out: Path, args: list[str], lighthouse: str | None = None) -> None:
         self.out = Path(out)
-        self.worker = worker
         self.out.mkdir(parents=True, exist_ok=True)
         self.args = list(args)
         self.lighthouse = lighthouse or f"http://localhost:{free_port()}"
@@ -50,7 +50,7 @@ class ElasticJob:
         replaces ``[sys.executable]`` (e.g. ``docker run ... python``: the worker's and ``out``'s paths must be the
         same inside, and its commit log then carries the container's pid: see ``name`` in :meth:`commits`)."""
         started_at = time.time()
-        command = [*(launcher or [sys.executable]), str(self.worker), str(self.out), "--lighthouse", self.lighthouse]
+        command = [*(launcher or [sys.executable]), str(WORKER), str(self.out), "--lighthouse", self.lighthouse]
         command += ["--name", name]
         command += [*self.args, *args, "--started-at", repr(started_at)]
         if host:

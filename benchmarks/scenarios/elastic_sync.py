@@ -1,7 +1,7 @@
 """Benchmark: synchronous elastic HeteroBatch (``ElasticHeteroBatchStrategy`` on torchft) with workers that leave
 and join, against the same job undisturbed, on CPU.
 
-Four workers, each its own process (``elastic_sync_worker.py``, one per "machine"), at speeds 1, 1, 2 and 4: a
+Four workers, each its own process (``examples/elastic/elastic_worker.py --sync``, one per "machine"), at speeds 1, 1, 2 and 4: a
 training step sleeps ``--base-sample-s`` over the speed per sample of the worker's share; the first hosts the
 lighthouse. Runs, one after the other per seed:
 
@@ -30,11 +30,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.elastic_job import ElasticJob, wait_for
-from benchmarks.harness.launch import RESULTS, ROOT
+from benchmarks.elastic_job import SYNC, ElasticJob, wait_for
+from benchmarks.harness.launch import RESULTS
 from benchmarks.harness.record import write_json
 
-WORKER = ROOT / "benchmarks" / "elastic_sync_worker.py"
 SPEEDS = {"a": 1.0, "b": 1.0, "c": 2.0, "d": 4.0}
 KILLED, ADDED = "b", "e"
 
@@ -50,7 +49,7 @@ def run(kind: str, args: argparse.Namespace, seed: int, out: Path) -> dict[str, 
     stop = out / "stop"
     stop.write_text(str(args.epochs))
     common = ["--samples", str(args.samples), "--batch-size", str(args.batch_size), "--seed", str(seed)]
-    job = ElasticJob(out, [*common, "--stop-file", str(stop)], worker=WORKER)
+    job = ElasticJob(out, [*SYNC, *common, "--stop-file", str(stop)])
     speed = {name: ["--sample-sleep-s", str(args.base_sample_s / s)] for name, s in {**SPEEDS, ADDED: 1.0}.items()}
     chunks = -(-args.samples // args.batch_size)
     joined: list[int] = []

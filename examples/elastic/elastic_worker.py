@@ -1,12 +1,16 @@
-"""One worker of an elastic local-SGD job (``ElasticLocalSGDStrategy``) on generated data; start one per "machine".
+"""One worker of an elastic job on generated data; start one per "machine". By default the job trains local SGD
+(``ElasticLocalSGDStrategy``); with ``--sync`` synchronous steps of a constant global batch
+(``ElasticHeteroBatchStrategy``, the loader's ``--batch-size``).
 
-Usage: python examples/elastic/elastic_worker.py OUT_DIR --lighthouse http://localhost:PORT [--start-lighthouse] [...]
+Usage: python examples/elastic/elastic_worker.py OUT_DIR --lighthouse http://localhost:PORT [--start-lighthouse]
+[--sync] [...]
 
-The worker appends one JSON line per committed round to ``OUT_DIR/commits-<name>-<pid>.jsonl`` (its
+The worker appends one JSON line per committed round (or step) to ``OUT_DIR/commits-<name>-<pid>.jsonl`` (its
 ``CommitRecord``: the epoch, the chunks it and all trained, the step, the parameters' digests; the time, and the
-seconds from the process's start to the end of its imports and of its first round end) and at the end writes
-``OUT_DIR/worker-<name>-<pid>.json`` (its report, validation accuracy, epochs, parameter checksum). A failure is
-written to ``OUT_DIR/error-<name>-<pid>.txt``. Speeds are emulated by a sleep per step (``--step-sleep-s``) or by
+seconds from the process's start to the end of its imports and of its join; with ``--sync`` also ``own_samples``,
+this worker's samples in the step) and at the end writes ``OUT_DIR/worker-<name>-<pid>.json`` (its report,
+validation accuracy, epochs, parameter checksum). A failure is written to ``OUT_DIR/error-<name>-<pid>.txt``.
+Speeds are emulated by a sleep per step (``--step-sleep-s``) or per sample of the batch (``--sample-sleep-s``), or by
 real CPU work per step (``--spin-s``) under a CPU quota (``--cpu-quota``, ``SlowdownEmulator(throttle="cfs")``).
 With ``--hold-file`` the worker's training batches wait until that file exists (a test orders the workers' rounds).
 """
@@ -25,19 +29,21 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch.utils.data import TensorDataset
 
 from lightning_hetero import SlowdownEmulator
-from lightning_hetero.elastic import CommitRecord, ElasticLocalSGDStrategy
+from lightning_hetero.elastic import CommitRecord, ElasticHeteroBatchStrategy, ElasticLocalSGDStrategy
 from lightning_hetero.synthetic import MLPClassifier, SyntheticClassificationDataModule, make_classification
 
 
 class SleepyMLP(MLPClassifier):
-    """The synthetic MLP, each training step ``step_sleep_s`` longer (an emulated slower machine)."""
+    """The synthetic MLP, each training step ``step_sleep_s`` plus ``sample_sleep_s`` per sample longer (an emulated
+    slower machine)."""
 
-    def __init__(self, step_sleep_s: float, **kwargs) -> None:
+    def __init__(self, step_sleep_s: float, sample_sleep_s: float = 0.0, **kwargs) -> None:
         super().__init__(**kwargs)
         self.step_sleep_s = step_sleep_s
+        self.sample_sleep_s = sample_sleep_s
 
     def training_step(self, batch, batch_idx):
-        time.sleep(self.step_sleep_s)
+        time.sleep(self.step_sleep_s + self.sample_sleep_s * len(batch[1]))
         return super().training_step(batch, batch_idx)
 
 
@@ -80,17 +86,24 @@ class HoldFile(Callback):
             time.sleep(0.02)
 
 
+#: the strategies' timeouts (``round``: local SGD's, ``step``: ``--sync``'s)
+TIMEOUTS = ("round", "step", "join", "heartbeat", "startup")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
     parser.add_argument("--lighthouse", required=True)
     parser.add_argument("--start-lighthouse", action="store_true")
+    parser.add_argument("--sync", action="store_true", help="ElasticHeteroBatchStrategy: a constant global batch")
     parser.add_argument("--name", default="worker")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--samples", type=int, default=512)
     parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--steps-per-round", type=int, default=4)
+    parser.add_argument("--steps-per-round", type=int, default=4, help="local SGD only")
+    parser.add_argument("--min-workers", type=int, default=1)
     parser.add_argument("--step-sleep-s", type=float, default=0.0)
+    parser.add_argument("--sample-sleep-s", type=float, default=0.0)
     parser.add_argument("--spin-s", type=float, default=0.0, help="CPU seconds of busy work per training step")
     parser.add_argument("--cpu-quota", type=float, default=None, help="CPUs (SlowdownEmulator's CFS quota, < 1)")
     parser.add_argument("--hidden", type=int, default=32)
@@ -98,7 +111,9 @@ def main() -> None:
     parser.add_argument("--noise", type=float, default=0.5, help="the generated clusters' spread (harder: larger)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lr", type=float, default=0.1)
-    for timeout in ("round", "join", "heartbeat", "startup"):
+    parser.add_argument("--no-shuffle", action="store_true", help="the training set in its order every epoch")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    for timeout in TIMEOUTS:
         parser.add_argument(f"--{timeout}-timeout-s", type=float, default=None, help="default: the strategy's")
     parser.add_argument("--started-at", type=float, default=None, help="time.time() when the process was started")
     parser.add_argument("--ckpt-dir", default=None)
@@ -115,29 +130,41 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     tag = f"{args.name}-{os.getpid()}"
     constructed_s = time.time() - started_at
-    strategy = ElasticLocalSGDStrategy(
-        lighthouse=args.lighthouse,
-        start_lighthouse=args.start_lighthouse,
-        replica_id=args.name,
-        steps_per_round=args.steps_per_round,
-        **{
-            f"{timeout}_timeout_s": value
-            for timeout in ("round", "join", "heartbeat", "startup")
-            if (value := getattr(args, f"{timeout}_timeout_s")) is not None
-        },
-    )
+    settings = {
+        f"{timeout}_timeout_s": value
+        for timeout in TIMEOUTS
+        if (value := getattr(args, f"{timeout}_timeout_s")) is not None
+    }
+    settings |= {"start_lighthouse": args.start_lighthouse, "replica_id": args.name, "device": args.device}
+    settings |= {"lighthouse": args.lighthouse, "min_workers": args.min_workers}
+    if args.sync:
+        if "round_timeout_s" in settings:
+            parser.error("--round-timeout-s is local SGD's: with --sync, --step-timeout-s")
+        strategy = ElasticHeteroBatchStrategy(**settings)
+    else:
+        if "step_timeout_s" in settings:
+            parser.error("--step-timeout-s is --sync's: for local SGD, --round-timeout-s")
+        strategy = ElasticLocalSGDStrategy(steps_per_round=args.steps_per_round, **settings)
     log = (out / f"commits-{tag}.jsonl").open("a", buffering=1)
+    counted = [0]
 
     def on_commit(record: CommitRecord) -> None:
         now = time.time()
         times = {"t": now, "since_start_s": now - started_at, "imported_s": imported_s}
-        if "joined_s" in strategy.report:  # from the process's start to the end of its first round end
+        if "joined_s" in strategy.report:  # from the process's start to the end of its join
             times["joined_s"] = constructed_s + strategy.report["joined_s"]
+        if "samples" in strategy.report:  # --sync: this worker's samples in the step
+            times["own_samples"] = strategy.report["samples"] - counted[0]
+            counted[0] = strategy.report["samples"]
         log.write(json.dumps({**dataclasses.asdict(record), **times}) + "\n")
 
     strategy.on_commit = on_commit
     data = SyntheticClassificationDataModule(
-        num_samples=args.samples, batch_size=args.batch_size, num_classes=args.classes, seed=args.seed
+        num_samples=args.samples,
+        batch_size=args.batch_size,
+        num_classes=args.classes,
+        shuffle=not args.no_shuffle,
+        seed=args.seed,
     )
     if args.noise != 0.5:
         drawn = make_classification(args.samples * 5 // 4, num_classes=args.classes, seed=args.seed, noise=args.noise)
@@ -147,7 +174,9 @@ def main() -> None:
     if args.spin_s:
         model = SpinMLP(args.spin_s, hidden=args.hidden, lr=args.lr, num_classes=args.classes)
     else:
-        model = SleepyMLP(args.step_sleep_s, hidden=args.hidden, lr=args.lr, num_classes=args.classes)
+        model = SleepyMLP(
+            args.step_sleep_s, args.sample_sleep_s, hidden=args.hidden, lr=args.lr, num_classes=args.classes
+        )
     callbacks: list[Callback] = [ModelCheckpoint(dirpath=args.ckpt_dir, save_last=True)] if args.ckpt_dir else []
     if args.cpu_quota is not None:  # each worker is rank 0 of its own trainer
         callbacks.append(SlowdownEmulator(factors={0: 1.0 / args.cpu_quota}, throttle="cfs"))
@@ -156,7 +185,7 @@ def main() -> None:
     if args.hold_file:
         callbacks.append(HoldFile(args.hold_file))
     trainer = L.Trainer(
-        accelerator="cpu",
+        accelerator="gpu" if args.device.startswith("cuda") else "cpu",
         devices=1,
         strategy=strategy,
         max_epochs=args.epochs,

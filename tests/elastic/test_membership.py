@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lightning_hetero.elastic import ElasticLocalSGDStrategy
+from lightning_hetero.elastic.connection import JobConnection
 from lightning_hetero.elastic.membership import (
     ElasticError,
     Membership,
@@ -70,9 +70,9 @@ def test_a_lost_worker_does_not_hold_the_round_for_a_live_one_that_does_not_come
     """After a loss, the hosted lighthouse waits ``join_timeout_s`` (not ``round_timeout_s``) for the live workers
     that are not at the round end (as one stuck in the collective the lost worker broke): the others go on before
     their own round end times out."""
-    strategy = ElasticLocalSGDStrategy(lighthouse=f"http://localhost:{free_port()}", round_timeout_s=20)
-    server = strategy.host_lighthouse()
-    members = _members(strategy.lighthouse, "abcd", strategy.round_timeout_s)
+    connection = JobConnection("test", "elastic", "state", f"http://localhost:{free_port()}", quorum_timeout_s=20)
+    server = connection.host_lighthouse()
+    members = _members(connection.lighthouse, "abcd", connection.quorum_timeout_s)
     try:
         assert _rounds(members) == [(4, 4)] * 4
         members[1].shutdown()  # b is lost; c lives on but does not come to the next round end
@@ -112,12 +112,16 @@ def test_every_worker_ends_with_an_error_naming_the_lost_lighthouse():
 def test_a_worker_that_falls_behind_recovers_from_a_peer_at_the_next_round_end():
     """What a worker whose history lost a round where two met does (``Membership.fall_behind``): torchft counts it
     behind and recovers it from a peer at the next round end."""
-    strategy = ElasticLocalSGDStrategy(lighthouse=f"http://localhost:{free_port()}", round_timeout_s=20)
-    server = strategy.host_lighthouse()
+    connection = JobConnection("test", "elastic", "state", f"http://localhost:{free_port()}", quorum_timeout_s=20)
+    server = connection.host_lighthouse()
     loaded: list[dict] = []
     members = [
-        Membership(strategy.lighthouse, "a", loaded.append, lambda: {"from": "a"}, round_timeout_s=20, lost_after_s=1),
-        Membership(strategy.lighthouse, "b", loaded.append, lambda: {"from": "b"}, round_timeout_s=20, lost_after_s=1),
+        Membership(
+            connection.lighthouse, "a", loaded.append, lambda: {"from": "a"}, round_timeout_s=20, lost_after_s=1
+        ),
+        Membership(
+            connection.lighthouse, "b", loaded.append, lambda: {"from": "b"}, round_timeout_s=20, lost_after_s=1
+        ),
     ]
     try:
         assert _rounds(members) == [(2, 2)] * 2

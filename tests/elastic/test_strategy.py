@@ -3,13 +3,13 @@ of separate worker processes (``examples/elastic/elastic_worker.py``) that leave
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
 import lightning as L
 import pytest
 import torch
+from benchmarks.elastic_job import ElasticJob, free_port
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.nn.utils import parameters_to_vector
 
@@ -17,26 +17,10 @@ from lightning_hetero.elastic import ElasticError, ElasticLocalSGDStrategy
 from lightning_hetero.elastic.rounds import ElasticRounds
 from lightning_hetero.local_sgd.outer_optimizer import OuterOptimizer
 from lightning_hetero.synthetic import MLPClassifier, SyntheticClassificationDataModule
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from elastic_job import ElasticJob, free_port
+from tests.elastic.helpers import cpu_trainer
 
 SAMPLES, BATCH = 256, 16
 CHUNKS = SAMPLES // BATCH
-
-
-def _trainer(strategy, epochs: int, **kwargs) -> L.Trainer:
-    settings = {
-        "accelerator": "cpu",
-        "devices": 1,
-        "max_epochs": epochs,
-        "logger": False,
-        "enable_progress_bar": False,
-        "enable_model_summary": False,
-        "num_sanity_val_steps": 0,
-        "enable_checkpointing": False,
-    }
-    return L.Trainer(strategy=strategy, **(settings | kwargs))
 
 
 def _data() -> SyntheticClassificationDataModule:
@@ -49,19 +33,19 @@ def test_one_worker_trains_every_batch_and_its_checkpoint_resumes_with_and_witho
     strategy.on_commit = lambda record: trained.extend(record.chunks)
     checkpoint = ModelCheckpoint(dirpath=tmp_path, save_last=True)
     L.seed_everything(0)
-    trainer = _trainer(strategy, 2, callbacks=[checkpoint], enable_checkpointing=True)
+    trainer = cpu_trainer(strategy, 2, callbacks=[checkpoint], enable_checkpointing=True)
     trainer.fit(MLPClassifier(hidden=16), datamodule=_data())
     assert sorted(trained) == sorted(list(range(CHUNKS)) * 2)
     assert trainer.global_step == 2 * CHUNKS and strategy.report["failed_rounds"] == 0
     saved = torch.load(tmp_path / "last.ckpt", weights_only=False)
     assert saved["elastic_local_sgd"]["rounds"]["ledger"]["epoch"] == 2
 
-    plain = _trainer("auto", 3)  # no torchft needed to read it: a plain Lightning checkpoint
+    plain = cpu_trainer("auto", 3)  # no torchft needed to read it: a plain Lightning checkpoint
     plain.fit(MLPClassifier(hidden=16), datamodule=_data(), ckpt_path=tmp_path / "last.ckpt")
     assert plain.current_epoch == 3
 
     resumed = ElasticLocalSGDStrategy(lighthouse=f"http://localhost:{free_port()}", start_lighthouse=True)
-    again = _trainer(resumed, 3)
+    again = cpu_trainer(resumed, 3)
     again.fit(MLPClassifier(hidden=16), datamodule=_data(), ckpt_path=tmp_path / "last.ckpt")
     assert again.current_epoch == 3 and resumed.rounds.ledger.epoch == 3
     assert again.global_step == 3 * CHUNKS
@@ -74,14 +58,14 @@ def test_a_worker_that_cannot_reach_the_lighthouse_says_so_within_startup_timeou
     with pytest.raises(
         ElasticError, match=rf"cannot reach the torchft lighthouse at {address} within startup_timeout_s=1"
     ):
-        _trainer(strategy, 1).fit(MLPClassifier(hidden=16), datamodule=_data())
+        cpu_trainer(strategy, 1).fit(MLPClassifier(hidden=16), datamodule=_data())
     assert time.monotonic() - start < 30  # gave up, no hang (a wide margin)
 
 
 def test_gradient_accumulation_is_refused_naming_the_setting():
     strategy = ElasticLocalSGDStrategy(lighthouse=f"http://127.0.0.1:{free_port()}")
     with pytest.raises(ValueError, match="accumulate_grad_batches=2"):
-        _trainer(strategy, 1, accumulate_grad_batches=2).fit(MLPClassifier(hidden=16), datamodule=_data())
+        cpu_trainer(strategy, 1, accumulate_grad_batches=2).fit(MLPClassifier(hidden=16), datamodule=_data())
 
 
 def test_settings_are_checked_by_name(monkeypatch):
@@ -95,7 +79,14 @@ def test_settings_are_checked_by_name(monkeypatch):
     with pytest.raises(ValueError, match="join_timeout_s=10 must be below round_timeout_s=10"):
         ElasticLocalSGDStrategy(lighthouse="http://h:1", join_timeout_s=10, round_timeout_s=10)
     monkeypatch.setenv("TORCHFT_LIGHTHOUSE", "http://node0:29510")
-    assert ElasticLocalSGDStrategy().lighthouse == "http://node0:29510"
+    strategy = ElasticLocalSGDStrategy(round_timeout_s=20)
+    assert strategy.connection.lighthouse == "http://node0:29510"
+    with pytest.deprecated_call(match=r"ElasticLocalSGDStrategy.lighthouse is deprecated .*\.connection\.lighthouse"):
+        assert strategy.lighthouse == "http://node0:29510"
+    with pytest.deprecated_call(match="use ElasticLocalSGDStrategy.connection.quorum_timeout_s"):
+        assert strategy.round_timeout_s == 20
+    with pytest.raises(AttributeError, match="no attribute 'rounds_total'"):
+        strategy.rounds_total
 
 
 class _FailingOnce:
@@ -117,7 +108,7 @@ def test_a_failed_round_end_ends_again_at_once_with_nothing_trained_and_keeps_it
     strategy._lightning_module = model = MLPClassifier(hidden=8)
     strategy.rounds = rounds = ElasticRounds(CHUNKS, 2, OuterOptimizer(torch.optim.SGD, {"lr": 1.0}))
     strategy._sampler = object()  # the loader is not used here
-    strategy.membership = membership = _FailingOnce()
+    strategy.connection.membership = membership = _FailingOnce()
     start = parameters_to_vector(model.parameters()).detach().clone()
     rounds.begin(start)
     rounds.queue.extend([3, 5])

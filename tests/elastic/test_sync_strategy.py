@@ -1,47 +1,29 @@
 """ElasticHeteroBatchStrategy end to end: one worker in this process, and a job of separate worker processes
-(``tests/elastic/sync_worker.py``) that leave, come back and join."""
+(``examples/elastic/elastic_worker.py --sync``) that leave, come back and join."""
 
 from __future__ import annotations
 
 import collections
 import importlib.util
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import lightning as L
 import pytest
 import torch
+from benchmarks.elastic_job import SYNC, ElasticJob, free_port
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_hetero.elastic import CommitRecord, ElasticError, ElasticHeteroBatchStrategy, epoch_coverage
 from lightning_hetero.synthetic import MLPClassifier, SyntheticClassificationDataModule
+from tests.elastic.helpers import cpu_trainer
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from elastic_job import ElasticJob, free_port
-
-WORKER = Path(__file__).resolve().parents[2] / "benchmarks" / "elastic_sync_worker.py"
 SAMPLES, BATCH = 200, 16
 CHUNKS = -(-SAMPLES // BATCH)
 
 
 def _chunk_samples(chunk: int) -> int:
     return min(BATCH, SAMPLES - chunk * BATCH)
-
-
-def _trainer(strategy, epochs: int, **kwargs) -> L.Trainer:
-    settings = {
-        "accelerator": "cpu",
-        "devices": 1,
-        "max_epochs": epochs,
-        "logger": False,
-        "enable_progress_bar": False,
-        "enable_model_summary": False,
-        "num_sanity_val_steps": 0,
-        "enable_checkpointing": False,
-    }
-    return L.Trainer(strategy=strategy, **(settings | kwargs))
 
 
 def _data(shuffle: bool = True) -> SyntheticClassificationDataModule:
@@ -58,7 +40,7 @@ def test_one_worker_trains_each_global_batch_once_per_epoch_as_plain_training_do
     L.seed_everything(0)
     model = MLPClassifier(hidden=16)
     checkpoint = ModelCheckpoint(dirpath=tmp_path, save_last=True)
-    trainer = _trainer(strategy, 2, default_root_dir=tmp_path, callbacks=[checkpoint], enable_checkpointing=True)
+    trainer = cpu_trainer(strategy, 2, default_root_dir=tmp_path, callbacks=[checkpoint], enable_checkpointing=True)
     trainer.fit(model, datamodule=_data(shuffle=False))
     assert [r.round_chunks[0] for r in records] == list(range(CHUNKS)) * 2
     assert [r.samples for r in records] == [_chunk_samples(c) for c in range(CHUNKS)] * 2
@@ -67,17 +49,17 @@ def test_one_worker_trains_each_global_batch_once_per_epoch_as_plain_training_do
 
     L.seed_everything(0)
     plain = MLPClassifier(hidden=16)
-    _trainer("auto", 2, default_root_dir=tmp_path).fit(plain, datamodule=_data(shuffle=False))
+    cpu_trainer("auto", 2, default_root_dir=tmp_path).fit(plain, datamodule=_data(shuffle=False))
     for ours, theirs in zip(model.parameters(), plain.parameters(), strict=True):
         torch.testing.assert_close(ours, theirs)
 
     saved = torch.load(tmp_path / "last.ckpt", weights_only=False)
     assert saved["elastic_hetero_batch"]["steps"]["ledger"]["epoch"] == 2
-    _trainer("auto", 3, default_root_dir=tmp_path).fit(
+    cpu_trainer("auto", 3, default_root_dir=tmp_path).fit(
         MLPClassifier(hidden=16), datamodule=_data(), ckpt_path=tmp_path / "last.ckpt"
     )
     resumed = ElasticHeteroBatchStrategy(lighthouse=f"http://localhost:{free_port()}", start_lighthouse=True)
-    again = _trainer(resumed, 3, default_root_dir=tmp_path)
+    again = cpu_trainer(resumed, 3, default_root_dir=tmp_path)
     again.fit(MLPClassifier(hidden=16), datamodule=_data(shuffle=False), ckpt_path=tmp_path / "last.ckpt")
     assert again.current_epoch == 3 and resumed.steps.ledger.epoch == 3 and again.global_step == 3 * CHUNKS
 
@@ -92,7 +74,7 @@ def test_min_workers_not_met_ends_the_worker_with_an_error_naming_it():
     )
     start = time.monotonic()
     with pytest.raises(ElasticError, match=r"no quorum of min_workers=2 through the torchft lighthouse .* within 3 s"):
-        _trainer(strategy, 1).fit(MLPClassifier(hidden=16), datamodule=_data())
+        cpu_trainer(strategy, 1).fit(MLPClassifier(hidden=16), datamodule=_data())
     assert time.monotonic() - start < 60  # gave up, no hang (a wide margin)
 
 
@@ -106,7 +88,7 @@ def test_settings_and_loaders_are_checked_by_name(monkeypatch):
         ElasticHeteroBatchStrategy(lighthouse="http://h:1", join_timeout_s=10, step_timeout_s=10)
     strategy = ElasticHeteroBatchStrategy(lighthouse=f"http://127.0.0.1:{free_port()}")
     with pytest.raises(ValueError, match="accumulate_grad_batches=2"):
-        _trainer(strategy, 1, accumulate_grad_batches=2).fit(MLPClassifier(hidden=16), datamodule=_data())
+        cpu_trainer(strategy, 1, accumulate_grad_batches=2).fit(MLPClassifier(hidden=16), datamodule=_data())
 
 
 def _trains(job: ElasticJob, proc: subprocess.Popen, after: int = 0, timeout_s: float = 120) -> None:
@@ -129,9 +111,7 @@ def test_workers_killed_restarted_and_added_keep_the_global_batch_the_ledger_and
     global batch (each participant counting its own samples), every epoch trained each global batch once, the
     finished workers hold the same parameters, and a restarted or added worker trained from a peer's state."""
     stop = tmp_path / "stop"
-    job = ElasticJob(
-        tmp_path, ["--samples", str(SAMPLES), "--batch-size", str(BATCH), "--stop-file", str(stop)], worker=WORKER
-    )
+    job = ElasticJob(tmp_path, [*SYNC, "--samples", str(SAMPLES), "--batch-size", str(BATCH), "--stop-file", str(stop)])
     try:
         a = job.start("a", "--step-sleep-s", "0.01", host=True)
         b = job.start("b", "--step-sleep-s", "0.02")
@@ -196,7 +176,7 @@ def test_workers_at_different_speeds_train_as_one_process_does_on_the_same_globa
     stop = tmp_path / "stop"
     stop.write_text("2")
     args = ["--samples", str(SAMPLES), "--batch-size", str(BATCH), "--no-shuffle", "--device", device]
-    job = ElasticJob(tmp_path, [*args, "--stop-file", str(stop), "--min-workers", "3"], worker=WORKER)
+    job = ElasticJob(tmp_path, [*SYNC, *args, "--stop-file", str(stop), "--min-workers", "3"])
     try:
         job.start("a", "--step-sleep-s", "0.01", host=True)
         job.start("b", "--step-sleep-s", "0.02")
@@ -213,7 +193,7 @@ def test_workers_at_different_speeds_train_as_one_process_does_on_the_same_globa
     assert any(share["a"] > share["c"] + 2 for share in shares.values())  # the fastest trains more (wide margin)
     L.seed_everything(0)
     plain = MLPClassifier(hidden=16)
-    _trainer("auto", 2, default_root_dir=tmp_path).fit(plain, datamodule=_data(shuffle=False))
+    cpu_trainer("auto", 2, default_root_dir=tmp_path).fit(plain, datamodule=_data(shuffle=False))
     expected = float(sum(p.detach().double().sum() for p in plain.parameters()))
     checksums = {r["checksum"] for r in job.results()}
     assert len(checksums) == 1 and checksums.pop() == pytest.approx(expected, abs=1e-4 if device == "cpu" else 1e-3)

@@ -1,6 +1,7 @@
-"""The training loader of an elastic worker: batches of the chunks the ledger assigned to it, in the epoch's order.
+"""The training loaders of the elastic workers: :class:`ElasticBatchSampler` (local SGD) yields batches of the chunks
+the ledger assigned to this worker, in the epoch's order; :class:`StepSampler` (synchronous) one placeholder per step.
 
-Lightning's loop fetches one batch ahead, so the loader asks for a batch while the previous one, the last of a
+Local SGD: Lightning's loop fetches one batch ahead, so the loader asks for a batch while the previous one, the last of a
 round, has not ended the round yet. A worker is therefore always assigned one chunk more than its round's quota;
 when it has none (the epoch's tail, while the last chunks are trained elsewhere), the loader yields an *idle* batch:
 the strategy runs its forward and backward (Lightning requires the closure to run) without an optimizer step and
@@ -28,6 +29,7 @@ from torch.utils.data import DataLoader, Sampler
 
 from lightning_hetero.async_ps.runtime.sampler import sampler_order
 from lightning_hetero.elastic.rounds import ElasticRounds
+from lightning_hetero.elastic.sync_steps import SyncSteps
 from lightning_hetero.epoch_order import epoch_order
 
 #: what :meth:`ElasticBatchSampler.next_chunk` returns for an idle batch
@@ -107,3 +109,33 @@ def elastic_loader(
         worker_init_fn=dataloader.worker_init_fn,
     )
     return loader, sampler
+
+
+class StepSampler(Sampler[list[int]]):
+    """The training loader's batches: one placeholder per step of the epoch, of the global batch's length (what
+    Lightning logs per step). The samples of a step are known only after its quorum, so the strategy fetches them
+    itself; Lightning's loop fetches one batch ahead, so a placeholder is yielded only while the committed steps
+    plus those yielded and not run yet leave a chunk of the epoch.
+
+    Args:
+        steps: this worker's steps (the ledger's epoch and committed steps).
+        join: called before an epoch's first batch (the worker joins the job there if it has not yet).
+    """
+
+    def __init__(self, steps: SyncSteps, join: Callable[[], None]) -> None:
+        self.steps = steps
+        self.join = join
+        #: placeholders yielded and not run yet
+        self.pending = 0
+
+    def __iter__(self) -> Iterator[list[int]]:
+        self.join()
+        steps = self.steps
+        epoch = steps.ledger.epoch
+        self.pending = 0
+        while steps.ledger.epoch == epoch and steps.steps_done + self.pending < steps.ledger.num_chunks:
+            self.pending += 1
+            yield list(range(steps.chunk_samples(steps.steps_done + self.pending - 1)))
+
+    def consume(self) -> None:
+        self.pending = max(0, self.pending - 1)

@@ -1,8 +1,40 @@
-"""Whether a joining worker's model is the running job's: the trainable parameters' names and shapes."""
+"""A worker's model as the elastic job sees it: its trainable parameters and float buffers, and whether a joining
+worker's model is the running job's (the trainable parameters' names and shapes)."""
 
 from __future__ import annotations
 
 import torch
+from torch.nn.utils import parameters_to_vector
+
+from lightning_hetero.elastic.membership import ElasticError
+
+
+def trainable_params(module: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The parameters the job trains, in the module's order."""
+    return [p for p in module.parameters() if p.requires_grad]
+
+
+def float_buffers(module: torch.nn.Module) -> list[torch.Tensor]:
+    """The buffers the job averages (as batch norm's running statistics), in the module's order."""
+    return [b for b in module.buffers() if b.is_floating_point()]
+
+
+def flat_params(module: torch.nn.Module) -> torch.Tensor:
+    """The trainable parameters in one detached vector.
+
+    Example::
+
+        >>> flat_params(torch.nn.Linear(3, 2)).shape
+        torch.Size([8])
+    """
+    return parameters_to_vector(trainable_params(module)).detach()
+
+
+def check_joining_model(module: torch.nn.Module, job_signature: dict[str, list[int]]) -> None:
+    """Raises :class:`ElasticError` naming the first difference when ``module`` is not the running job's model."""
+    mismatch = signature_mismatch(model_signature(module), job_signature)
+    if mismatch is not None:
+        raise ElasticError(f"this worker cannot join the elastic job: its model differs: {mismatch}")
 
 
 def model_signature(module: torch.nn.Module) -> dict[str, list[int]]:

@@ -9,9 +9,6 @@ find each other through torchft's lighthouse. The Lightning glue only: the round
 from __future__ import annotations
 
 import copy
-import importlib.util
-import os
-import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -20,18 +17,24 @@ import torch
 from lightning.pytorch.strategies import SingleDeviceStrategy
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
-from torch.nn.utils import parameters_to_vector, vector_to_parameters
+from torch.nn.utils import vector_to_parameters
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
 from lightning_hetero._lightning_internals import advance_current_epoch, set_current_epoch, set_global_step
 from lightning_hetero._validation import check_range
 from lightning_hetero.elastic.commits import CommitRecord, digest
-from lightning_hetero.elastic.membership import LIGHTHOUSE_ENV, ElasticError, Membership, start_lighthouse
-from lightning_hetero.elastic.membership import wait_reachable as _wait_reachable
+from lightning_hetero.elastic.connection import JobConnection, moved_attribute
+from lightning_hetero.elastic.membership import ElasticError
 from lightning_hetero.elastic.rounds import ElasticRounds
 from lightning_hetero.elastic.sampler import IDLE, ElasticBatchSampler, elastic_loader
-from lightning_hetero.elastic.signature import model_signature, signature_mismatch
+from lightning_hetero.elastic.signature import (
+    check_joining_model,
+    flat_params,
+    float_buffers,
+    model_signature,
+    trainable_params,
+)
 from lightning_hetero.local_sgd.outer_optimizer import OuterOptimizer
 from lightning_hetero.local_sgd.rounds import check_weighting
 
@@ -74,7 +77,7 @@ class ElasticLocalSGDStrategy(SingleDeviceStrategy):
     Example::
 
         >>> strategy = ElasticLocalSGDStrategy(lighthouse="http://node0:29510", start_lighthouse=True)
-        >>> strategy.lighthouse, strategy.steps_per_round
+        >>> strategy.connection.lighthouse, strategy.steps_per_round
         ('http://node0:29510', 16)
     """
 
@@ -97,41 +100,28 @@ class ElasticLocalSGDStrategy(SingleDeviceStrategy):
         device: torch.device | str = "cpu",
         **kwargs: Any,
     ) -> None:
-        if importlib.util.find_spec("torchft") is None:
-            raise ImportError("ElasticLocalSGDStrategy needs torchft: pip install 'lightning-hetero[elastic]'")
+        #: the lighthouse, the membership and the job's position in checkpoints
+        self.connection = JobConnection(
+            "ElasticLocalSGDStrategy",
+            CHECKPOINT_KEY,
+            "rounds",
+            lighthouse,
+            start_lighthouse,
+            replica_id,
+            min_workers,
+            startup_timeout_s,
+            round_timeout_s,
+            join_timeout_s,
+            heartbeat_timeout_s,
+        )
         super().__init__(device=torch.device(device), **kwargs)
-        lighthouse = lighthouse or os.environ.get(LIGHTHOUSE_ENV)
-        if not lighthouse:
-            raise ValueError(f"ElasticLocalSGDStrategy needs lighthouse='http://host:port' or {LIGHTHOUSE_ENV}")
         check_range("steps_per_round", steps_per_round, low=1, integer=True)
-        check_range("min_workers", min_workers, low=1, integer=True)
-        for name, value in (
-            ("startup_timeout_s", startup_timeout_s),
-            ("round_timeout_s", round_timeout_s),
-            ("join_timeout_s", join_timeout_s),
-            ("heartbeat_timeout_s", heartbeat_timeout_s),
-        ):
-            check_range(name, value, low=0, low_open=True)
-        if join_timeout_s >= round_timeout_s:
-            raise ValueError(
-                f"join_timeout_s={join_timeout_s:g} must be below round_timeout_s={round_timeout_s:g}: the round end "
-                "of the workers present would time out while the lighthouse still waits for a lost one"
-            )
         check_weighting(pseudo_gradient_weighting)
-        self.lighthouse = lighthouse
-        self.start_lighthouse = start_lighthouse
-        self.replica_id = replica_id or f"{socket.gethostname()}-{os.getpid()}"
         self.steps_per_round = steps_per_round
         self.outer = OuterOptimizer(outer_optimizer, outer_optimizer_kwargs)
         self.pseudo_gradient_weighting = pseudo_gradient_weighting
-        self.min_workers = min_workers
-        self.startup_timeout_s = startup_timeout_s
-        self.round_timeout_s = round_timeout_s
-        self.join_timeout_s = join_timeout_s
-        self.heartbeat_timeout_s = heartbeat_timeout_s
         #: this worker's rounds (``None`` until the training loader is known)
         self.rounds: ElasticRounds | None = None
-        self.membership: Membership | None = None
         #: what the worker saw: ``joined_s`` (start to first round end), ``recovered`` (state fetched from a peer),
         #: ``failed_rounds``, ``diverged_rounds`` (refused: two histories met), ``duplicates``, ``round_ends`` and ``round_end_s`` (their count and total seconds: the
         #: quorum, the all-reduce and the commit vote, waiting for the others included)
@@ -145,11 +135,10 @@ class ElasticLocalSGDStrategy(SingleDeviceStrategy):
         }
         #: called with a :class:`~lightning_hetero.elastic.CommitRecord` per round this worker commits
         self.on_commit: Callable[[CommitRecord], None] | None = None
-        self._lighthouse_server: Any = None
         self._sampler: ElasticBatchSampler | None = None
-        self._restored: dict[str, Any] | None = None
-        self._joined = False
-        self._started = time.monotonic()
+
+    def __getattr__(self, name: str) -> Any:
+        return moved_attribute(self, name, "round_timeout_s")  # the settings were attributes here (0.2.0)
 
     # ------------------------------------------------------------------ setup and teardown
 
@@ -162,29 +151,12 @@ class ElasticLocalSGDStrategy(SingleDeviceStrategy):
                 "ElasticLocalSGDStrategy needs one optimizer and accumulate_grad_batches=1, got "
                 f"{len(self.optimizers)} optimizer(s) and accumulate_grad_batches={trainer.accumulate_grad_batches}"
             )
-        if self.start_lighthouse:
-            self._lighthouse_server = self.host_lighthouse()
-        _wait_reachable(self.lighthouse, self.startup_timeout_s)
-        self.membership = Membership(
-            self.lighthouse,
-            self.replica_id,
-            self._load_peer_state,
-            self._peer_state,
-            round_timeout_s=self.round_timeout_s,
-            lost_after_s=self.heartbeat_timeout_s,
-            min_workers=self.min_workers,
-        )
+        self.connection.connect(self._load_peer_state, self._peer_state)
         rank_zero_info(
-            f"ElasticLocalSGDStrategy: worker {self.replica_id}, lighthouse {self.lighthouse} "
-            f"({'started here' if self.start_lighthouse else 'given'}), {self.steps_per_round} local steps per worker "
+            f"ElasticLocalSGDStrategy: {self.connection.describe()}, {self.steps_per_round} local steps per worker "
             f"and round split by speed, pseudo_gradient_weighting={self.pseudo_gradient_weighting!r}, outer "
             f"optimizer {self.outer.description}"
         )
-
-    def host_lighthouse(self) -> Any:
-        """Start torchft's lighthouse in this process at ``lighthouse``'s port, with this strategy's settings (what
-        ``start_lighthouse=True`` does at ``fit``); returns the server (its ``shutdown()`` stops it)."""
-        return start_lighthouse(self.lighthouse, self.min_workers, self.join_timeout_s, self.heartbeat_timeout_s)
 
     def process_dataloader(self, dataloader: object) -> object:
         """The training loader's batches become the chunks the ledger assigns to this worker."""
@@ -220,7 +192,7 @@ class ElasticLocalSGDStrategy(SingleDeviceStrategy):
     def _epoch_start(self) -> None:
         """Before an epoch's first batch: join the job if not yet, and start at the ledger's epoch (a worker that
         fetched the job's state after the others finished epochs without it, as one left out of rounds while stuck)."""
-        if not self._joined:  # the first epoch: on_train_start sets the job's epoch
+        if not self.connection.joined:  # the first epoch: on_train_start sets the job's epoch
             self._join()
             return
         rounds = self._parts()[0]
@@ -230,27 +202,18 @@ class ElasticLocalSGDStrategy(SingleDeviceStrategy):
 
     def _join(self) -> None:
         """The first round end (this worker's state fetched from a peer when the job is running), once."""
-        if self._joined:
-            return
-        self._joined = True
         rounds = self._parts()[0]
-        if self._restored is not None:
-            rounds.load_state_dict(self._restored["rounds"])
-            assert self.membership is not None
-            self.membership.restore_step(int(self._restored["step"]))
-            self._restored = None
-        rounds.begin(self._flat())
-        self._round_end()
-        self.report["joined_s"] = time.monotonic() - self._started
+
+        def first_round_end() -> None:
+            rounds.begin(self._flat())
+            self._round_end()
+
+        joined_s = self.connection.join(rounds.load_state_dict, first_round_end)
+        if joined_s is not None:
+            self.report["joined_s"] = joined_s
 
     def teardown(self) -> None:
-        self._joined = False
-        if self.membership is not None:
-            self.membership.shutdown()
-            self.membership = None
-        if self._lighthouse_server is not None:
-            self._lighthouse_server.shutdown()
-            self._lighthouse_server = None
+        self.connection.close()
         super().teardown()
 
     # ------------------------------------------------------------------ steps and round ends
@@ -278,7 +241,8 @@ class ElasticLocalSGDStrategy(SingleDeviceStrategy):
         """A round that fails (a participant was lost on the way) ends again at once with nothing trained (its chunks
         back in this worker's queue): the job re-forms without the lost worker now, a restarted one joins there."""
         rounds, _ = self._parts()
-        assert self.membership is not None
+        membership = self.connection.membership
+        assert membership is not None
         flat = self._flat()
         buffers = self._float_buffers()
         flat_buffers = torch.cat([b.detach().reshape(-1) for b in buffers]) if buffers else None
@@ -293,7 +257,7 @@ class ElasticLocalSGDStrategy(SingleDeviceStrategy):
 
         trained = tuple(rounds.trained)
         start = time.perf_counter()
-        summed, rank, participants = self.membership.round(message)
+        summed, rank, participants = membership.round(message)
         self.report["round_ends"] += 1
         self.report["round_end_s"] += time.perf_counter() - start
         if summed is None:
@@ -308,9 +272,9 @@ class ElasticLocalSGDStrategy(SingleDeviceStrategy):
         if result.diverged:  # two histories met: nothing committed (torchft's step, a no-op); the losers recover
             self.report["diverged_rounds"] += 1
             if self.on_commit is not None:
-                self.on_commit(CommitRecord(rounds.ledger.epoch, self.membership.step, (), (), parent, parent))
+                self.on_commit(CommitRecord(rounds.ledger.epoch, membership.step, (), (), parent, parent))
             if result.behind:
-                self.membership.fall_behind()
+                membership.fall_behind()
             self._set_flat(flat, flat_buffers)
             if retry:
                 self._round_end(retry=False)
@@ -319,7 +283,7 @@ class ElasticLocalSGDStrategy(SingleDeviceStrategy):
         if self.on_commit is not None:
             epoch = rounds.ledger.epoch - int(result.epoch_done)
             own = () if self._recovered_flat is not None else trained
-            step = self.membership.step
+            step = membership.step
             self.on_commit(CommitRecord(epoch, step, own, result.chunks, parent, digest(rounds.outer.anchor)))
         self._set_flat(flat, flat_buffers)
 
@@ -340,9 +304,7 @@ class ElasticLocalSGDStrategy(SingleDeviceStrategy):
         }
 
     def _load_peer_state(self, state: dict[str, Any]) -> None:
-        mismatch = signature_mismatch(model_signature(self.lightning_module), state["signature"])
-        if mismatch is not None:
-            raise ElasticError(f"this worker cannot join the elastic job: its model differs: {mismatch}")
+        check_joining_model(self.lightning_module, state["signature"])
         rounds, _ = self._parts()
         flat = state["anchor"].to(self.root_device)
         for buffer, value in zip(self._float_buffers(), state["buffers"], strict=True):
@@ -357,14 +319,13 @@ class ElasticLocalSGDStrategy(SingleDeviceStrategy):
     # ------------------------------------------------------------------ checkpoints
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
-        if self.rounds is not None and self.membership is not None:
-            checkpoint[CHECKPOINT_KEY] = {"rounds": self.rounds.state_dict(), "step": self.membership.step}
+        self.connection.save(checkpoint, None if self.rounds is None else self.rounds.state_dict)
         super().save_checkpoint(checkpoint, filepath, storage_options)
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
         # Lightning before 2.4 takes no weights_only (its Trainer passes none)
         checkpoint = super().load_checkpoint(checkpoint_path, *(() if weights_only is None else (weights_only,)))
-        self._restored = checkpoint.get(CHECKPOINT_KEY)
+        self.connection.load(checkpoint)
         return checkpoint
 
     # ------------------------------------------------------------------ helpers
@@ -375,13 +336,13 @@ class ElasticLocalSGDStrategy(SingleDeviceStrategy):
         return self.rounds, self._sampler
 
     def _params(self) -> list[torch.nn.Parameter]:
-        return [p for p in self.lightning_module.parameters() if p.requires_grad]
+        return trainable_params(self.lightning_module)
 
     def _float_buffers(self) -> list[torch.Tensor]:
-        return [b for b in self.lightning_module.buffers() if b.is_floating_point()]
+        return float_buffers(self.lightning_module)
 
     def _flat(self) -> torch.Tensor:
-        return parameters_to_vector(self._params()).detach()
+        return flat_params(self.lightning_module)
 
     def _set_flat(self, flat: torch.Tensor, flat_buffers: torch.Tensor | None) -> None:
         with torch.no_grad():

@@ -10,11 +10,8 @@ find each other through torchft's lighthouse. The Lightning glue only: the steps
 from __future__ import annotations
 
 import copy
-import importlib.util
-import os
-import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -22,49 +19,24 @@ from lightning.pytorch.strategies import SingleDeviceStrategy
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 from torch.distributed import ReduceOp
-from torch.nn.utils import parameters_to_vector
-from torch.utils.data import DataLoader, RandomSampler, Sampler, SequentialSampler
+from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
 
 from lightning_hetero._lightning_internals import advance_current_epoch, set_current_epoch, set_global_step
-from lightning_hetero._validation import check_range
 from lightning_hetero.elastic.commits import CommitRecord, digest
-from lightning_hetero.elastic.membership import LIGHTHOUSE_ENV, ElasticError, Membership, start_lighthouse
-from lightning_hetero.elastic.membership import wait_reachable as _wait_reachable
-from lightning_hetero.elastic.signature import model_signature, signature_mismatch
+from lightning_hetero.elastic.connection import JobConnection
+from lightning_hetero.elastic.membership import ElasticError
+from lightning_hetero.elastic.sampler import StepSampler
+from lightning_hetero.elastic.signature import (
+    check_joining_model,
+    flat_params,
+    float_buffers,
+    model_signature,
+    trainable_params,
+)
 from lightning_hetero.elastic.sync_steps import StepPlan, SyncSteps
 
 #: the checkpoint's key for the elastic state (a plain Lightning checkpoint otherwise)
 CHECKPOINT_KEY = "elastic_hetero_batch"
-
-
-class StepSampler(Sampler[list[int]]):
-    """The training loader's batches: one placeholder per step of the epoch, of the global batch's length (what
-    Lightning logs per step). The samples of a step are known only after its quorum, so the strategy fetches them
-    itself; Lightning's loop fetches one batch ahead, so a placeholder is yielded only while the committed steps
-    plus those yielded and not run yet leave a chunk of the epoch.
-
-    Args:
-        steps: this worker's steps (the ledger's epoch and committed steps).
-        join: called before an epoch's first batch (the worker joins the job there if it has not yet).
-    """
-
-    def __init__(self, steps: SyncSteps, join: Callable[[], None]) -> None:
-        self.steps = steps
-        self.join = join
-        #: placeholders yielded and not run yet
-        self.pending = 0
-
-    def __iter__(self) -> Iterator[list[int]]:
-        self.join()
-        steps = self.steps
-        epoch = steps.ledger.epoch
-        self.pending = 0
-        while steps.ledger.epoch == epoch and steps.steps_done + self.pending < steps.ledger.num_chunks:
-            self.pending += 1
-            yield list(range(steps.chunk_samples(steps.steps_done + self.pending - 1)))
-
-    def consume(self) -> None:
-        self.pending = max(0, self.pending - 1)
 
 
 class ElasticHeteroBatchStrategy(SingleDeviceStrategy):
@@ -96,7 +68,7 @@ class ElasticHeteroBatchStrategy(SingleDeviceStrategy):
     Example::
 
         >>> strategy = ElasticHeteroBatchStrategy(lighthouse="http://node0:29510", min_workers=2)
-        >>> strategy.lighthouse, strategy.min_workers
+        >>> strategy.connection.lighthouse, strategy.connection.min_workers
         ('http://node0:29510', 2)
 
     Notes:
@@ -121,36 +93,25 @@ class ElasticHeteroBatchStrategy(SingleDeviceStrategy):
         device: torch.device | str = "cpu",
         **kwargs: Any,
     ) -> None:
-        if importlib.util.find_spec("torchft") is None:
-            raise ImportError("ElasticHeteroBatchStrategy needs torchft: pip install 'lightning-hetero[elastic]'")
+        #: the lighthouse, the membership and the job's position in checkpoints
+        self.connection = JobConnection(
+            "ElasticHeteroBatchStrategy",
+            CHECKPOINT_KEY,
+            "steps",
+            lighthouse,
+            start_lighthouse,
+            replica_id,
+            min_workers,
+            startup_timeout_s,
+            step_timeout_s,
+            join_timeout_s,
+            heartbeat_timeout_s,
+            quorum_timeout_name="step_timeout_s",
+            waiting="the quorum",
+        )
         super().__init__(device=torch.device(device), **kwargs)
-        lighthouse = lighthouse or os.environ.get(LIGHTHOUSE_ENV)
-        if not lighthouse:
-            raise ValueError(f"ElasticHeteroBatchStrategy needs lighthouse='http://host:port' or {LIGHTHOUSE_ENV}")
-        check_range("min_workers", min_workers, low=1, integer=True)
-        for name, value in (
-            ("startup_timeout_s", startup_timeout_s),
-            ("step_timeout_s", step_timeout_s),
-            ("join_timeout_s", join_timeout_s),
-            ("heartbeat_timeout_s", heartbeat_timeout_s),
-        ):
-            check_range(name, value, low=0, low_open=True)
-        if join_timeout_s >= step_timeout_s:
-            raise ValueError(
-                f"join_timeout_s={join_timeout_s:g} must be below step_timeout_s={step_timeout_s:g}: the quorum "
-                "of the workers present would time out while the lighthouse still waits for a lost one"
-            )
-        self.lighthouse = lighthouse
-        self.start_lighthouse = start_lighthouse
-        self.replica_id = replica_id or f"{socket.gethostname()}-{os.getpid()}"
-        self.min_workers = min_workers
-        self.startup_timeout_s = startup_timeout_s
-        self.step_timeout_s = step_timeout_s
-        self.join_timeout_s = join_timeout_s
-        self.heartbeat_timeout_s = heartbeat_timeout_s
         #: this worker's steps (``None`` until the training loader is known)
         self.steps: SyncSteps | None = None
-        self.membership: Membership | None = None
         #: what the worker saw: ``joined_s`` (start to its join step), ``recovered`` (state fetched from a peer),
         #: ``failed_steps`` (trained again under the next quorum), ``diverged_steps`` (refused: two histories met),
         #: ``duplicates`` (0 unless something is wrong), ``samples`` (this worker's, in committed steps)
@@ -163,14 +124,10 @@ class ElasticHeteroBatchStrategy(SingleDeviceStrategy):
         }
         #: called with a :class:`~lightning_hetero.elastic.CommitRecord` per step this worker commits
         self.on_commit: Callable[[CommitRecord], None] | None = None
-        self._lighthouse_server: Any = None
         self._sampler: StepSampler | None = None
         self._data: tuple[Any, Callable[[list[Any]], Any]] | None = None
         self._local_batch: Any = None
-        self._restored: dict[str, Any] | None = None
         self._parent = ""
-        self._joined = False
-        self._started = time.monotonic()
 
     # ------------------------------------------------------------------ setup and teardown
 
@@ -183,23 +140,9 @@ class ElasticHeteroBatchStrategy(SingleDeviceStrategy):
                 "ElasticHeteroBatchStrategy needs one optimizer and accumulate_grad_batches=1, got "
                 f"{len(self.optimizers)} optimizer(s) and accumulate_grad_batches={trainer.accumulate_grad_batches}"
             )
-        if self.start_lighthouse:
-            self._lighthouse_server = start_lighthouse(
-                self.lighthouse, self.min_workers, self.join_timeout_s, self.heartbeat_timeout_s
-            )
-        _wait_reachable(self.lighthouse, self.startup_timeout_s)
-        self.membership = Membership(
-            self.lighthouse,
-            self.replica_id,
-            self._load_peer_state,
-            self._peer_state,
-            round_timeout_s=self.step_timeout_s,
-            lost_after_s=self.heartbeat_timeout_s,
-            min_workers=self.min_workers,
-        )
+        self.connection.connect(self._load_peer_state, self._peer_state)
         rank_zero_info(
-            f"ElasticHeteroBatchStrategy: worker {self.replica_id}, lighthouse {self.lighthouse} "
-            f"({'started here' if self.start_lighthouse else 'given'}), min_workers={self.min_workers}"
+            f"ElasticHeteroBatchStrategy: {self.connection.describe()}, min_workers={self.connection.min_workers}"
         )
 
     def process_dataloader(self, dataloader: object) -> object:
@@ -238,7 +181,7 @@ class ElasticHeteroBatchStrategy(SingleDeviceStrategy):
     def _epoch_start(self) -> None:
         """Before an epoch's first batch: join the job if not yet, and start at the ledger's epoch (a worker that
         fetched the job's state after the others finished epochs without it)."""
-        if not self._joined:
+        if not self.connection.joined:
             self._join()
             return
         steps = self._parts()
@@ -250,33 +193,25 @@ class ElasticHeteroBatchStrategy(SingleDeviceStrategy):
         """The join step, once: a share of 0 in the job's next step (its quorum fetches the job's state from a peer
         when the job is running). A worker that joined a committed step did not apply it: it counts itself one step
         behind, and fetches the state again at its first step."""
-        if self._joined:
-            return
-        self._joined = True
         steps = self._parts()
-        assert self.membership is not None
-        if self._restored is not None:
-            steps.load_state_dict(self._restored["steps"])
-            self.membership.restore_step(int(self._restored["step"]))
-            self._restored = None
-        steps.joining = True
-        while True:
-            plan, summed = self._attempt(closure=None)
-            if plan is not None and (plan.empty or summed is not None):
-                break
-        steps.joining = False
-        if summed is not None:
-            self.membership.fall_behind()
-        self.report["joined_s"] = time.monotonic() - self._started
+
+        def join_step() -> None:
+            steps.joining = True
+            while True:
+                plan, summed = self._attempt(closure=None)
+                if plan is not None and (plan.empty or summed is not None):
+                    break
+            steps.joining = False
+            if summed is not None:
+                assert self.connection.membership is not None
+                self.connection.membership.fall_behind()
+
+        joined_s = self.connection.join(steps.load_state_dict, join_step)
+        if joined_s is not None:
+            self.report["joined_s"] = joined_s
 
     def teardown(self) -> None:
-        self._joined = False
-        if self.membership is not None:
-            self.membership.shutdown()
-            self.membership = None
-        if self._lighthouse_server is not None:
-            self._lighthouse_server.shutdown()
-            self._lighthouse_server = None
+        self.connection.close()
         super().teardown()
 
     # ------------------------------------------------------------------ steps
@@ -309,10 +244,10 @@ class ElasticHeteroBatchStrategy(SingleDeviceStrategy):
         self.report["duplicates"] += outcome.duplicates
         self.report["samples"] += len(plan.indices)
         if self.on_commit is not None:
-            assert self.membership is not None
+            assert self.connection.membership is not None
             epoch = plan.epoch
             own = (plan.chunk,) if plan.indices else ()
-            step = self.membership.step
+            step = self.connection.membership.step
             record = CommitRecord(epoch, step, own, (plan.chunk,), self._parent, digest(self._flat()), outcome.samples)
             self.on_commit(record)
         set_global_step(self.lightning_module.trainer, steps.steps_total, in_step=True)
@@ -326,7 +261,7 @@ class ElasticHeteroBatchStrategy(SingleDeviceStrategy):
         failed) and the summed gradient message (``None``: the step did not commit). On a commit the global batch's
         gradient is in ``.grad`` and the float buffers hold the step's weighted mean."""
         steps = self._parts()
-        membership = self.membership
+        membership = self.connection.membership
         assert membership is not None
         params, buffers = self._params(), self._float_buffers()
         size = sum(p.numel() for p in params) + sum(b.numel() for b in buffers) + 1
@@ -406,9 +341,7 @@ class ElasticHeteroBatchStrategy(SingleDeviceStrategy):
         }
 
     def _load_peer_state(self, state: dict[str, Any]) -> None:
-        mismatch = signature_mismatch(model_signature(self.lightning_module), state["signature"])
-        if mismatch is not None:
-            raise ElasticError(f"this worker cannot join the elastic job: its model differs: {mismatch}")
+        check_joining_model(self.lightning_module, state["signature"])
         self._parts().load_state_dict(state["steps"])
         flat = state["params"].to(self.root_device)
         with torch.no_grad():
@@ -424,14 +357,13 @@ class ElasticHeteroBatchStrategy(SingleDeviceStrategy):
     # ------------------------------------------------------------------ checkpoints
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
-        if self.steps is not None and self.membership is not None:
-            checkpoint[CHECKPOINT_KEY] = {"steps": self.steps.state_dict(), "step": self.membership.step}
+        self.connection.save(checkpoint, None if self.steps is None else self.steps.state_dict)
         super().save_checkpoint(checkpoint, filepath, storage_options)
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
         # Lightning before 2.4 takes no weights_only (its Trainer passes none)
         checkpoint = super().load_checkpoint(checkpoint_path, *(() if weights_only is None else (weights_only,)))
-        self._restored = checkpoint.get(CHECKPOINT_KEY)
+        self.connection.load(checkpoint)
         return checkpoint
 
     # ------------------------------------------------------------------ helpers
@@ -442,10 +374,10 @@ class ElasticHeteroBatchStrategy(SingleDeviceStrategy):
         return self.steps
 
     def _params(self) -> list[torch.nn.Parameter]:
-        return [p for p in self.lightning_module.parameters() if p.requires_grad]
+        return trainable_params(self.lightning_module)
 
     def _float_buffers(self) -> list[torch.Tensor]:
-        return [b for b in self.lightning_module.buffers() if b.is_floating_point()]
+        return float_buffers(self.lightning_module)
 
     def _flat(self) -> torch.Tensor:
-        return parameters_to_vector(self._params()).detach()
+        return flat_params(self.lightning_module)
