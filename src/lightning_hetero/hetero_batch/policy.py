@@ -46,8 +46,7 @@ class Proposal:
 
 @dataclass(frozen=True)
 class Outcome:
-    """The synchronous step measured at one split: its time-weighted mean over every step measured there (total wall
-    seconds over steps, each period's steps weighted by their time, not a per-step median) and how many steps.
+    """The synchronous step measured at one split: total wall seconds over steps there (not a per-step median).
 
     Example::
 
@@ -109,9 +108,7 @@ class AdjustmentPolicy:
     - **Refine**: a balancing split whose predicted gain is under the deadband is still applied when the gain
       exceeds ``refine_gain`` and twice the noise of the comparison (``2 x sqrt(2) x`` the largest relative
       standard error of a rank's measured level), the adjustment before proposed the same split (``refine_after``
-      adjustments in a row), and it is not the split the last change left (no A -> B -> A). Near the balance point
-      one sample can be worth 2-5% of the step (a rank at 20 samples of a 64-sample global batch): the deadband
-      alone stops one sample short, and the noise gate and persistence keep noise from moving the split.
+      adjustments in a row), and it is not the split the last change left (no A -> B -> A).
     - **Outcomes**: the synchronous step measured at every split run (:class:`Outcome`: its time-weighted mean over
       all the steps measured there, across stints) decides between splits; the fitted costs only propose. A proposal
       is not applied when its split was measured slower than the one in force.
@@ -119,20 +116,13 @@ class AdjustmentPolicy:
       ``min_sync_steps`` steps, it is compared with the one measured before the change; if it is slower by more
       than ``rollback_tolerance``, the previous split comes back (unless that split is now inverted, i.e. the ranks'
       speeds changed under it). The rejected move is remembered (:class:`Rejection`): no move from the restored
-      split the same way is proposed again.
-      Until then the split is held, also when the baseline rests on too few steps to judge the change (a change
-      takes effect a step or two after it is decided, so with short periods the first measurement at it can rest
-      on one step: one throttled step must neither undo it nor move the split on); a baseline on fewer steps
-      judges nothing.
+      split the same way is proposed again. Until then the split is held; a baseline on fewer steps judges nothing.
     - **Speed changes**: the outcomes and rejections are forgotten only when a rank's speed measurably changed while
       the split stayed the same: a cost model reports a change (``speeds_changed``) and the synchronous step at the
-      split in force differs from the one measured there before by more than ``change_tolerance``. Under a CPU
-      quota a rank's step time is bimodal (full speed until the quota period's budget is spent, then stopped to the
-      period's end): its per-step figures change with its batch size, and the cost model reports a change after
-      nearly every move. Forgetting then made the policy retry, at every adjustment, a move it had measured slower.
-    - **Explore**: a rank that sat at its lower bound for ``explore_after`` adjustments while its cost was known at a
-      single batch size is offered one notch more, so its cost can be measured at a second size and it can leave
-      the minimum when the minimum was a misfit (a trial like any other: rolled back if slower).
+      split in force differs from the one measured there before by more than ``change_tolerance`` (under a CPU
+      quota a rank's per-step figures change with its batch size, so a reported change alone proves nothing).
+    - **Explore**: a rank at its lower bound for ``explore_after`` adjustments, its cost known at one size only, is
+      offered one notch more (a trial like any other).
 
     Args:
         controller: the bounds, global batch and deadband.
@@ -142,8 +132,7 @@ class AdjustmentPolicy:
         min_sync_steps: steps a synchronous-step measurement needs to judge a trial (when the caller gives counts).
         refine_gain: smallest predicted gain of a refinement (below the controller's deadband); ``None``: never refine.
         refine_after: adjustments in a row that must propose the same refinement before it is applied.
-        change_tolerance: fractional difference of the synchronous step at an unchanged split that is a change of
-            speed.
+        change_tolerance: fractional change of the synchronous step at an unchanged split that is a speed change.
 
     Example::
 
@@ -258,8 +247,7 @@ class AdjustmentPolicy:
         return Decision(proposed, gain, apply=apply, reason=reason)
 
     def _changed_at(self, current: tuple[int, ...], sync_step_s: float) -> bool:
-        """Whether the synchronous step at ``current`` differs from the one measured there before beyond
-        ``change_tolerance`` (no earlier measurement: no evidence of a change)."""
+        """Whether the step at ``current`` differs from the one measured there before beyond ``change_tolerance``."""
         before = self._outcomes.get(current)
         return before is not None and abs(math.log(sync_step_s / before.mean_s)) > math.log1p(self.change_tolerance)
 
@@ -399,8 +387,7 @@ class AdjustmentPolicy:
 
 
 def _rejection(entry: Sequence[Any]) -> Rejection:
-    """A saved rejection; a checkpoint of the release before the memory saved ``[split, left]`` (no origin: the
-    move is the split itself, covering nothing else)."""
+    """A saved rejection; an older checkpoint's ``[split, left]`` is a move to that split only."""
     if len(entry) == 2:
         split = tuple(entry[0])
         return Rejection(origin=split, rejected=split, left=int(entry[1]), strikes=1)
