@@ -50,8 +50,17 @@ class PSSettings:
             ``0 .. server_shards - 1`` (``docs/async_ps.md``, Sharding); not with ``on_worker_lost="continue"``.
         server_placement: ``"worker"``: rank 0 hosts the server and trains like the others; ``"dedicated"``: in ASP
             it trains only its first batch of each epoch (:mod:`~lightning_hetero.asp.placement`).
+        mode: as the strategy's argument.
+        max_staleness: as the strategy's argument.
+        asynchrony_compensation: as the strategy's argument.
+        fault_timeout_s: as the strategy's argument.
+        on_worker_lost: as the strategy's argument.
+        round_samples: as the strategy's argument.
+        round_s: as the strategy's argument.
+        outer_optimizer: as the strategy's argument.
+        outer_optimizer_kwargs: as the strategy's argument.
 
-    The other fields are the strategy's arguments of the same name. ``outer`` is the outer optimizer's factory and
+    ``outer`` is the outer optimizer's factory and
     ``round_budget`` the local SGD round (``None``: the default), both built from the arguments. Read-only once built: the strategy holds it once."""
 
     mode: Mode = "asp"

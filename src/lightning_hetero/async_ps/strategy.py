@@ -42,13 +42,9 @@ DESCRIPTION = "Asynchronous parameter-server training (lightning-hetero)"
 
 
 class AsyncPSStrategy(DDPStrategy):
-    """Asynchronous parameter-server training (``mode="asp"``), synchronous all-reduce (``mode="bsp"``) or local SGD
-    with an outer optimizer (``mode="local"``).
-
-    In ASP each worker pushes its gradient to the parameter server, which applies the user's optimizer and replies
-    with the new parameters; in BSP every rank all-reduces its share-weighted gradient and steps its own optimizer;
-    in local SGD the ranks train their own copies for a round, then an outer optimizer applies their combined
-    pseudo-gradient (DiLoCo). :meth:`set_mode` switches between the three at an epoch's end.
+    """Asynchronous parameter-server training (``mode="asp"``: workers push gradients to a server that steps the
+    user's optimizer), synchronous all-reduce of share-weighted gradients (``"bsp"``) or local SGD (``"local"``:
+    rounds of local steps, then an outer step, DiLoCo). :meth:`set_mode` switches at epoch ends.
 
     Args:
         mode: ``"asp"``, ``"bsp"`` or ``"local"``; can be changed later with :meth:`set_mode`.
@@ -63,10 +59,18 @@ class AsyncPSStrategy(DDPStrategy):
         round_s: local SGD: or this many seconds (give at most one; neither: 16 local steps per rank on average).
         outer_optimizer: local SGD: the outer optimizer's class (default ``torch.optim.SGD``).
         outer_optimizer_kwargs: its arguments (default ``lr=1.0``: plain averaging; DiLoCo's: 0.7, Nesterov 0.9).
-        lr_scaling, startup_timeout_s, local_steps, pseudo_gradient_weighting, overlap_round_trip, server_shards,
-            server_placement: expert settings, documented in :class:`~lightning_hetero.async_ps.settings.PSSettings`.
-        accelerator, parallel_devices, cluster_environment, checkpoint_io, precision_plugin: as
-            :class:`~lightning.pytorch.strategies.DDPStrategy` takes them.
+        lr_scaling: expert (:class:`~lightning_hetero.async_ps.settings.PSSettings`).
+        startup_timeout_s: expert (:class:`~lightning_hetero.async_ps.settings.PSSettings`).
+        local_steps: expert (:class:`~lightning_hetero.async_ps.settings.PSSettings`).
+        pseudo_gradient_weighting: expert (:class:`~lightning_hetero.async_ps.settings.PSSettings`).
+        overlap_round_trip: expert (:class:`~lightning_hetero.async_ps.settings.PSSettings`).
+        server_shards: expert (:class:`~lightning_hetero.async_ps.settings.PSSettings`).
+        server_placement: expert (:class:`~lightning_hetero.async_ps.settings.PSSettings`).
+        accelerator: as :class:`~lightning.pytorch.strategies.DDPStrategy` takes it.
+        parallel_devices: as :class:`~lightning.pytorch.strategies.DDPStrategy` takes it.
+        cluster_environment: as :class:`~lightning.pytorch.strategies.DDPStrategy` takes it.
+        checkpoint_io: as :class:`~lightning.pytorch.strategies.DDPStrategy` takes it.
+        precision_plugin: as :class:`~lightning.pytorch.strategies.DDPStrategy` takes it.
         process_group_backend: backend of the default group (used in BSP); the server always talks gloo.
 
     Notes:
@@ -148,8 +152,7 @@ class AsyncPSStrategy(DDPStrategy):
 
     @property
     def estimated_steps_per_epoch(self) -> int | None:
-        """The steps per epoch in Lightning's ``trainer.estimated_stepping_batches`` (``None`` until it was read):
-        what a step-interval schedule written with that estimate expects an epoch to advance it by."""
+        """The steps per epoch in Lightning's ``trainer.estimated_stepping_batches`` (``None`` until it was read)."""
         return self._limits.steps_per_epoch
 
     @property
@@ -167,9 +170,8 @@ class AsyncPSStrategy(DDPStrategy):
         self._compensation.set(mode, self._run.ctx.servers.hosted if self._run is not None else None)
 
     def attach_hetero_batches(self, compute_timer: ComputeEndMark, batch_share: Callable[[], float]) -> None:
-        """Connect per-rank batch sizes (called once at setup by ``HeteroBatchCallback``): mark ``compute_timer`` as
-        soon as local gradients are ready, and weight gradients by :func:`~lightning_hetero.batch_weighting.gradient_weight`
-        of ``batch_share()`` (see :class:`~lightning_hetero.contracts.HeteroBatchStrategy`).
+        """Connect per-rank batch sizes (``HeteroBatchCallback`` at setup): mark ``compute_timer`` when gradients are
+        ready; weight them by :func:`~lightning_hetero.batch_weighting.gradient_weight` of ``batch_share()``.
 
         Args:
             compute_timer: anything with ``mark_compute_end()`` (a :class:`~lightning_hetero.measurement.ComputeTimer`).
@@ -179,9 +181,8 @@ class AsyncPSStrategy(DDPStrategy):
         self._weighting.attach(compute_timer, batch_share)
 
     def set_mode(self, mode: Mode) -> None:
-        """Switch modes; call on every rank with the same value at an epoch's end (e.g. from ``on_train_epoch_end``).
-        The mode's engine leaves (from ASP every rank takes the server's state) and the new one enters (ASP loads rank
-        0's state into the server), in process, for the next epoch; the time taken is kept in :attr:`last_switch_s`.
+        """Switch modes; call on every rank with the same value at an epoch's end (e.g. ``on_train_epoch_end``). The
+        engine leaves and the next enters, in process, for the next epoch; the time taken is in :attr:`last_switch_s`.
 
         Args:
             mode: ``"asp"``, ``"bsp"`` or ``"local"``.
@@ -351,9 +352,8 @@ class AsyncPSStrategy(DDPStrategy):
 
     @override
     def lightning_module_state_dict(self) -> dict[str, Any]:
-        return self._checkpointing.model_state(
-            super().lightning_module_state_dict(), self._engine, self._run.ctx if self._run is not None else None
-        )
+        ctx = self._run.ctx if self._run is not None else None
+        return self._checkpointing.model_state(super().lightning_module_state_dict(), self._engine, ctx)
 
     @override
     def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
