@@ -17,7 +17,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness.launch import free_port, spawn, stop, wait_for  # noqa: F401 (wait_for: the scenarios')
+from benchmarks.harness.launch import free_port, spawn, stop
 from lightning_hetero.elastic.commits import CommitRecord, epoch_coverage, lineage
 
 WORKER = Path(__file__).resolve().parents[1] / "examples" / "elastic" / "elastic_worker.py"

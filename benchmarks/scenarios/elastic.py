@@ -21,11 +21,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.elastic_job import ElasticJob, wait_for
-from benchmarks.harness.launch import RESULTS as RESULTS_DIR
+from benchmarks.elastic_job import ElasticJob
+from benchmarks.harness.launch import RESULTS, wait_for
 from benchmarks.harness.record import write_json
 
-RESULTS = RESULTS_DIR
 SPEEDS = {"a": 1.0, "b": 1.0, "c": 2.0, "d": 4.0}
 KILLED, ADDED = "b", "e"
 

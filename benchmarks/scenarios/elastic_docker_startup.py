@@ -23,12 +23,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.elastic_job import ElasticJob, wait_for
-from benchmarks.harness.launch import RESULTS as RESULTS_DIR
+from benchmarks.elastic_job import ElasticJob
+from benchmarks.harness.launch import RESULTS, wait_for
 from benchmarks.harness.launch import ROOT as ROOT_DIR
 from benchmarks.harness.record import write_json
 
-RESULTS = RESULTS_DIR
 ROOT = ROOT_DIR
 COMMON = ["--epochs", "1000", "--samples", "4800", "--batch-size", "16", "--noise", "2.0", "--classes", "8"]
 COMMON += ["--seed", "0", "--hidden", "64", "--steps-per-round", "16"]

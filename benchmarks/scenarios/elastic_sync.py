@@ -30,8 +30,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.elastic_job import SYNC, ElasticJob, wait_for
-from benchmarks.harness.launch import RESULTS
+from benchmarks.elastic_job import SYNC, ElasticJob
+from benchmarks.harness.launch import RESULTS, wait_for
 from benchmarks.harness.record import write_json
 
 SPEEDS = {"a": 1.0, "b": 1.0, "c": 2.0, "d": 4.0}
