@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from benchmarks.harness.launch import free_port
 
 from lightning_hetero.elastic.connection import JobConnection
 from lightning_hetero.elastic.membership import (
@@ -16,9 +17,6 @@ from lightning_hetero.elastic.membership import (
     reachable,
     wait_reachable,
 )
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from elastic_job import free_port
 
 
 def _closed_port() -> int:
