@@ -1,4 +1,5 @@
-"""What the elastic strategies' tests share: a one-device CPU trainer with nothing but training switched on."""
+"""What the elastic strategies' tests share: a one-device CPU trainer with Lightning's progress bar and model summary
+on, as users run it."""
 
 from __future__ import annotations
 
@@ -8,15 +9,13 @@ import lightning as L
 
 
 def cpu_trainer(strategy: Any, epochs: int, **kwargs: Any) -> L.Trainer:
-    """A one-device CPU trainer with ``strategy`` for ``epochs`` epochs: no logger, progress bar, model summary,
-    sanity check or checkpointing unless ``kwargs`` turn them on."""
+    """A one-device CPU trainer with ``strategy`` for ``epochs`` epochs; no logger, sanity check or checkpointing
+    (they write into the working directory) unless ``kwargs`` turn them on."""
     settings = {
         "accelerator": "cpu",
         "devices": 1,
         "max_epochs": epochs,
         "logger": False,
-        "enable_progress_bar": False,
-        "enable_model_summary": False,
         "num_sanity_val_steps": 0,
         "enable_checkpointing": False,
     }
