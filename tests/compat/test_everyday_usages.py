@@ -6,10 +6,12 @@ Every cell passes, with the ranks agreeing on the step count and the parameters 
 the first training batch with a message naming the setting; :data:`REFUSED` is the whole list of refusals (each is
 in the docs' limits). The cells users meet first (an MLP, a small CNN and a transformer with SGD, Adam and AdamW,
 a OneCycle schedule, validation inside an epoch, resuming) run in every test run; the whole matrix and the
-accuracy against DDP over two seeds run under the ``compat_full`` marker, which ``.ci/run`` runs.
+accuracy against DDP (the median of three seeds) run under the ``compat_full`` marker, which ``.ci/run`` runs.
 """
 
 from __future__ import annotations
+
+import statistics
 
 import pytest
 
@@ -148,8 +150,11 @@ def check_more_cells(feature: str, outcomes: dict) -> None:
     assert swa["averaged"] == pytest.approx(outcomes["swa"]["checksum"], rel=1e-6)
 
 
-#: the models judged against DDP with an adaptive optimizer, each over two seeds
+#: the models judged against DDP with an adaptive optimizer, each over three seeds. The CNN at Adam's lr 1e-2 is on
+#: the edge of stability: trained alone at batch 16 (plain PyTorch) it stayed at chance on 1 of 24 seeds, and the
+#: modes' timing picks a different run each time, so one seed's collapse is the model's; the median judges the mode.
 ADAPTIVE_CELLS = ("plain", "cnn", "transformer")
+SEEDS = (0, 1, 2)
 
 
 @pytest.mark.compat_full
@@ -157,17 +162,25 @@ ADAPTIVE_CELLS = ("plain", "cnn", "transformer")
     "optimizer", ["adam"]
 )  # AdamW: the first cells, and benchmarks/results/compat_adaptive_asp.json
 def test_adaptive_optimizers_train_as_under_ddp_in_every_mode(run_script, tmp_path, optimizer):
-    cells = [f"{cell}@{seed}" for cell in ADAPTIVE_CELLS for seed in (0, 1)]
+    cells = [f"{cell}@{seed}" for cell in ADAPTIVE_CELLS for seed in SEEDS]
     results = {}
     for feature in ("ddp", *FEATURES):
         run_script("compat_cells.py", str(tmp_path / feature), feature, *cells, "--optimizer", optimizer, timeout_s=240)
         results[feature] = read_json(tmp_path / feature / "rank0.json")
 
-    def mean(feature: str, cell: str, key: str) -> float:
-        return sum(results[feature][f"{cell}@{seed}"][key] for seed in (0, 1)) / 2
+    def median(feature: str, cell: str, key: str) -> float:
+        return statistics.median(results[feature][f"{cell}@{seed}"][key] for seed in SEEDS)
+
+    def seeds(cell: str, key: str) -> dict:  # what a failure shows: each feature's value at every seed
+        return {feature: [round(results[feature][f"{cell}@{seed}"][key], 4) for seed in SEEDS] for feature in results}
 
     for feature in FEATURES:  # within 5 points of DDP's accuracy, and the transformer's loss near DDP's
         for cell in ("plain", "cnn"):
-            assert mean(feature, cell, "val_acc") > mean("ddp", cell, "val_acc") - 0.05, (feature, cell, results)
-        ddp_loss = mean("ddp", "transformer", "train_loss")
-        assert mean(feature, "transformer", "train_loss") < max(2 * ddp_loss, ddp_loss + 0.2), (feature, results)
+            assert median(feature, cell, "val_acc") > median("ddp", cell, "val_acc") - 0.05, (
+                feature,
+                cell,
+                seeds(cell, "val_acc"),
+            )
+        ddp_loss = median("ddp", "transformer", "train_loss")
+        loss = median(feature, "transformer", "train_loss")
+        assert loss < max(2 * ddp_loss, ddp_loss + 0.2), (feature, seeds("transformer", "train_loss"))
