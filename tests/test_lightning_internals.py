@@ -163,6 +163,10 @@ def test_strategy_registry_type_is_lightnings_registry():
     from lightning.pytorch.strategies import StrategyRegistry
 
     assert isinstance(StrategyRegistry, _StrategyRegistry) and callable(StrategyRegistry.register)
+    # the package registers a factory until the strategy's class is imported: the registry calls what it holds
+    registry = _StrategyRegistry()
+    registry.register("made", lambda **kwargs: ("made", kwargs), description="", answer=42)
+    assert registry.get("made") == ("made", {"answer": 42})
 
 
 def test_optimizers_to_device_moves_the_optimizer_state():

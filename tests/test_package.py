@@ -42,6 +42,9 @@ def test_import_alone_loads_no_lightning():
         "import lightning_hetero, lightning",
         "import lightning_hetero; import lightning.pytorch as pl",
         "from lightning_hetero import HeteroBatchCallback",
+        # modules of the strategy's that import Lightning themselves, half-way through the package's import
+        "import lightning_hetero.async_ps.runtime.sampler",
+        "from lightning_hetero.async_ps.engines.asp import AsynchronousEngine",
     ],
 )
 def test_async_ps_is_registered_whatever_the_import_order(imports):
@@ -49,9 +52,10 @@ def test_async_ps_is_registered_whatever_the_import_order(imports):
     assert run_python(f"{imports}; {registered}") == "True"
 
 
-def test_a_trainer_resolves_async_ps_when_the_package_is_imported_first():
+@pytest.mark.parametrize("first", ["import lightning_hetero", "import lightning_hetero.async_ps.runtime.sampler"])
+def test_a_trainer_resolves_async_ps_when_the_package_is_imported_first(first):
     code = (
-        "import lightning_hetero; import lightning as L; "
+        f"{first}; import lightning as L; "
         "t = L.Trainer(strategy='async_ps', accelerator='cpu', devices=1, logger=False, enable_progress_bar=False); "
         "print(type(t.strategy).__name__)"
     )

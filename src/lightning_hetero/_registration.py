@@ -14,14 +14,25 @@ import sys
 from collections.abc import Sequence
 from importlib.machinery import ModuleSpec
 from types import ModuleType
+from typing import Any
 
 _TRIGGER = "lightning"
+NAME, DESCRIPTION = "async_ps", "Asynchronous parameter-server training (lightning-hetero)"
+
+
+def new_async_ps(**kwargs: Any) -> Any:
+    """``"async_ps"`` in the registry until the strategy's module is imported, which puts its class there. Importing
+    that module when Lightning finishes importing would cycle whenever one of the strategy's own modules is the one
+    importing Lightning: it is half-initialised then."""
+    return importlib.import_module("lightning_hetero.async_ps.strategy").AsyncPSStrategy(**kwargs)
 
 
 def register_async_ps() -> None:
-    """Imports the strategy's module, whose import registers ``"async_ps"`` (when that module is the one importing
-    Lightning, this returns it half-initialised and its end registers)."""
-    importlib.import_module("lightning_hetero.async_ps.strategy")
+    """Puts :func:`new_async_ps` in Lightning's ``StrategyRegistry`` as ``"async_ps"``, unless it is there."""
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    if NAME not in StrategyRegistry:
+        StrategyRegistry.register(NAME, new_async_ps, description=DESCRIPTION)
 
 
 class _RegisterAfterLightning(importlib.abc.MetaPathFinder):

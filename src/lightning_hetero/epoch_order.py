@@ -1,10 +1,14 @@
 """The order in which an epoch visits the dataset, identical on every rank: the one permutation both samplers cut up
 (:class:`~lightning_hetero.hetero_batch.HeteroBatchSampler` into global batches,
-:class:`~lightning_hetero.async_ps.runtime.sampler.ClaimSampler` into claimed chunks)."""
+:class:`~lightning_hetero.async_ps.runtime.sampler.ClaimSampler` into claimed chunks, the elastic strategies' samplers
+into rounds and steps), and the order of a user's sampler they replace (:func:`sampler_order`)."""
 
 from __future__ import annotations
 
+import os
+
 import torch
+from torch.utils.data import DistributedSampler, RandomSampler, Sampler, SequentialSampler
 
 
 def epoch_order(num_samples: int, epoch: int, shuffle: bool, seed: int) -> list[int]:
@@ -29,3 +33,27 @@ def epoch_order(num_samples: int, epoch: int, shuffle: bool, seed: int) -> list[
         return list(range(num_samples))
     generator = torch.Generator().manual_seed(seed + epoch)
     return torch.randperm(num_samples, generator=generator).tolist()
+
+
+def sampler_order(sampler: Sampler | object) -> tuple[bool, int] | None:
+    """``(shuffle, seed)`` of a sampler the package's samplers may replace: Lightning's ``DistributedSampler`` (its
+    seed), a plain random sampler (its generator's seed, else Lightning's global seed from ``seed_everything``, as
+    Lightning seeds the ``DistributedSampler`` it injects) or a sequential one; ``None`` for a custom sampler, which
+    decides itself which rank sees what.
+
+    Example::
+
+        >>> from torch.utils.data import DataLoader
+        >>> sampler_order(DataLoader(range(10), shuffle=True, generator=torch.Generator().manual_seed(7)).sampler)
+        (True, 7)
+        >>> sampler_order(DataLoader(range(10), sampler=[3, 1]).sampler) is None
+        True
+    """
+    if isinstance(sampler, DistributedSampler):
+        return sampler.shuffle, sampler.seed
+    if isinstance(sampler, RandomSampler):
+        generator = sampler.generator
+        return True, generator.initial_seed() if generator is not None else int(os.getenv("PL_GLOBAL_SEED", "0"))
+    if isinstance(sampler, SequentialSampler):
+        return False, 0
+    return None

@@ -23,6 +23,7 @@ from lightning_hetero._lightning_internals import (
     set_default_group_timeout,
     sync_module_states,
 )
+from lightning_hetero._registration import DESCRIPTION
 from lightning_hetero.asp.compensation import Compensation
 from lightning_hetero.asp.placement import concurrency, refuse_hetero_batches
 from lightning_hetero.async_ps.engines import ENGINES, Engine, switch
@@ -37,8 +38,6 @@ from lightning_hetero.async_ps.settings import PSSettings, read_only_settings
 from lightning_hetero.contracts import ComputeEndMark, Mode, check_mode
 from lightning_hetero.local_sgd.rounds import LocalRounds
 from lightning_hetero.lr_schedules import CountedLRSchedulers
-
-DESCRIPTION = "Asynchronous parameter-server training (lightning-hetero)"
 
 
 class AsyncPSStrategy(DDPStrategy):
@@ -203,8 +202,7 @@ class AsyncPSStrategy(DDPStrategy):
     @classmethod
     @override
     def register_strategies(cls, strategy_registry: Any) -> None:
-        if cls.strategy_name not in strategy_registry:
-            strategy_registry.register(cls.strategy_name, cls, description=DESCRIPTION)
+        strategy_registry.register(cls.strategy_name, cls, description=DESCRIPTION, override=True)  # the class itself
 
     @property
     def _engine(self) -> Engine:

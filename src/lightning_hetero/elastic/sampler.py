@@ -27,10 +27,9 @@ from collections.abc import Callable, Iterator
 
 from torch.utils.data import DataLoader, Sampler
 
-from lightning_hetero.async_ps.runtime.sampler import sampler_order
 from lightning_hetero.elastic.rounds import ElasticRounds
 from lightning_hetero.elastic.sync_steps import SyncSteps
-from lightning_hetero.epoch_order import epoch_order
+from lightning_hetero.epoch_order import epoch_order, sampler_order
 
 #: what :meth:`ElasticBatchSampler.next_chunk` returns for an idle batch
 IDLE = -1

@@ -19,7 +19,7 @@ from lightning.pytorch.strategies import SingleDeviceStrategy
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 from torch.distributed import ReduceOp
-from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
+from torch.utils.data import DataLoader, DistributedSampler
 
 from lightning_hetero._lightning_internals import advance_current_epoch, set_current_epoch, set_global_step
 from lightning_hetero.elastic.commits import CommitRecord, digest
@@ -34,6 +34,7 @@ from lightning_hetero.elastic.signature import (
     trainable_params,
 )
 from lightning_hetero.elastic.sync_steps import StepPlan, SyncSteps
+from lightning_hetero.epoch_order import sampler_order
 
 #: the checkpoint's key for the elastic state (a plain Lightning checkpoint otherwise)
 CHECKPOINT_KEY = "elastic_hetero_batch"
@@ -155,15 +156,15 @@ class ElasticHeteroBatchStrategy(SingleDeviceStrategy):
             or not isinstance(dataloader, DataLoader)
         ):
             return dataloader
-        sampler = dataloader.sampler
-        if dataloader.batch_size is None or not isinstance(sampler, (RandomSampler, SequentialSampler)):
+        order = sampler_order(dataloader.sampler)
+        if dataloader.batch_size is None or order is None or isinstance(dataloader.sampler, DistributedSampler):
             raise ValueError(
                 "ElasticHeteroBatchStrategy needs a training DataLoader with a batch_size (the global batch) and a "
                 "plain random or sequential sampler: each step splits a global batch of the epoch's order"
             )
         if self.steps is None:
-            shuffle = isinstance(sampler, RandomSampler)
-            self.steps = SyncSteps(len(dataloader.dataset), dataloader.batch_size, shuffle, seed=0)  # type: ignore[arg-type]
+            shuffle, seed = order
+            self.steps = SyncSteps(len(dataloader.dataset), dataloader.batch_size, shuffle, seed)  # type: ignore[arg-type]
         self._data = (dataloader.dataset, dataloader.collate_fn)
         self._sampler = StepSampler(self.steps, self._epoch_start)
         return DataLoader(range(dataloader.batch_size), batch_sampler=self._sampler, collate_fn=torch.tensor)

@@ -1,16 +1,8 @@
 import torch.distributed as dist
-from torch.utils.data import DataLoader, DistributedSampler, SequentialSampler
+from torch.utils.data import DataLoader
 
-from lightning_hetero.async_ps.runtime.claiming import StoreClaims, claiming_loader, sampler_order
+from lightning_hetero.async_ps.runtime.claiming import StoreClaims, claiming_loader
 from lightning_hetero.async_ps.runtime.sampler import ClaimSampler
-
-
-def test_sampler_order_keeps_the_shuffle_and_seed_of_samplers_it_may_replace():
-    data = list(range(8))
-    assert sampler_order(DistributedSampler(data, num_replicas=2, rank=0, shuffle=False, seed=3)) == (False, 3)
-    assert sampler_order(DataLoader(data, shuffle=True).sampler) == (True, 0)
-    assert sampler_order(SequentialSampler(data)) == (False, 0)
-    assert sampler_order([0, 1]) is None
 
 
 def test_store_claims_hand_out_consecutive_chunks_per_epoch():

@@ -24,9 +24,10 @@ from torch.utils.data import DataLoader
 
 from lightning_hetero._lightning_internals import uses_distributed_sampler, with_sampler
 from lightning_hetero.asp.placement import reserved_only
-from lightning_hetero.async_ps.runtime.sampler import ClaimSampler, sampler_order
+from lightning_hetero.async_ps.runtime.sampler import ClaimSampler
 from lightning_hetero.async_ps.runtime.trainer_limits import lock_step_interval, mode_switcher, pool_chunks
 from lightning_hetero.async_ps.runtime.validation_points import refuse_without_claims
+from lightning_hetero.epoch_order import sampler_order
 
 if TYPE_CHECKING:
     from lightning_hetero.async_ps.interfaces import ModeFlags

@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 
 from lightning.pytorch.utilities import rank_zero_warn
-from torch.utils.data import DistributedSampler, RandomSampler, Sampler, SequentialSampler
+from torch.utils.data import Sampler
 
 from lightning_hetero._validation import check_range
 from lightning_hetero.epoch_order import epoch_order as epoch_order  # re-exported: the old import path
@@ -26,16 +26,6 @@ ClaimFn = Callable[..., int]
 #: ``tail(epoch, own_chunks) -> chunks``: once the claims run out, the chunks this worker must still train (the ones
 #: a lost worker had claimed but not pushed); may block until the other workers are done with the epoch.
 TailFn = Callable[[int, set[int]], list[int]]
-
-
-def sampler_order(sampler: Sampler | object) -> tuple[bool, int] | None:
-    """``(shuffle, seed)`` of a sampler the claim sampler may replace (Lightning's ``DistributedSampler`` or a plain
-    random or sequential one); ``None`` for a custom sampler, which decides itself which rank sees what."""
-    if isinstance(sampler, DistributedSampler):
-        return sampler.shuffle, sampler.seed
-    if isinstance(sampler, (RandomSampler, SequentialSampler)):
-        return isinstance(sampler, RandomSampler), 0
-    return None
 
 
 def tail_claim(claim_chunks: int, samples_left: int, chunk_size: int, world_size: int, share: float | None) -> int:

@@ -28,9 +28,9 @@ from lightning_hetero._lightning_internals import (
     validates_on_time_interval,
     with_sampler,
 )
-from lightning_hetero.async_ps.runtime.sampler import sampler_order
 from lightning_hetero.async_ps.runtime.validation_points import ValidationPoints, check_interval
 from lightning_hetero.contracts import ModeSwitcher
+from lightning_hetero.epoch_order import sampler_order
 
 _ABSENT = object()
 
