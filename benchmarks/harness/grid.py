@@ -1,10 +1,5 @@
-"""The grid of conditions a study did not tune for: from the study's base point (its command line), one axis varied
-at a time; every cell runs the whole study and yields its figures, and each figure is reported as the median and the
-worst cell over the grid.
-
-The axes (a study names the cells that apply to it and says why the others do not):
-``emulation`` (sleep or CPU quota), ``cost`` (per-sample cost x0.5 / x2), ``epoch`` (epoch length x0.25 / x4),
-``workers`` (worker count) and ``quota`` (quota level).
+"""The grid of conditions a study did not tune for: from its base point, one axis of ``AXES`` varied at a time; each
+figure is reported as the median and the worst cell.
 """
 
 from __future__ import annotations

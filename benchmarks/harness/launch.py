@@ -1,6 +1,6 @@
-"""Starting a study's processes: one or several jobs side by side, each with its log, waited for together; a job
-that fails raises with its log's tail. Children find this package (the repository root leads ``PYTHONPATH``) and
-never inherit a ``MASTER_PORT``, so Lightning picks a free one for each job."""
+"""Starting a study's processes side by side, each with its log, waited for together; a failed job raises with its
+log's tail. Children find this package on ``PYTHONPATH`` and inherit no ``MASTER_PORT``.
+"""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""What the studies' training runs share: a quiet CPU Trainer, a train/validation split of the generated data and
-its fit, per-rank slowdowns, emulated compute (a sleep or a busy loop) in a perceptron, the callbacks that time steps
-and epochs, a start barrier for jobs run side by side, a child's command-line flags, and the result's JSON written
-as a run ends."""
+"""What the studies' training runs share: a quiet CPU Trainer, generated data, slowdowns, emulated compute in an MLP,
+step and epoch timers, a start barrier and a child's command-line flags.
+"""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
 """Does asynchronous training keep BSP's accuracy with the user's own (BSP) hyper-parameters?
 
-One recipe tuned for BSP (SGD lr 0.1, momentum 0.9, batch 32 per worker, a 32-64-4 MLP on generated 4-class data,
-4 epochs) trained side by side as ``bsp``, ``asp`` (defaults), ``asp_none`` / ``asp_dc`` (compensation off / "dc"),
-``asp_textbook`` (``overlap_round_trip=False``), ``hybrid`` / ``hybrid_none`` (BSP then ASP, ``SyncSwitchCallback``)
-and ``reverse``. Compute sleeps ``--cost-s`` per sample; rank k is slowed ``HL ** (k / (N - 1))`` (sleeps, or
-``--throttle cfs``). Cells: workers x HL x seed, 2 and 4 workers at the highest HL first. Reported per cell: mean
-+- sd of final accuracy and training time, paired with BSP by seed, staleness and the effective momentum.
+One recipe tuned for BSP (SGD lr 0.1, momentum 0.9, batch 32 per worker, a 32-64-4 MLP, 4 epochs) trained as each
+of ``CONFIGS``; rank k slowed ``HL ** (k / (N - 1))``; per cell, accuracy and time paired with BSP by seed.
 """
 
 from __future__ import annotations

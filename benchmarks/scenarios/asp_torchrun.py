@@ -1,11 +1,5 @@
-"""ASP under torchrun's elastic agent: an undisturbed 2-node job against one where a third node joins and later
-dies (the recipe of docs/elastic.md, one agent per emulated node on this machine, gloo, CPU).
-
-For the churn run it reports the time from the new agent's start to its worker's first training step (its first
-pushed update), and per membership change the updates lost (trained by the stopped attempt but not in the checkpoint
-the next attempt resumed) and the time without training (from the stopped attempt's last step to the next attempt's
-first); for both runs the wall time, the final validation accuracy and whether every epoch of the final history
-trained every sample once. Prints a table and writes JSON.
+"""ASP under torchrun's elastic agent: an undisturbed 2-node job against one where a third node joins and later dies.
+Per membership change: the updates lost and the time without training (docs/elastic.md's recipe, on CPU).
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
-"""Accuracy of everyday Lightning usages under each feature against plain DDP on the same usage (issue 29's goal:
-within 5 points).
-
-Every feature runs the cells of ``tests/compat`` (``tests/scripts/compat_cells.py``), two CPU ranks on gloo with
-rank 1 slowed 3 x (sleep), on harder data: 1024 samples of 8 noisy classes (noise 3.0), 3 epochs, global batch 16.
-Per usage and feature: the median over seeds of the final validation accuracy (rank 0's, the ranks' mean through
-``sync_dist``) and its distance from plain DDP's. Writes ``benchmarks/results/local/compat.json`` (``--out``).
+"""Accuracy of everyday Lightning usages under each feature against plain DDP on the same usage (goal: 5 points).
+The cells of ``tests/scripts/compat_cells.py``: two CPU ranks, rank 1 slowed 3x, harder data.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
-"""HeteroBatchCallback's controller against the best static split found by a sweep.
+"""HeteroBatchCallback's controller against the best static split found by a sweep (``controller_worker.py``).
 
-2 and 4 DDP ranks on gloo (``controller_worker.py``), global batch 64, adjustments every 8 steps; ranks slowed by
-``SlowdownEmulator`` sleeps (``sleep HL2/HL4/HL8``), a CPU quota (``cfs``), the quota on real CPU work (``cfs cpu``),
-speeds that swap (``flip``), equal ranks (``homogeneous``: also DDP against itself, the noise floor) or one epoch
-from the equal split (``first epoch``). A sweep of static splits (proportional to speed**gamma) picks the best one;
-a second launch runs the controller and it in ``--paired`` pairs, and the figure is the median per-pair ratio. Also:
-split changes, the worst inversion, periods to settle after a speed change and the overshoot. ``--defaults``: the
-callback's default cadence; ``--factors`` (with ``--throttle``, ``--compute``, ``--cost-s``): one custom scenario.
+2 and 4 DDP ranks, global batch 64, slowed by sleeps, a CPU quota (``cfs``) or a quota on real work (``cfs cpu``);
+the figure is the median ratio of ``--paired`` controller / best-split pairs. ``--factors``: one custom scenario.
 """
 
 from __future__ import annotations

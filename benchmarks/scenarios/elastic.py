@@ -1,11 +1,6 @@
-"""Elastic local SGD (``ElasticLocalSGDStrategy`` on torchft) with workers that leave and join, against the same job
-undisturbed, on CPU.
-
-Four worker processes (``examples/elastic/elastic_worker.py``) of speeds 1, 1, 2 and 4, by a step sleep (or
-``--throttle quota``: real work under a CPU quota). Runs per seed: ``undisturbed``; ``churn``, a speed-1 worker
-killed mid-epoch and restarted every epoch; ``join``, a fifth worker started half-way. Reported: samples/s, final
-accuracy, a (re)started worker's seconds to its imports, first round end and first contribution, and batches lost
-and duplicated per epoch. ``--soak N``: one job through N kill-and-restart cycles, its hangs and coverage.
+"""Elastic local SGD (``ElasticLocalSGDStrategy``) with workers that leave and join, against the job undisturbed.
+4 workers of speeds 1, 1, 2, 4; runs ``undisturbed``, ``churn`` (a worker killed and restarted every epoch) and
+``join``; ``--soak N``: N kill-and-restart cycles.
 """
 
 from __future__ import annotations

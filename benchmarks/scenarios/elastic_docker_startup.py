@@ -1,11 +1,5 @@
-"""An elastic worker's start-up under a real Docker CPU quota: seconds from ``docker run --cpus Q`` to a (re)started
-worker's first contribution, the whole process throttled as on a small machine.
-
-Three workers run on the host as in the elastic scenario (speeds 1, 2, 4; a speed-1 step sleeps 0.3 s). After 4
-committed rounds a fourth worker starts, as a plain process (the baseline), then in a container of ``--image`` per
-quota (``none``: no quota), ``--repeats`` times each; from its commit log: seconds to its imports' end, its first
-round end and its first contribution; then it is killed and the next one started. Also per quota: the seconds of
-``docker run ... python -c pass``.
+"""An elastic worker's start-up under a real Docker CPU quota (``docker run --cpus Q``), beside 3 workers on the host.
+Seconds to a (re)started worker's imports, first round end and first contribution.
 """
 
 from __future__ import annotations

@@ -1,12 +1,5 @@
-"""Benchmark: elastic ASP (``AsyncPSStrategy(on_worker_lost="continue")``) losing 1 of 3 workers mid-epoch, against
-the same run undisturbed, on CPU.
-
-Each run starts 3 processes the way a multi-node job does (one per "node": ``MASTER_ADDR``, ``NODE_RANK``, ...);
-the parameter server lives in rank 0. In the disturbed run rank 2 kills itself (SIGKILL) in the middle of epoch 1.
-Runs are interleaved (undisturbed, disturbed) per seed. Reported per run: the final validation accuracy (rank 0,
-over the whole validation set), whether every epoch covered every training sample exactly once (checked by sample
-index, counting what the lost worker pushed before dying), the server's update count and the wall time.
-Prints a table and writes ``benchmarks/results/faults.json``.
+"""Elastic ASP (``on_worker_lost="continue"``) losing 1 of 3 workers mid-epoch, against the same run undisturbed.
+Final accuracy, whether every epoch trained every sample once, the server's updates and the wall time.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""The GPU check's benchmark: two ranks, rank 1 slowed 3x (``SlowdownEmulator``); DDP vs HeteroBatch vs the best
-fixed split (``FIXED_SPLITS``), ASP and local SGD accuracy against BSP, AMP, torch.compile with changing sizes, and
-(``--layers``: distinct layers, where DDP's all-reduce overlaps backward) BSP's throughput against DDP's.
-
-Each case is a 2-rank job of two one-device "nodes" (two GPUs: NCCL; one GPU: both on it, gloo), run ``--seeds``
-times; goals are medians over seeds of seed-paired ratios. Writes ``<out>/<case>_s<seed>.json`` and
-``<out>/summary.json`` (after every run; failures recorded, exit status 1) and prints a table.
+"""The GPU check's benchmark: two ranks, rank 1 slowed 3x, each case a 2-rank job run ``--seeds`` times.
+DDP vs HeteroBatch vs the best fixed split, ASP and local SGD accuracy against BSP, AMP, torch.compile, and
+(``--layers``) BSP's throughput against DDP's; goals are medians of seed-paired ratios (``<out>/summary.json``).
 """
 
 from __future__ import annotations

@@ -1,11 +1,5 @@
-"""HeteroBatchCallback against plain DDP on 2 CPU ranks, one slowed 4x (``benchmarks/hetero_batch_worker.py``).
-
-Runs, interleaved ``--repeats`` times: each kind of rank alone (factor 1 and 4; the ideal is their sum); plain DDP
-and HeteroBatch with rank 1 slowed 4x, and with equal ranks (the callback's overhead); then once, HeteroBatch where
-the slow rank changes mid-run: steps until the throughput is back within 10% of the ideal. Throughput is the median
-over the steps after the first epoch of global samples per step over the step's wall time (rank 0's clock).
-HeteroBatch adjusts every ``--adjust-every`` steps (2 warm-up steps), or with ``--defaults`` at every setting's
-default. Prints a table and writes ``benchmarks/results/hetero_batch.json``.
+"""HeteroBatchCallback against plain DDP on 2 CPU ranks, one slowed 4x, and with equal ranks.
+The ideal is the sum of each rank alone; then the steps to recover when the slow rank changes mid-run.
 """
 
 from __future__ import annotations

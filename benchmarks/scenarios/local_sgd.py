@@ -1,12 +1,7 @@
-"""Local SGD (``AsyncPSStrategy(mode="local")``) against BSP, HeteroBatch BSP and ASP on emulated heterogeneous workers.
+"""Local SGD (``AsyncPSStrategy(mode="local")``) against DDP, HeteroBatch and ASP on emulated heterogeneous workers.
 
-Configurations (SGD lr 0.1, momentum 0.9, batch 32 per rank): ``ddp``, ``hetero`` (+ ``HeteroBatchCallback``),
-``asp``, ``local_equal`` (DiLoCo), ``local_prop`` (local steps proportional to speed, the default) and
-``local_prop_samples``. N processes, rank k slowed ``HL ** (k / (N - 1))`` (sleeps, or ``--throttle cfs``); models
-``light`` (a 32-512-512-C tanh MLP) and ``heavy`` (also ``--heavy-cost-s`` per sample). Per run: samples/s over the
-epochs after the first against the standalone bound (N single processes side by side, measured before each seed),
-bytes per sample, accuracy and time to DDP's accuracy minus 0.5 points against the seed's ``ddp`` run.
-``--quick``: 2 workers, HL4, light, seed 0, 2 epochs; ``--breakdown``: where local SGD's time goes.
+Each of ``CONFIGS`` on N processes, rank k slowed ``HL ** (k / (N - 1))``: samples/s against the standalone bound
+(N single processes side by side), bytes per sample, and accuracy and time to accuracy against the seed's DDP run.
 """
 
 from __future__ import annotations

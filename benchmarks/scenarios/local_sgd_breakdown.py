@@ -1,11 +1,7 @@
 """Where a local-SGD run's time goes, per rank: ``python -m benchmarks run local_sgd --breakdown``.
 
-:class:`BreakdownRecorder` timestamps every batch, every round-end all-reduce (with the CPU time inside it) and
-every chunk claim, and :func:`breakdown` sums over the ranks, over the epochs after the first, seconds of
-``compute`` (batches minus all-reduces), ``round_wait`` (before the last rank arrived), ``round_sync`` (after it),
-``claims``, ``between_batches`` (data loading, Lightning's loop) and ``epoch_edges`` (the epoch's span outside the
-rank's batches); ``arrival_after_first_s`` is each rank's lateness per round end. One rank's categories add up to
-the epoch spans.
+:class:`BreakdownRecorder` timestamps batches, round-end all-reduces and chunk claims; :func:`breakdown` sums them
+into categories that add up to each rank's epoch spans.
 """
 
 from __future__ import annotations

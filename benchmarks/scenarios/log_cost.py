@@ -1,10 +1,5 @@
-"""What per-step logging costs inside a Lightning training step: ``self.log`` of a number against the
-``EpochLog`` metric path that ``AsyncPSStrategy`` uses for its per-step values (``lightning_hetero.async_ps.runtime.reporting``).
-
-One process, one torch thread, a 4-2 linear model on batches of 32; the step times only its two logging calls, the
-median over the steps after a warm-up, ``--repeats`` times with the variants interleaved: ``log_float``
-(``self.log(..., on_epoch=True, rank_zero_only=True)``), ``log_float_sync`` (with ``sync_dist=True``) and
-``epoch_log`` (two ``EpochLog.report`` calls).
+"""What per-step logging costs inside a training step: ``self.log`` of a number against ``EpochLog``.
+Variants ``log_float``, ``log_float_sync`` and ``epoch_log`` (``AsyncPSStrategy``'s path); medians over steps.
 """
 
 from __future__ import annotations

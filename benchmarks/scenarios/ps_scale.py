@@ -1,11 +1,7 @@
 """ASP at scale: ``AsyncPSStrategy``'s throughput against the ideal, 2 to 16 workers, 0.25M to 17M parameters.
 
-Equal workers, one Lightning process each (gloo on loopback, the server as threads in rank 0); a step sleeps
-``step_ms`` (or runs under a CPU quota, ``--emulation quota``), then a real forward and backward through one linear
-layer of the model's size on a batch of 2. **ASP / ideal**: ASP's samples/s over the sum of N standalone jobs run
-side by side the same way, over the epochs after the first; **server busy**, **µs per MB** from the server's
-statistics. ``--variant LABEL=JSON_KWARGS[@SRC]`` runs ASP variants against the same standalone runs (``SRC``:
-another checkout's ``src/``). Repeats interleave standalone and ASP; medians reported.
+Equal workers whose step sleeps ``step_ms`` (or ``--emulation quota``) around one linear layer; ASP/ideal is ASP's
+samples/s over the sum of N standalone jobs side by side. ``--variant LABEL=JSON_KWARGS``: ASP variants.
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
-"""BSP vs ASP vs the BSP-then-ASP hybrid (SyncSwitchCallback) on a generated task with emulated heterogeneity.
-
-The same MLP and data with ``AsyncPSStrategy`` on N CPU processes, rank 1 ``--slowdown`` times slower: ``bsp``,
-``asp``, ``hybrid`` (BSP for ``--bsp-fraction`` of the epochs, then ASP), ``reverse`` (ASP first: Sync-Switch's
-claim), ``asp_hetero`` (ASP + ``HeteroBatchCallback``: OmniLearn's claim); ``switch_cost`` times six switches of
-the CIFAR ResNet-20 of ``examples/``. Reported: final accuracy, training time (validation excluded), time to
-``--target`` accuracy and each switch's cost; each configuration runs in its own child process.
+"""BSP vs ASP vs the BSP-then-ASP hybrid (SyncSwitchCallback) on a generated task, rank 1 ``--slowdown`` x slower.
+Also ``reverse`` and ``asp_hetero``; ``switch_cost`` times six switches of the CIFAR ResNet-20.
 """
 
 from __future__ import annotations
