@@ -118,24 +118,9 @@ def spend(seconds: float, compute: str = "sleep") -> None:
 
 
 class MLP(L.LightningModule):
-    """A perceptron ``features -> hidden... -> classes``, SGD with momentum, ``val_acc`` logged across ranks.
-
-    Args:
-        features: input width.
-        classes: number of classes.
-        hidden: the hidden layers' widths.
-        lr: SGD learning rate.
-        momentum: SGD momentum.
-        cost_s: emulated compute (:func:`spend`) per sample of each training step.
-        activation: the hidden layers' activation.
-        overhead_s: emulated compute per training step.
-        compute: how the compute is emulated (``"sleep"`` or ``"spin"``, see :func:`spend`).
-        log_loss: log ``train_loss`` every step, as ``lightning_hetero.synthetic.MLPClassifier`` does (the workers
-            that trained that model keep its per-step cost).
-
-    Notes:
-        ``emulated_cpu_s`` sums the sleeps, so that a CPU quota can charge them as compute (:meth:`cpu_clock`).
-    """
+    """A perceptron ``features -> hidden... -> classes``, SGD with momentum, ``val_acc`` logged across ranks; a step
+    spends ``overhead_s + cost_s x samples`` (:func:`spend`), and ``emulated_cpu_s`` sums the sleeps so that a CPU
+    quota can charge them (:meth:`cpu_clock`). ``log_loss``: log ``train_loss`` every step, as ``MLPClassifier``."""
 
     def __init__(
         self,
@@ -192,12 +177,8 @@ class MLP(L.LightningModule):
 
 
 class TrainingTimes(Callback):
-    """Per epoch: the mode, training seconds (validation excluded) and validation accuracy, plus what
-    :meth:`extra` adds.
-
-    Args:
-        start_together: a barrier when training starts (ASP has no collective before its first step).
-    """
+    """Per epoch: the mode, training seconds (validation excluded), validation accuracy and :meth:`extra`;
+    ``start_together``: a barrier when training starts (ASP has no collective before its first step)."""
 
     def __init__(self, start_together: bool = False) -> None:
         self.start_together = start_together
@@ -264,13 +245,8 @@ class StepClock(Callback):
 
 
 class StartTogether(Callback):
-    """Jobs run side by side wait for each other before training, as the ranks of a distributed job do, so that no
-    job's measured epochs overlap another's start-up (imports take seconds of CPU).
-
-    Args:
-        folder: a folder shared by the jobs.
-        jobs: how many jobs meet there.
-    """
+    """``jobs`` jobs run side by side meet in ``folder`` before training, so that no job's measured epochs overlap
+    another's start-up (imports take seconds of CPU)."""
 
     def __init__(self, folder: str | Path, jobs: int) -> None:
         self.folder, self.jobs = Path(folder), jobs

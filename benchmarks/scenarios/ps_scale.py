@@ -136,7 +136,7 @@ def _run(args: argparse.Namespace, jobs: list[dict], source: str = "") -> list[l
             commands.append(scenario_command("ps_scale", "--role", "train", "--out", out, *flags(
                 **job, emulation=args.emulation, quota=args.quota)))  # fmt: skip
             outs.append(out)
-        run_jobs(commands, args.job_timeout_s, child_env(source), Path(tmp, "logs"))
+        run_jobs(commands, 600, child_env(source), Path(tmp, "logs"))
         return [
             [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(job["devices"])]
             for job, out in zip(jobs, outs, strict=True)
@@ -287,8 +287,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--strategy-kwargs", default="{}", help="train: JSON keyword arguments for AsyncPSStrategy")
     parser.add_argument("--apply-updates", type=int, default=30, help="updates timed per model for the server cost")
-    parser.add_argument("--job-timeout-s", type=float, default=600)
-    parser.add_argument("--label", default="", help="a note stored in the JSON (e.g. the code version)")
     parser.add_argument("--json", default=str(RESULTS), help="where to write the results")
     # a training job's own arguments
     parser.add_argument("--out", default="")
@@ -360,7 +358,6 @@ def main(args: argparse.Namespace) -> None:
             name: {v["label"]: summarise(runs[name], v["label"]) for v in variants} for name in configs if runs[name]
         }
         result = {
-            "label": args.label,
             "complete": complete,
             "variants": variants,
             "summary": summary,
