@@ -28,12 +28,12 @@ from lightning_hetero.asp.compensation import AsynchronyCompensator
 from lightning_hetero.switching import FixedFractionPolicy, SchedulePolicy
 from lightning_hetero.switching.policies import share_in_epochs
 
-CONFIGS = ("bsp", "asp_none", "asp", "hybrid", "asp_dc", "hybrid_none", "reverse", "asp_textbook")
+CONFIGS = ("bsp", "asp_none", "asp", "hybrid", "asp_dc", "hybrid_none", "reverse")
+VAL_SAMPLES = 2048
 #: the settings a run's child process is given
 CHILD_FLAGS = (
     "epochs",
     "samples",
-    "val_samples",
     "noise",
     "cost_s",
     "lr",
@@ -66,7 +66,7 @@ class EpochRecorder(models.TrainingTimes):
 def run_one(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     L.seed_everything(args.seed, verbose=False)
-    train, val = models.classification_split(args.samples, args.val_samples, args.seed, args.noise)
+    train, val = models.classification_split(args.samples, VAL_SAMPLES, args.seed, args.noise)
     factors = models.slowdown_factors(args.n, args.level)
     recorder = EpochRecorder()
     callbacks: list[Callback] = [recorder]
@@ -85,12 +85,7 @@ def run_one(args: argparse.Namespace) -> None:
         switch = SyncSwitchCallback(SchedulePolicy(f"asp:0-{asp_epochs - 1},bsp:{asp_epochs}-"), verbose=False)
     if switch is not None:
         callbacks.insert(0, switch)
-    strategy = AsyncPSStrategy(
-        mode=mode,
-        asynchrony_compensation=compensation,
-        fault_timeout_s=300,
-        overlap_round_trip=args.config != "asp_textbook",
-    )
+    strategy = AsyncPSStrategy(mode=mode, asynchrony_compensation=compensation, fault_timeout_s=300)
     trainer = models.quiet_trainer(
         devices=args.n,
         strategy=strategy,
@@ -233,7 +228,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=RESULTS / "asp_accuracy.json")
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--samples", type=int, default=4096)
-    parser.add_argument("--val-samples", type=int, default=2048)
     parser.add_argument("--noise", type=float, default=4.0)
     parser.add_argument("--cost-s", type=float, default=0.0008, help="emulated compute seconds per sample")
     parser.add_argument(

@@ -1,4 +1,4 @@
-"""Local SGD (``AsyncPSStrategy(mode="local")``) against DDP, HeteroBatch and ASP on emulated heterogeneous workers.
+"""Local SGD (``AsyncPSStrategy(mode="local")``) against DDP on emulated heterogeneous workers.
 
 Each of ``CONFIGS`` on N processes, rank k slowed ``HL ** (k / (N - 1))``: samples/s against the standalone bound
 (N single processes side by side), bytes per sample, and accuracy and time to accuracy against the seed's DDP run.
@@ -38,11 +38,12 @@ from benchmarks.harness.models import (
 from benchmarks.harness.record import table, write_json
 from benchmarks.harness.stats import median, seed_paired, time_to_target, within_budget
 from benchmarks.scenarios.local_sgd_breakdown import BreakdownRecorder, collect, format_breakdown
-from lightning_hetero import AsyncPSStrategy, HeteroBatchCallback, SlowdownEmulator
+from lightning_hetero import AsyncPSStrategy, SlowdownEmulator
 
-CONFIGS = ("ddp", "hetero", "asp", "local_equal", "local_prop", "local_prop_samples")
+CONFIGS = ("ddp", "local_equal", "local_prop", "local_prop_samples")
 MODELS = ("light", "heavy")
-FEATURES, HIDDEN, BATCH = 32, 512, 32
+#: the model's input and hidden widths, the batch per rank, the validation samples and local steps per round
+FEATURES, HIDDEN, BATCH, VAL_SAMPLES, ROUND_STEPS = 32, 512, 32, 2048, 16
 
 
 def curve_times(epochs: list[dict[str, Any]], snapshots: list[tuple[int, float]]) -> list[float]:
@@ -122,7 +123,7 @@ class CurveRecorder(Callback):
             return
         self._steps += 1
         strategy = trainer.strategy
-        if isinstance(strategy, AsyncPSStrategy):  # local SGD after a round end; ASP never (its ranks differ)
+        if isinstance(strategy, AsyncPSStrategy):  # local SGD: after a round end
             if strategy.local_rounds is None or strategy.local_rounds.rounds == self._rounds:
                 return
             self._rounds = strategy.local_rounds.rounds
@@ -163,7 +164,7 @@ class StandaloneMeter(Callback):
 def run_one(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     L.seed_everything(args.seed, verbose=False)
-    train, val = classification_split(args.samples, args.val_samples, args.seed, args.noise, FEATURES, args.classes)
+    train, val = classification_split(args.samples, VAL_SAMPLES, args.seed, args.noise, FEATURES, args.classes)
     factors = slowdown_factors(args.n, args.level)
     callbacks: list[Callback] = []
     slowed = {rank: factor for rank, factor in enumerate(factors) if factor > 1.0}
@@ -186,16 +187,12 @@ def run_one(args: argparse.Namespace) -> None:
     callbacks = [recorder, curve]
     if slowed:
         callbacks.append(SlowdownEmulator(factors=slowed, throttle=args.throttle))
-    if args.config in ("ddp", "hetero"):
+    if args.config == "ddp":
         strategy: Any = DDPStrategy(process_group_backend="gloo")
-        if args.config == "hetero":
-            callbacks.append(HeteroBatchCallback(verbose=False))
-    elif args.config == "asp":
-        strategy = AsyncPSStrategy(mode="asp", fault_timeout_s=300)
     else:
         strategy = AsyncPSStrategy(
             mode="local",
-            round_samples=args.round_steps * args.n * BATCH,
+            round_samples=ROUND_STEPS * args.n * BATCH,
             local_steps="equal" if args.config == "local_equal" else "proportional",
             pseudo_gradient_weighting="samples" if args.config == "local_prop_samples" else "mean",
             outer_optimizer=torch.optim.SGD,
@@ -234,7 +231,7 @@ def run_one(args: argparse.Namespace) -> None:
 
 
 #: the settings a run's child process is given
-CHILD_FLAGS = ("epochs", "samples", "val_samples", "noise", "lr", "momentum", "heavy_cost_s", "round_steps",
+CHILD_FLAGS = ("epochs", "samples", "noise", "lr", "momentum", "heavy_cost_s",
                "standalone_s", "outer_lr", "outer_momentum", "barrier", "barrier_n", "classes", "curve_steps",
                "throttle", "breakdown")  # fmt: skip
 
@@ -280,7 +277,7 @@ def launch(args: argparse.Namespace, config: str, model: str, n: int, level: flo
     if result["local_bytes_sent_rank0"] is not None:
         bytes_per_sample = result["local_bytes_sent_rank0"] * n / total_samples  # every rank sends one per round
     else:
-        bytes_per_sample = (8 if config == "asp" else 4) * params / BATCH
+        bytes_per_sample = 4 * params / BATCH
     return {
         "config": config,
         "model": model,
@@ -385,11 +382,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=None, help="default: results/local_sgd[_quick].json")
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--samples", type=int, default=4096)
-    parser.add_argument("--val-samples", type=int, default=2048)
     parser.add_argument("--noise", type=float, default=4.0)
     parser.add_argument("--classes", type=int, default=4, help="classes of the synthetic task (the model's outputs)")
     parser.add_argument(
-        "--curve-steps", type=int, default=4, help="ddp/hetero: steps between the parameter copies timed for accuracy"
+        "--curve-steps", type=int, default=4, help="ddp: steps between the parameter copies timed for accuracy"
     )
     parser.add_argument(
         "--breakdown", action="store_true", help="local SGD: per-rank time per category (local_sgd_breakdown.py)"
@@ -397,7 +393,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--momentum", type=float, default=0.9)
     parser.add_argument("--heavy-cost-s", type=float, default=0.001, help="emulated compute s/sample (heavy)")
-    parser.add_argument("--round-steps", type=int, default=16, help="local steps per rank and round, on average")
     parser.add_argument("--standalone-s", type=float, default=8.0)
     parser.add_argument(
         "--outer-lr", type=float, default=1.0, help="local SGD's outer SGD learning rate (1 and momentum 0: averaging)"

@@ -28,6 +28,8 @@ from lightning_hetero.switching.policies import share_in_epochs
 CONFIGS = ("bsp", "asp", "hybrid", "reverse", "asp_hetero")
 ALL = (*CONFIGS, "switch_cost")
 ALTERNATING = "bsp:0,asp:1,bsp:2,asp:3,bsp:4,asp:5,bsp:6-"
+#: the task and recipe: samples, features, classes, noise, hidden width (4 layers), batch per rank, lr, momentum
+SAMPLES, FEATURES, CLASSES, NOISE, HIDDEN, BATCH, LR, MOMENTUM = 8192, 64, 10, 3.0, 512, 64, 0.003, 0.9
 
 #: why ``--grid`` does not apply
 NO_GRID = "its figures (accuracy and switch cost at fixed settings) come from one run per configuration; asp_accuracy has the grid"
@@ -94,10 +96,9 @@ def run_config(args: argparse.Namespace) -> None:
     if args.config == "switch_cost":
         measure_switch_cost(args)
         return
-    val_samples = args.samples * 3 // 2 - args.samples
-    train, val = classification_split(args.samples, val_samples, 0, args.noise, args.features, args.classes)
+    train, val = classification_split(SAMPLES, SAMPLES // 2, 0, NOISE, FEATURES, CLASSES)
     # 4 hidden layers: enough compute per step that the emulated slowdown, not Lightning's overhead, sets the pace
-    model = MLP(args.features, args.classes, [args.hidden] * 4, args.lr, args.momentum)
+    model = MLP(FEATURES, CLASSES, [HIDDEN] * 4, LR, MOMENTUM)
     recorder = TrainingTimes()
     callbacks: list[Callback] = [recorder, SlowdownEmulator(factors={1: args.slowdown})]
     switch = None
@@ -116,7 +117,7 @@ def run_config(args: argparse.Namespace) -> None:
         callbacks.append(hetero)
     strategy = AsyncPSStrategy(mode=mode)
     trainer = quiet_trainer(devices=args.workers, strategy=strategy, max_epochs=args.epochs, callbacks=callbacks)
-    fit(trainer, model, train, val, args.batch_size)
+    fit(trainer, model, train, val, BATCH)
     result = {"config": args.config, "epochs": recorder.epochs, "switches": switch.switches if switch else []}
     result["server_summary"] = strategy.server_summary
     if hetero is not None:
@@ -154,14 +155,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--target", type=float, default=None, help="accuracy target (default: BSP's final - 0.5 pt, else best - 0.5 pt)"
     )
-    parser.add_argument("--samples", type=int, default=8192)
-    parser.add_argument("--features", type=int, default=64)
-    parser.add_argument("--classes", type=int, default=10)
-    parser.add_argument("--noise", type=float, default=3.0)
-    parser.add_argument("--hidden", type=int, default=512)
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--lr", type=float, default=0.003)
-    parser.add_argument("--momentum", type=float, default=0.9)
     parser.add_argument("--config", choices=ALL, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
 
@@ -223,7 +216,7 @@ def main(args: argparse.Namespace) -> None:
                 f"ResNet-20 ({resnet['parameters'] / 1e6:.2f}M parameters), into {direction.upper()}: "
                 f"{', '.join(f'{c:.1f}' for c in costs)} ms"
             )
-    parameters = sum(p.numel() for p in MLP(args.features, args.classes, [args.hidden] * 4, 0.1, 0.0).parameters())
+    parameters = sum(p.numel() for p in MLP(FEATURES, CLASSES, [HIDDEN] * 4, 0.1, 0.0).parameters())
     report = {
         "conditions": {
             "target": target,
