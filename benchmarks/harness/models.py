@@ -19,6 +19,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 from typing_extensions import override
 
+from benchmarks.harness.launch import scenario_command
 from lightning_hetero.synthetic import make_classification
 
 
@@ -58,13 +59,36 @@ def chosen(text: str, known: Sequence[str]) -> list[str]:
     return names
 
 
-def add_child_flags(parser: argparse.ArgumentParser, configs: Sequence[str]) -> None:
-    """The hidden flags with which a study runs one of its cells in a child process: ``--run CONFIG`` on ``--n``
-    ranks at heterogeneity level ``--level`` with ``--seed``."""
+def add_study_flags(
+    parser: argparse.ArgumentParser,
+    configs: Sequence[str],
+    default_configs: str,
+    workers: str,
+    hl: str,
+    budget_s: float,
+) -> None:
+    """The flags of a study over workers x heterogeneity level x seed (the cells, the task, the recipe, the slowdown),
+    and the hidden ones with which it runs a cell in a child: ``--run CONFIG`` on ``--n`` ranks at ``--level``."""
+    parser.add_argument("--workers", default=workers)
+    parser.add_argument("--hl", default=hl)
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--configs", default=default_configs)
+    parser.add_argument("--budget-s", type=float, default=budget_s, help="start no new cell after this many seconds")
+    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--samples", type=int, default=4096)
+    parser.add_argument("--noise", type=float, default=4.0)
+    parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--momentum", type=float, default=0.9)
+    parser.add_argument("--throttle", choices=("sleep", "cfs"), default="sleep", help="slow ranks by sleeps or a quota")
     parser.add_argument("--run", choices=configs, help=argparse.SUPPRESS)
     parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--level", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+
+
+def child_command(scenario: str, args: argparse.Namespace, keys: Sequence[str], **cell: Any) -> list[str]:
+    """The command that runs one ``cell`` of ``scenario`` in a child, given the study's settings ``keys``."""
+    return scenario_command(scenario, *flags(**cell, **{key: getattr(args, key) for key in keys}))
 
 
 def finish(trainer: L.Trainer, path: str | Path, result: Any, every_rank: bool = False) -> None:

@@ -20,7 +20,7 @@ from torch import nn
 
 from benchmarks.harness import models
 from benchmarks.harness.grid import Cell, workers_hl_axes
-from benchmarks.harness.launch import RESULTS, run_json, scenario_command
+from benchmarks.harness.launch import RESULTS, run_json
 from benchmarks.harness.record import table, write_json
 from benchmarks.harness.stats import mean_sd, seed_paired, within_budget
 from lightning_hetero import AsyncPSStrategy, SlowdownEmulator, SyncSwitchCallback
@@ -31,17 +31,7 @@ from lightning_hetero.switching.policies import share_in_epochs
 CONFIGS = ("bsp", "asp_none", "asp", "hybrid", "asp_dc", "hybrid_none", "reverse")
 VAL_SAMPLES = 2048
 #: the settings a run's child process is given
-CHILD_FLAGS = (
-    "epochs",
-    "samples",
-    "noise",
-    "cost_s",
-    "lr",
-    "momentum",
-    "batch_size",
-    "bsp_fraction",
-    "throttle",
-)
+CHILD_FLAGS = ("epochs", "samples", "noise", "cost_s", "lr", "momentum", "batch_size", "bsp_fraction", "throttle")
 
 
 class EpochRecorder(models.TrainingTimes):
@@ -87,11 +77,7 @@ def run_one(args: argparse.Namespace) -> None:
         callbacks.insert(0, switch)
     strategy = AsyncPSStrategy(mode=mode, asynchrony_compensation=compensation, fault_timeout_s=300)
     trainer = models.quiet_trainer(
-        devices=args.n,
-        strategy=strategy,
-        max_epochs=args.epochs,
-        callbacks=callbacks,
-        num_sanity_val_steps=0,
+        devices=args.n, strategy=strategy, max_epochs=args.epochs, callbacks=callbacks, num_sanity_val_steps=0
     )
     models.fit(trainer, model, train, val, args.batch_size)
     result = {"epochs": recorder.epochs, "server_summary": strategy.server_summary, "factors": factors}
@@ -99,10 +85,8 @@ def run_one(args: argparse.Namespace) -> None:
 
 
 def launch(args: argparse.Namespace, config: str, workers: int, level: float, seed: int) -> dict[str, Any]:
-    settings = {key: getattr(args, key) for key in CHILD_FLAGS}
-    command = lambda out: scenario_command(  # noqa: E731
-        "asp_accuracy", *models.flags(run=config, n=workers, level=level, seed=seed, out=out, **settings)
-    )
+    cell = {"run": config, "n": workers, "level": level, "seed": seed}
+    command = lambda out: models.child_command("asp_accuracy", args, CHILD_FLAGS, **cell, out=out)  # noqa: E731
     load_before, started = os.getloadavg()[0], time.perf_counter()
     result = run_json(command)
     epochs = result["epochs"]
@@ -220,28 +204,11 @@ def figures(payload: dict) -> dict[str, float]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--workers", default="2,4,8")
-    parser.add_argument("--hl", default="4,1")
-    parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--configs", default="bsp,asp_none,asp,hybrid")
-    parser.add_argument("--budget-s", type=float, default=3000.0, help="start no new cell after this many seconds")
+    models.add_study_flags(parser, CONFIGS, "bsp,asp_none,asp,hybrid", workers="2,4,8", hl="4,1", budget_s=3000.0)
     parser.add_argument("--out", type=Path, default=RESULTS / "asp_accuracy.json")
-    parser.add_argument("--epochs", type=int, default=4)
-    parser.add_argument("--samples", type=int, default=4096)
-    parser.add_argument("--noise", type=float, default=4.0)
     parser.add_argument("--cost-s", type=float, default=0.0008, help="emulated compute seconds per sample")
-    parser.add_argument(
-        "--throttle",
-        choices=["sleep", "cfs"],
-        default="sleep",
-        help="how SlowdownEmulator slows a rank: a sleep, or a CPU quota of 1/factor per 100 ms (the emulated "
-        "compute's sleeps count as CPU time)",
-    )
-    parser.add_argument("--lr", type=float, default=0.1)
-    parser.add_argument("--momentum", type=float, default=0.9)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--bsp-fraction", type=float, default=0.25)
-    models.add_child_flags(parser, CONFIGS)
 
 
 def main(args: argparse.Namespace) -> None:

@@ -81,11 +81,7 @@ def worker(args: argparse.Namespace) -> None:
     L.seed_everything(args.seed, verbose=False)
     strategy = AsyncPSStrategy(fault_timeout_s=60, on_worker_lost="continue")
     trainer = quiet_trainer(
-        devices=1,
-        num_nodes=WORLD_SIZE,
-        strategy=strategy,
-        max_epochs=args.epochs,
-        num_sanity_val_steps=0,
+        devices=1, num_nodes=WORLD_SIZE, strategy=strategy, max_epochs=args.epochs, num_sanity_val_steps=0
     )
     model = Model()
     start = time.perf_counter()

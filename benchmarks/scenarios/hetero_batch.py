@@ -139,11 +139,7 @@ def main(args: argparse.Namespace) -> None:
             "throughput": throughput,
             "per_repeat": samples,
             "final_splits": {name: split for name, _, split in rows},
-            "ratios": {
-                "hetero_vs_ideal": hetero_ratio,
-                "ddp_vs_ideal": ddp_ratio,
-                "hetero_vs_ddp_equal": equal_ratio,
-            },
+            "ratios": {"hetero_vs_ideal": hetero_ratio, "ddp_vs_ideal": ddp_ratio, "hetero_vs_ddp_equal": equal_ratio},
             "dynamic": {
                 "switch_step": switch_step,
                 "recovery_steps": recovery,

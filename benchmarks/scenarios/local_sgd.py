@@ -22,19 +22,10 @@ from lightning.pytorch.strategies import DDPStrategy
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from benchmarks.harness import models
 from benchmarks.harness.grid import Cell, workers_hl_axes
-from benchmarks.harness.launch import RESULTS, child_env, run_job, run_jobs, scenario_command
-from benchmarks.harness.models import (
-    MLP,
-    StartTogether,
-    add_child_flags,
-    chosen,
-    classification_split,
-    fit,
-    flags,
-    quiet_trainer,
-    slowdown_factors,
-)
+from benchmarks.harness.launch import RESULTS, child_env, run_job, run_jobs
+from benchmarks.harness.models import MLP, StartTogether, chosen, classification_split, fit, quiet_trainer
 from benchmarks.harness.record import table, write_json
 from benchmarks.harness.stats import median, seed_paired, time_to_target, within_budget
 from benchmarks.scenarios.local_sgd_breakdown import BreakdownRecorder, collect, format_breakdown
@@ -165,7 +156,7 @@ def run_one(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     L.seed_everything(args.seed, verbose=False)
     train, val = classification_split(args.samples, VAL_SAMPLES, args.seed, args.noise, FEATURES, args.classes)
-    factors = slowdown_factors(args.n, args.level)
+    factors = models.slowdown_factors(args.n, args.level)
     callbacks: list[Callback] = []
     slowed = {rank: factor for rank, factor in enumerate(factors) if factor > 1.0}
     cost_s = args.heavy_cost_s if args.model == "heavy" else 0.0
@@ -237,10 +228,8 @@ CHILD_FLAGS = ("epochs", "samples", "noise", "lr", "momentum", "heavy_cost_s",
 
 
 def child_command(args: argparse.Namespace, config: str, model: str, n: int, level: float, seed: int, out: Path):
-    settings = {key: getattr(args, key) for key in CHILD_FLAGS}
-    return scenario_command(
-        "local_sgd", *flags(run=config, model=model, n=n, level=level, seed=seed, out=out, **settings)
-    )
+    cell = {"run": config, "model": model, "n": n, "level": level, "seed": seed, "out": out}
+    return models.child_command("local_sgd", args, CHILD_FLAGS, **cell)
 
 
 def standalone_bound(args: argparse.Namespace, model: str, n: int, level: float) -> list[float]:
@@ -250,7 +239,7 @@ def standalone_bound(args: argparse.Namespace, model: str, n: int, level: float)
         args.barrier, args.barrier_n = tmp, n  # the jobs start training together (imports take seconds of CPU)
         commands = [
             child_command(args, "standalone", model, 1, factor, 0, out)
-            for factor, out in zip(slowdown_factors(n, level), outs, strict=True)
+            for factor, out in zip(models.slowdown_factors(n, level), outs, strict=True)
         ]
         run_jobs(commands, 600, child_env(OMP_NUM_THREADS="1"))
         return [json.loads(out.read_text())["samples_per_s"] for out in outs]
@@ -373,16 +362,9 @@ def figures(payload: dict) -> dict[str, float]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="2 workers, HL4, light, seed 0, 2 epochs")
-    parser.add_argument("--workers", default="4")
-    parser.add_argument("--hl", default="4,8")
+    models.add_study_flags(parser, (*CONFIGS, "standalone"), ",".join(CONFIGS), workers="4", hl="4,8", budget_s=1800.0)
     parser.add_argument("--models", default="light")
-    parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--configs", default=",".join(CONFIGS))
-    parser.add_argument("--budget-s", type=float, default=1800.0, help="start no new cell after this many seconds")
     parser.add_argument("--out", type=Path, default=None, help="default: results/local_sgd[_quick].json")
-    parser.add_argument("--epochs", type=int, default=4)
-    parser.add_argument("--samples", type=int, default=4096)
-    parser.add_argument("--noise", type=float, default=4.0)
     parser.add_argument("--classes", type=int, default=4, help="classes of the synthetic task (the model's outputs)")
     parser.add_argument(
         "--curve-steps", type=int, default=4, help="ddp: steps between the parameter copies timed for accuracy"
@@ -390,8 +372,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--breakdown", action="store_true", help="local SGD: per-rank time per category (local_sgd_breakdown.py)"
     )
-    parser.add_argument("--lr", type=float, default=0.1)
-    parser.add_argument("--momentum", type=float, default=0.9)
     parser.add_argument("--heavy-cost-s", type=float, default=0.001, help="emulated compute s/sample (heavy)")
     parser.add_argument("--standalone-s", type=float, default=8.0)
     parser.add_argument(
@@ -400,13 +380,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--outer-momentum", type=float, default=0.0, help="its Nesterov momentum (DiLoCo's: --outer-lr 0.7, 0.9)"
     )
-    parser.add_argument(
-        "--throttle", choices=("sleep", "cfs"), default="sleep", help="SlowdownEmulator's mode: sleeps or a CPU quota"
-    )
     parser.add_argument("--barrier", default="", help=argparse.SUPPRESS)
     parser.add_argument("--barrier-n", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--model", choices=MODELS, default="light", help=argparse.SUPPRESS)
-    add_child_flags(parser, (*CONFIGS, "standalone"))
 
 
 def main(args: argparse.Namespace) -> None:

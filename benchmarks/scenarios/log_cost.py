@@ -98,9 +98,6 @@ def main(args: argparse.Namespace) -> None:
         ratio = "-" if row["over_epoch_log"] is None else f"{row['over_epoch_log']:.1f}"
         repeats = ", ".join(f"{v:.0f}" for v in row["us_per_step_each"])
         print(f"{variant:16} {row['us_per_step_median']:18.1f} {ratio:>12}  {repeats}")
-    result = {
-        "conditions": {"torch_threads": 1, "warmup_steps": WARMUP_STEPS},
-        "summary": summary,
-    }
+    result = {"conditions": {"torch_threads": 1, "warmup_steps": WARMUP_STEPS}, "summary": summary}
     write_json(args.json, result, indent=2)
     print(f"wrote {args.json}")
