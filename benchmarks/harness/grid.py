@@ -134,7 +134,5 @@ def print_grid(name: str, rows: list[dict[str, Any]], by_figure: dict[str, Any])
         values = row.get("figures", {})
         text = "".join(f"{values[f]:>24.3f}" if f in values else f"{'-':>24}" for f in figures)
         print(f"{row['axis'] + ': ' + row['label']:<30}{text}{'  failed' if 'error' in row else ''}")
-    for figure, fig in by_figure.items():
-        print(
-            f"{figure}: median {fig['median']:.3f} over {fig['cells']} cells, worst {fig['worst']:.3f} ({fig['worst_cell']})"
-        )
+    for key, f in by_figure.items():
+        print(f"{key}: median {f['median']:.3f} of {f['cells']} cells, worst {f['worst']:.3f} ({f['worst_cell']})")

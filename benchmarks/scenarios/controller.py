@@ -293,17 +293,7 @@ def print_table(args: argparse.Namespace, results: list[dict]) -> None:
     print(f"\nController: global batch {GLOBAL_BATCH}; {cadence}; {args.repeats} interleaved repeats, medians")
     keys = ("controller_samples_per_s", "best_static_samples_per_s", "best_static_split", "fraction_of_best_static",
             "fraction_of_sweep_max", "split_changes", "worst_inversion", "late_changes")  # fmt: skip
-    header = [
-        "scenario",
-        "ctrl/s",
-        "best static/s",
-        "split",
-        "fraction",
-        "vs sweep max",
-        "changes",
-        "inversion",
-        "late",
-    ]
+    header = ["scenario", "ctrl/s", "static/s", "split", "fraction", "vs sweep max", "changes", "inversion", "late"]
     cells = [[row["title"], *(row[key] for key in keys)] for row in results if "fraction_of_best_static" in row]
     print(table(header, cells, ["", ".0f", ".0f", "", ".3f", ".3f"]))
     for row in results:
@@ -374,9 +364,7 @@ def grid_axes(args: argparse.Namespace) -> dict[str, list[Cell] | str]:
 
 def figures(payload: dict) -> dict[str, float]:
     """Each scenario's fraction of the best static split."""
-    return {
-        row["title"]: row["fraction_of_best_static"] for row in payload["scenarios"] if "fraction_of_best_static" in row
-    }
+    return {r["title"]: r["fraction_of_best_static"] for r in payload["scenarios"] if "fraction_of_best_static" in r}
 
 
 def main(args: argparse.Namespace) -> None:

@@ -359,9 +359,7 @@ def format_row(row: dict[str, Any]) -> str:
 
 
 def summarise(rows: list[dict[str, Any]]) -> list[str]:
-    lines = [
-        " n level     method          samples/s   ideal  of_id  split(0/1)  acc  throttled periods/time per container"
-    ]
+    lines = [" n level     method          samples/s   ideal  of_id  split(0/1)  acc  throttled periods/time"]
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for row in rows:
         split = row.get("split")

@@ -152,10 +152,7 @@ def main(args: argparse.Namespace) -> None:
         name: statistics.median(r["val_acc"] for r in rows if r["run"] == name)
         for name in ("undisturbed", "lose rank 2 in epoch 1")
     }
-    gaps = [
-        undisturbed["val_acc"] - disturbed["val_acc"]
-        for undisturbed, disturbed in zip(rows[::2], rows[1::2], strict=True)
-    ]
+    gaps = [kept["val_acc"] - lost["val_acc"] for kept, lost in zip(rows[::2], rows[1::2], strict=True)]
     print(f"\n| run | val acc (median of {args.seeds}) | every epoch covered once | updates | wall s |")
     print("|---|---:|---|---:|---:|")
     for name, value in accuracy.items():

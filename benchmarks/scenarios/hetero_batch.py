@@ -44,9 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cost-s", type=float, default=0.0003, help="emulated compute per sample at factor 1")
     parser.add_argument("--samples", type=int, default=2048)
     parser.add_argument("--adjust-every", type=int, default=8)
-    parser.add_argument(
-        "--defaults", action="store_true", help="HeteroBatchCallback() at its defaults (replaces --adjust-every)"
-    )
+    parser.add_argument("--defaults", action="store_true", help="HeteroBatchCallback() at its defaults")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats; medians are reported")
     parser.add_argument("--out", type=Path, default=RESULTS / "hetero_batch.json")
 
@@ -116,9 +114,7 @@ def main(args: argparse.Namespace) -> None:
     hetero_ratio = throughput["HeteroBatch, rank 1 slowed 4x"] / ideal
     ddp_ratio = throughput["DDP, rank 1 slowed 4x"] / ideal
     equal_ratio = throughput["HeteroBatch, equal ranks"] / throughput["DDP, equal ranks"]
-    print(
-        f"\nHeteroBatch: {cost * 1e3:.2f} ms/sample at factor 1; global batch {2 * batch}; {args.samples} samples/epoch"
-    )
+    print(f"\nHeteroBatch: {cost * 1e3:.2f} ms/sample at factor 1, global batch {2 * batch}, {args.samples} per epoch")
     cells = [["rank alone, factor 1", fast_alone, None, None], ["rank alone, factor 4", slow_alone, None, None],
              ["ideal (sum of the two)", ideal, 1.0, None], *([n, v, v / ideal, s] for n, v, s in rows)]  # fmt: skip
     print(table(["configuration", "samples/s (median)", "vs ideal", "final split"], cells, ["", ".0f", ".2f"]))

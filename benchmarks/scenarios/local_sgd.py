@@ -366,20 +366,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--models", default="light")
     parser.add_argument("--out", type=Path, default=None, help="default: results/local_sgd[_quick].json")
     parser.add_argument("--classes", type=int, default=4, help="classes of the synthetic task (the model's outputs)")
-    parser.add_argument(
-        "--curve-steps", type=int, default=4, help="ddp: steps between the parameter copies timed for accuracy"
-    )
-    parser.add_argument(
-        "--breakdown", action="store_true", help="local SGD: per-rank time per category (local_sgd_breakdown.py)"
-    )
+    parser.add_argument("--curve-steps", type=int, default=4, help="ddp: steps between the copies timed for accuracy")
+    parser.add_argument("--breakdown", action="store_true", help="local SGD: time per rank and category")
     parser.add_argument("--heavy-cost-s", type=float, default=0.001, help="emulated compute s/sample (heavy)")
     parser.add_argument("--standalone-s", type=float, default=8.0)
     parser.add_argument(
         "--outer-lr", type=float, default=1.0, help="local SGD's outer SGD learning rate (1 and momentum 0: averaging)"
     )
-    parser.add_argument(
-        "--outer-momentum", type=float, default=0.0, help="its Nesterov momentum (DiLoCo's: --outer-lr 0.7, 0.9)"
-    )
+    parser.add_argument("--outer-momentum", type=float, default=0.0, help="Nesterov momentum (DiLoCo: lr 0.7, 0.9)")
     parser.add_argument("--barrier", default="", help=argparse.SUPPRESS)
     parser.add_argument("--barrier-n", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--model", choices=MODELS, default="light", help=argparse.SUPPRESS)

@@ -217,14 +217,8 @@ def server_apply_cost(model: str, updates: int) -> dict:
         server.apply(1, header._replace(base_version=server.version), grad, reply)
         if i >= 5:
             times.append(time.perf_counter() - start)
-    per_update_us = statistics.median(times) * 1e6
-    megabytes = layout.numel * 4 / 1e6
-    return {
-        "params": layout.numel,
-        "mb": megabytes,
-        "us_per_update": per_update_us,
-        "us_per_mb": per_update_us / megabytes,
-    }
+    us, mb = statistics.median(times) * 1e6, layout.numel * 4 / 1e6
+    return {"params": layout.numel, "mb": mb, "us_per_update": us, "us_per_mb": us / mb}
 
 
 def summarise(runs: list[dict], label: str) -> dict:
@@ -297,9 +291,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--samples", type=int, default=1024)
     parser.add_argument("--start-together", default="", help="standalone jobs: a folder where they meet to start")
     parser.add_argument("--start-together-jobs", type=int, default=1)
-    parser.add_argument(
-        "--emulation", default="sleep", choices=["sleep", "quota"], help="compute by sleeping, or under a CPU quota"
-    )
+    parser.add_argument("--emulation", default="sleep", choices=["sleep", "quota"], help="sleeps, or a CPU quota")
     parser.add_argument("--quota", type=float, default=0.5, help="with --emulation quota: CPUs per worker")
 
 
