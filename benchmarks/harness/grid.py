@@ -122,7 +122,6 @@ def run_grid(
         rows.append(row)
         write_json(summary_path, {"scenario": name, "skipped_axes": skipped, "cells": rows, "figures": summarise()})
     print_grid(name, rows, summarise())
-    print(f"wrote {summary_path}")
     return summary_path
 
 

@@ -148,8 +148,3 @@ def run_ranks(
         for rank in range(world_size)
     ]
     return run_jobs([command] * world_size, timeout_s, envs, may_fail=may_fail)
-
-
-def read_reports(folder: Path, count: int, pattern: str = "rank{}.json") -> list[dict[str, Any]]:
-    """The JSON reports ``pattern.format(k)`` for ranks ``0 .. count - 1`` in ``folder``."""
-    return [json.loads((Path(folder) / pattern.format(rank)).read_text()) for rank in range(count)]

@@ -68,11 +68,6 @@ def rotating_order(arms: Sequence[T], repeats: int) -> list[T]:
     return [arms[(i + j) % len(arms)] for i in range(repeats) for j in range(len(arms))]
 
 
-def spread(values: Sequence[float]) -> dict[str, Any]:
-    """Median, worst (lowest) and best of ``values``."""
-    return {"median": median(values), "worst": min(values, default=None), "best": max(values, default=None)}
-
-
 def time_to_target(
     epochs: list[dict[str, Any]], target: float, curve: list[tuple[float, float]] | None = None
 ) -> float | None:

@@ -256,4 +256,3 @@ def main(args: argparse.Namespace) -> None:
         "runs": runs,
     }
     write_json(args.out, report)
-    print(f"wrote {args.out}")

@@ -96,4 +96,3 @@ def main(args: argparse.Namespace) -> None:
     payload = {"args": vars(args), "host": platform.node(), "results": results}
     RESULTS.mkdir(exist_ok=True)
     write_json(RESULTS / args.out, payload)
-    print(f"wrote {RESULTS / args.out}")

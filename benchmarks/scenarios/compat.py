@@ -126,7 +126,7 @@ def write_report(
     done = min(len(seeds_run) for seeds_run in runs.values())
     complete = {feature: seeds_run[:done] for feature, seeds_run in runs.items()}
     report = {"conditions": conditions(seeds[:done]), "rows": summarise(complete, usages), "runs": runs}
-    write_json(out, report)
+    write_json(out, report, quiet=True)
     return report
 
 

@@ -320,7 +320,7 @@ def print_table(args: argparse.Namespace, results: list[dict]) -> None:
 
 def write(args: argparse.Namespace, results: list[dict]) -> None:
     conditions = {"global_batch": GLOBAL_BATCH, "adjust_every_n_steps": PERIOD}
-    write_json(args.out, {"conditions": conditions, "scenarios": results})
+    write_json(args.out, {"conditions": conditions, "scenarios": results}, quiet=True)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -421,4 +421,3 @@ def main(args: argparse.Namespace) -> None:
     conditions = {"docker_cpus": host_cpus, "levels": {"2": LEVELS[WORKERS]}, "cpusets": {"2": cpusets}}
     result = {"conditions": conditions, "standalone_samples_per_s": {2: standalone}, "rows": rows, "summary": lines}
     write_json(args.out, result)
-    print(f"wrote {args.out}")

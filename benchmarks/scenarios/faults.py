@@ -169,4 +169,3 @@ def main(args: argparse.Namespace) -> None:
         "gap_points_per_seed": [100 * g for g in gaps],
     }
     write_json(RESULTS, result)
-    print(f"wrote {RESULTS}")

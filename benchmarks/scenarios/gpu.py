@@ -248,7 +248,7 @@ def main(args: argparse.Namespace) -> None:
                 failures.append({"case": case, "seed": seed, "why": why or "no report written"})
                 print(f"gpu: {case} seed {seed}: {failures[-1]['why']}", file=sys.stderr, flush=True)
             summary = {"conditions": conditions, "runs": runs, "goals": summarize(runs), "failures": failures}
-            write_json(out / "summary.json", summary)
+            write_json(out / "summary.json", summary, quiet=True)
     header = ["case", "fit s (median)", "val acc (median)", "split (last seed)", "graphs/rank (last seed)"]
     cells = [[case, median(r["fit_s"] for r in reports), median(r["val_acc"] for r in reports),
               reports[-1]["final_split"] if reports else "failed", reports[-1]["compiled_graphs_per_rank"] if reports

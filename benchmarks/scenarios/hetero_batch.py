@@ -146,4 +146,3 @@ def main(args: argparse.Namespace) -> None:
         },
         indent=2,
     )
-    print(f"wrote {args.out}")

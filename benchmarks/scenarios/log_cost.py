@@ -100,4 +100,3 @@ def main(args: argparse.Namespace) -> None:
         print(f"{variant:16} {row['us_per_step_median']:18.1f} {ratio:>12}  {repeats}")
     result = {"conditions": {"torch_threads": 1, "warmup_steps": WARMUP_STEPS}, "summary": summary}
     write_json(args.json, result, indent=2)
-    print(f"wrote {args.json}")

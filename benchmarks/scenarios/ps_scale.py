@@ -357,7 +357,7 @@ def main(args: argparse.Namespace) -> None:
             "server_apply_cost_this_checkout": costs,
             "wall_s": time.time() - started,
         }
-        write_json(args.json, result, indent=2)
+        write_json(args.json, result, indent=2, quiet=True)
         return result
 
     for repeat in range(args.repeats):

@@ -234,4 +234,3 @@ def main(args: argparse.Namespace) -> None:
     suffix = f"_{args.tag}" if args.tag else ""
     path = RESULTS / f"sync_switch_{args.workers}workers{suffix}.json"
     write_json(path, report)
-    print(f"wrote {path}")
