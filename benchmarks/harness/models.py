@@ -101,13 +101,7 @@ def finish(trainer: L.Trainer, path: str | Path, result: Any, every_rank: bool =
 
 
 def slowdown_factors(workers: int, hl: float) -> list[float]:
-    """Per-rank slowdowns from 1 (rank 0) to ``hl`` (the last rank), geometrically spaced.
-
-    Example::
-
-        >>> slowdown_factors(2, 4.0), [round(f, 2) for f in slowdown_factors(3, 4.0)], slowdown_factors(1, 4.0)
-        ([1.0, 4.0], [1.0, 2.0, 4.0], [1.0])
-    """
+    """Per-rank slowdowns from 1 (rank 0) to ``hl`` (the last rank), geometrically spaced."""
     if workers == 1:
         return [1.0]
     return [hl ** (rank / (workers - 1)) for rank in range(workers)]

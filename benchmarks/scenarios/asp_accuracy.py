@@ -178,13 +178,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 
 
 def cell_order(workers: list[int], levels: list[float]) -> list[tuple[int, float]]:
-    """2 and 4 workers at the highest HL first, then more workers, then the lower HLs.
-
-    Example::
-
-        >>> cell_order([2, 4, 8], [1.0, 4.0])
-        [(2, 4.0), (4, 4.0), (8, 4.0), (2, 1.0), (4, 1.0), (8, 1.0)]
-    """
+    """2 and 4 workers at the highest HL first, then more workers, then the lower HLs."""
     return [(n, level) for level in sorted(levels, reverse=True) for n in sorted(workers)]
 
 

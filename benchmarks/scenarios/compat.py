@@ -48,15 +48,7 @@ def run_feature(feature: str, seed: int, usages: Sequence[str], timeout_s: float
 
 def summarise(runs: dict[str, list[dict[str, Any]]], usages: Sequence[str]) -> list[dict[str, Any]]:
     """One row per usage and feature: the median accuracy over seeds (percent), its distance from DDP's and the
-    outcomes seen (``"pass"`` or the refusal).
-
-    Example::
-
-        >>> runs = {"ddp": [{"plain": {"status": "pass", "val_acc": 0.8}}],
-        ...         "asp": [{"plain": {"status": "pass", "val_acc": 0.77}}]}
-        >>> [(row["feature"], row["accuracy"], row["vs_ddp"], row["within"]) for row in summarise(runs, ["plain"])]
-        [('ddp', 80.0, 0.0, True), ('asp', 77.0, -3.0, True)]
-    """
+    outcomes seen (``"pass"`` or the refusal)."""
     rows = []
     for usage in usages:
         reference = _median_accuracy(runs.get("ddp", []), usage)

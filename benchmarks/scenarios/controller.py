@@ -195,14 +195,7 @@ def first_epoch_scenario(
 
 
 def change_record(change: dict) -> tuple:
-    """One split change as the JSON keeps it: why it was made, and on what evidence.
-
-    Example::
-
-        >>> change = {"step": 16, "to": (46, 18), "reason": "balance", "changed": [True, False], "sync_step_s": 0.061}
-        >>> change_record(change)
-        (16, [46, 18], 'balance', True, 0.061)
-    """
+    """One split change as the JSON keeps it: why it was made, and on what evidence."""
     return change["step"], list(change["to"]), change["reason"], any(change["changed"]), change["sync_step_s"]
 
 
@@ -376,8 +369,6 @@ def main(args: argparse.Namespace) -> None:
     plan += [
         ("cfs 1/4, 2 ranks", static_scenario, "cfs 1/4", [1.0, 4.0], "cfs", "sleep", {}),
         ("cfs cpu 1/4, 2 ranks", static_scenario, "cfs cpu 1/4", [1.0, 4.0], "cfs", "spin", {}),
-        ("flip HL4, 2 ranks", flip_scenario, "flip HL4", [1.0, 4.0], "sleep", "sleep", {}),
-        ("flip cfs 1/4, 2 ranks", flip_scenario, "flip cfs 1/4", [1.0, 4.0], "cfs", "sleep", {}),
     ]
     for title, throttle, compute in (("flip HL4", "sleep", "sleep"), ("flip cfs 1/4", "cfs", "sleep"),
                                      ("flip cfs cpu 1/4", "cfs", "spin")):  # fmt: skip

@@ -140,16 +140,7 @@ def run_case(
 def summarize(runs: dict[str, list[dict]]) -> dict:
     """The goals from each case's runs (one per seed, in seed order): medians over seeds of the paired ratios and
     differences; the best fixed split is the ``fixed*`` case with the smallest median fit time. Missing cases give
-    ``None``.
-
-    Example::
-
-        >>> runs = {"hetero": [{"fit_s": 10.0}, {"fit_s": 12.0}], "fixed192": [{"fit_s": 9.0}, {"fit_s": 12.0}],
-        ...         "fixed208": [{"fit_s": 11.0}, {"fit_s": 13.0}]}
-        >>> goals = summarize(runs)
-        >>> goals["best_fixed"], goals["hetero_of_best_fixed"]
-        ('fixed192', 0.95)
-    """
+    ``None``."""
     fixed = [case for case in runs if case.startswith("fixed") and runs[case]]
     best = min(fixed, key=lambda case: statistics.median(r["fit_s"] for r in runs[case])) if fixed else None
 
@@ -175,13 +166,7 @@ def summarize(runs: dict[str, list[dict]]) -> dict:
 
 
 def _paired(runs: list[dict], others: list[dict]) -> list[tuple[dict, dict]]:
-    """The runs of ``runs`` and ``others`` with the same seed (else position); a seed failed in either has no pair.
-
-    Example::
-
-        >>> _paired([{"seed": 0, "v": 1}, {"seed": 2, "v": 3}], [{"seed": 2, "v": 4}])
-        [({'seed': 2, 'v': 3}, {'seed': 2, 'v': 4})]
-    """
+    """The runs of ``runs`` and ``others`` with the same seed (else position); a seed failed in either has no pair."""
     by_seed = {other.get("seed", i): other for i, other in enumerate(others)}
     return [(run, by_seed[seed]) for i, run in enumerate(runs) if (seed := run.get("seed", i)) in by_seed]
 

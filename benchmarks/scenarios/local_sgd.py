@@ -40,13 +40,7 @@ FEATURES, HIDDEN, BATCH, VAL_SAMPLES, ROUND_STEPS = 32, 512, 32, 2048, 16
 def curve_times(epochs: list[dict[str, Any]], snapshots: list[tuple[int, float]]) -> list[float]:
     """Training seconds at which each ``(epoch, wall time)`` snapshot was taken: the earlier epochs' training time plus
     the time since its epoch's start (``epochs[i]["start"]``: the first rank's, in wall time), so that validation
-    between epochs does not count.
-
-    Example::
-
-        >>> curve_times([{"start": 100.0, "train_s": 2.0}, {"start": 103.0, "train_s": 2.0}], [(0, 101.0), (1, 104.5)])
-        [1.0, 3.5]
-    """
+    between epochs does not count."""
     before = [sum(e["train_s"] for e in epochs[:i]) for i in range(len(epochs))]
     return [before[epoch] + wall - epochs[epoch]["start"] for epoch, wall in snapshots]
 

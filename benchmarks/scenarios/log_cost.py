@@ -60,13 +60,7 @@ def measure(variant: str, steps: int) -> float:
 
 
 def summarise(each: dict[str, list[float]]) -> dict[str, dict[str, Any]]:
-    """Per variant: the median over repeats, the repeats, and the ratio to ``epoch_log``'s median.
-
-    Example::
-
-        >>> summarise({"log_float": [700.0, 680.0, 720.0], "epoch_log": [20.0, 21.0, 19.0]})["log_float"]
-        {'us_per_step_median': 700.0, 'us_per_step_each': [700.0, 680.0, 720.0], 'over_epoch_log': 35.0}
-    """
+    """Per variant: the median over repeats, the repeats, and the ratio to ``epoch_log``'s median."""
     base = statistics.median(each["epoch_log"]) if "epoch_log" in each else None
     summary = {}
     for variant, values in each.items():

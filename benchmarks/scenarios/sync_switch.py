@@ -37,13 +37,7 @@ NO_GRID = "its figures (accuracy and switch cost at fixed settings) come from on
 
 def reverse_schedule(epochs: int, bsp_fraction: float) -> str:
     """ASP first, then BSP, with the hybrid's epoch counts: as many ASP epochs as ``FixedFractionPolicy`` gives the
-    hybrid's ASP phase, then BSP for the rest.
-
-    Example::
-
-        >>> reverse_schedule(12, 0.25), reverse_schedule(4, 0.25), reverse_schedule(4, 0.0), reverse_schedule(4, 1.0)
-        ('asp:0-8,bsp:9-', 'asp:0-2,bsp:3-', 'asp:0-', 'bsp:0-')
-    """
+    hybrid's ASP phase, then BSP for the rest."""
     asp_epochs = epochs - share_in_epochs(bsp_fraction, epochs)
     if asp_epochs <= 0:
         return "bsp:0-"
@@ -53,13 +47,7 @@ def reverse_schedule(epochs: int, bsp_fraction: float) -> str:
 
 
 def parse_configs(text: str) -> list[str]:
-    """The ``--configs`` list, in the order of :data:`ALL` (so BSP, the baseline, runs first).
-
-    Example::
-
-        >>> parse_configs("reverse,hybrid"), parse_configs("all") == list(ALL)
-        (['hybrid', 'reverse'], True)
-    """
+    """The ``--configs`` list, in the order of :data:`ALL` (so BSP, the baseline, runs first)."""
     names = {name.strip() for name in text.split(",") if name.strip()}
     if names == {"all"}:
         return list(ALL)
