@@ -29,9 +29,10 @@ from lightning_hetero.switching import FixedFractionPolicy, SchedulePolicy
 from lightning_hetero.switching.policies import share_in_epochs
 
 CONFIGS = ("bsp", "asp_none", "asp", "hybrid", "asp_dc", "hybrid_none", "reverse")
-VAL_SAMPLES = 2048
+#: the validation samples, and the hybrid's (and reverse's) BSP share of the epochs
+VAL_SAMPLES, BSP_FRACTION = 2048, 0.25
 #: the settings a run's child process is given
-CHILD_FLAGS = ("epochs", "samples", "noise", "cost_s", "lr", "momentum", "batch_size", "bsp_fraction", "throttle")
+CHILD_FLAGS = ("epochs", "samples", "noise", "cost_s", "lr", "momentum", "batch_size", "throttle")
 
 
 class EpochRecorder(models.TrainingTimes):
@@ -69,9 +70,9 @@ def run_one(args: argparse.Namespace) -> None:
     mode = "bsp" if args.config == "bsp" or hybrid else "asp"
     switch = None
     if hybrid:
-        switch = SyncSwitchCallback(FixedFractionPolicy(args.bsp_fraction), verbose=False)
+        switch = SyncSwitchCallback(FixedFractionPolicy(BSP_FRACTION), verbose=False)
     elif args.config == "reverse":
-        asp_epochs = args.epochs - share_in_epochs(args.bsp_fraction, args.epochs)
+        asp_epochs = args.epochs - share_in_epochs(BSP_FRACTION, args.epochs)
         switch = SyncSwitchCallback(SchedulePolicy(f"asp:0-{asp_epochs - 1},bsp:{asp_epochs}-"), verbose=False)
     if switch is not None:
         callbacks.insert(0, switch)
@@ -202,7 +203,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=RESULTS / "asp_accuracy.json")
     parser.add_argument("--cost-s", type=float, default=0.0008, help="emulated compute seconds per sample")
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--bsp-fraction", type=float, default=0.25)
 
 
 def main(args: argparse.Namespace) -> None:

@@ -126,7 +126,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--features", default=",".join(FEATURES))
     parser.add_argument("--usages", default=",".join(USAGES))
     parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--timeout-s", type=float, default=300)
     parser.add_argument("--out", type=Path, default=RESULTS / "local" / "compat.json")
 
 
@@ -139,7 +138,7 @@ def main(args: argparse.Namespace) -> None:
     runs: dict[str, list[dict[str, Any]]] = {feature: [] for feature in features}
     for seed in seeds:
         for feature in features:
-            runs[feature].append(run_feature(feature, seed, usages, args.timeout_s))
+            runs[feature].append(run_feature(feature, seed, usages, 300))
             print(f"seed {seed} {feature}: done at {time.perf_counter() - started:.0f} s", flush=True)
             report = write_report(runs, usages, seeds[: len(runs[feature])], args.out)
     rows = report["rows"]

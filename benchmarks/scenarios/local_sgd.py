@@ -35,6 +35,8 @@ CONFIGS = ("ddp", "local_equal", "local_prop", "local_prop_samples")
 MODELS = ("light", "heavy")
 #: the model's input and hidden widths, the batch per rank, the validation samples and local steps per round
 FEATURES, HIDDEN, BATCH, VAL_SAMPLES, ROUND_STEPS = 32, 512, 32, 2048, 16
+#: DDP: steps between the parameter copies timed for accuracy
+CURVE_STEPS = 4
 
 
 def curve_times(epochs: list[dict[str, Any]], snapshots: list[tuple[int, float]]) -> list[float]:
@@ -168,24 +170,21 @@ def run_one(args: argparse.Namespace) -> None:
         Path(args.out).write_text(json.dumps({"samples_per_s": rate, "batches": meter.batches}))
         return
     recorder = EpochRecorder(args.samples)
-    curve = CurveRecorder(args.curve_steps)
+    curve = CurveRecorder(CURVE_STEPS)
     callbacks = [recorder, curve]
     if slowed:
         callbacks.append(SlowdownEmulator(factors=slowed, throttle=args.throttle))
     if args.config == "ddp":
         strategy: Any = DDPStrategy(process_group_backend="gloo")
     else:
+        outer = {"lr": args.outer_lr, "momentum": args.outer_momentum, "nesterov": args.outer_momentum > 0}
         strategy = AsyncPSStrategy(
             mode="local",
             round_samples=ROUND_STEPS * args.n * BATCH,
             local_steps="equal" if args.config == "local_equal" else "proportional",
             pseudo_gradient_weighting="samples" if args.config == "local_prop_samples" else "mean",
             outer_optimizer=torch.optim.SGD,
-            outer_optimizer_kwargs={
-                "lr": args.outer_lr,
-                "momentum": args.outer_momentum,
-                "nesterov": args.outer_momentum > 0,
-            },
+            outer_optimizer_kwargs=outer,
             fault_timeout_s=300,
         )
         if args.breakdown:
@@ -216,9 +215,8 @@ def run_one(args: argparse.Namespace) -> None:
 
 
 #: the settings a run's child process is given
-CHILD_FLAGS = ("epochs", "samples", "noise", "lr", "momentum", "heavy_cost_s",
-               "standalone_s", "outer_lr", "outer_momentum", "barrier", "barrier_n", "classes", "curve_steps",
-               "throttle", "breakdown")  # fmt: skip
+CHILD_FLAGS = ("epochs", "samples", "noise", "lr", "momentum", "heavy_cost_s", "standalone_s", "outer_lr",
+               "outer_momentum", "barrier", "barrier_n", "classes", "throttle", "breakdown")  # fmt: skip
 
 
 def child_command(args: argparse.Namespace, config: str, model: str, n: int, level: float, seed: int, out: Path):
@@ -256,11 +254,8 @@ def launch(args: argparse.Namespace, config: str, model: str, n: int, level: flo
     params = result["params"]
     rates = result.get("local_rates_last") or [None]
     busy_bound = sum(rates) if all(r is not None for r in rates) else None
-    total_samples = sum(e["samples"] for e in epochs)
-    if result["local_bytes_sent_rank0"] is not None:
-        bytes_per_sample = result["local_bytes_sent_rank0"] * n / total_samples  # every rank sends one per round
-    else:
-        bytes_per_sample = 4 * params / BATCH
+    sent = result["local_bytes_sent_rank0"]  # every rank sends one per round; DDP all-reduces float32 gradients
+    bytes_per_sample = 4 * params / BATCH if sent is None else sent * n / sum(e["samples"] for e in epochs)
     return {
         "config": config,
         "model": model,
@@ -276,10 +271,7 @@ def launch(args: argparse.Namespace, config: str, model: str, n: int, level: flo
         "throughput_before_val_fetch": throughput_before_val_fetch,
         "bytes_per_sample": bytes_per_sample,
         "params": params,
-        "local_rounds": result["local_rounds"],
-        "local_plans_last": result["local_plans_last"],
-        "local_rates_last": result["local_rates_last"],
-        "local_plans": result["local_plans"],
+        **{key: result[key] for key in ("local_rounds", "local_plans_last", "local_rates_last", "local_plans")},
         # each rank's busy rate in the run (samples/s of its local steps, waits excluded): a bound measured side by
         # side with the run itself, under the same host load
         "local_busy_bound": busy_bound,
@@ -360,7 +352,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--models", default="light")
     parser.add_argument("--out", type=Path, default=None, help="default: results/local_sgd[_quick].json")
     parser.add_argument("--classes", type=int, default=4, help="classes of the synthetic task (the model's outputs)")
-    parser.add_argument("--curve-steps", type=int, default=4, help="ddp: steps between the copies timed for accuracy")
     parser.add_argument("--breakdown", action="store_true", help="local SGD: time per rank and category")
     parser.add_argument("--heavy-cost-s", type=float, default=0.001, help="emulated compute s/sample (heavy)")
     parser.add_argument("--standalone-s", type=float, default=8.0)

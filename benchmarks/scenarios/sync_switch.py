@@ -1,4 +1,4 @@
-"""BSP vs ASP vs the BSP-then-ASP hybrid (SyncSwitchCallback) on a generated task, rank 1 ``--slowdown`` x slower.
+"""BSP vs ASP vs the BSP-then-ASP hybrid (SyncSwitchCallback) on a generated task, rank 1 4x slower.
 Also ``reverse`` and ``asp_hetero``; ``switch_cost`` times six switches of the CIFAR ResNet-20.
 """
 
@@ -30,6 +30,8 @@ ALL = (*CONFIGS, "switch_cost")
 ALTERNATING = "bsp:0,asp:1,bsp:2,asp:3,bsp:4,asp:5,bsp:6-"
 #: the task and recipe: samples, features, classes, noise, hidden width (4 layers), batch per rank, lr, momentum
 SAMPLES, FEATURES, CLASSES, NOISE, HIDDEN, BATCH, LR, MOMENTUM = 8192, 64, 10, 3.0, 512, 64, 0.003, 0.9
+#: rank 1's slowdown, and the hybrid's (and reverse's) BSP share of the epochs
+SLOWDOWN, BSP_FRACTION = 4.0, 0.25
 
 #: why ``--grid`` does not apply
 NO_GRID = "its figures (accuracy and switch cost at fixed settings) come from one run per configuration; asp_accuracy has the grid"
@@ -88,14 +90,14 @@ def run_config(args: argparse.Namespace) -> None:
     # 4 hidden layers: enough compute per step that the emulated slowdown, not Lightning's overhead, sets the pace
     model = MLP(FEATURES, CLASSES, [HIDDEN] * 4, LR, MOMENTUM)
     recorder = TrainingTimes()
-    callbacks: list[Callback] = [recorder, SlowdownEmulator(factors={1: args.slowdown})]
+    callbacks: list[Callback] = [recorder, SlowdownEmulator(factors={1: SLOWDOWN})]
     switch = None
     hetero = None
     mode = "asp" if args.config in ("asp", "asp_hetero") else "bsp"
     if args.config == "hybrid":
-        switch = SyncSwitchCallback(FixedFractionPolicy(args.bsp_fraction), verbose=False)
+        switch = SyncSwitchCallback(FixedFractionPolicy(BSP_FRACTION), verbose=False)
     elif args.config == "reverse":
-        schedule = reverse_schedule(args.epochs, args.bsp_fraction)
+        schedule = reverse_schedule(args.epochs, BSP_FRACTION)
         switch = SyncSwitchCallback(schedule, verbose=False)
         mode = schedule[:3]  # start in the first phase's mode, so that epoch 0 needs no switch
     if switch is not None:
@@ -131,8 +133,6 @@ def launch(config: str) -> dict:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=2, help="processes (2-4 on CPU)")
     parser.add_argument("--epochs", type=int, default=12)
-    parser.add_argument("--slowdown", type=float, default=4.0, help="rank 1 computes this many times slower")
-    parser.add_argument("--bsp-fraction", type=float, default=0.25, help="the hybrid's (and reverse's) BSP share")
     parser.add_argument(
         "--configs",
         type=parse_configs,
@@ -140,9 +140,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"comma-separated subset of {','.join(ALL)} (default: all)",
     )
     parser.add_argument("--tag", default="", help="suffix of the results file: sync_switch_<N>workers_<tag>.json")
-    parser.add_argument(
-        "--target", type=float, default=None, help="accuracy target (default: BSP's final - 0.5 pt, else best - 0.5 pt)"
-    )
     parser.add_argument("--config", choices=ALL, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
 
@@ -156,9 +153,7 @@ def main(args: argparse.Namespace) -> None:
     runs = {config: launch(config) for config in args.configs}
     resnet = runs.pop("switch_cost", None)
 
-    if args.target is not None:
-        target = args.target
-    elif "bsp" in runs:
+    if "bsp" in runs:  # the target accuracy: BSP's final (else the best) minus 0.5 points
         target = runs["bsp"]["epochs"][-1]["val_acc"] - 0.005
     elif runs:
         target = max(run["epochs"][-1]["val_acc"] for run in runs.values()) - 0.005
@@ -181,11 +176,8 @@ def main(args: argparse.Namespace) -> None:
             }
         )
     if rows:
-        target_text = "BSP's final - 0.5 pt" if args.target is None and "bsp" in runs else "given or best - 0.5 pt"
-        print(
-            f"target accuracy {target:.4f} ({target_text}); rank 1 {args.slowdown}x slower; {args.workers} workers; "
-            f"{args.epochs} epochs"
-        )
+        target_text = "BSP's final - 0.5 pt" if "bsp" in runs else "best - 0.5 pt"
+        print(f"target accuracy {target:.4f} ({target_text}); rank 1 {SLOWDOWN}x slower; {args.workers} workers")
         bsp_s = next((row["train_s"] for row in rows if row["config"] == "bsp"), None)
         cells = [[r["config"], r["final_acc"], r["train_s"], "never" if r["time_to_target_s"] is None else
                   f"{r['time_to_target_s']:.1f}", None if bsp_s is None else r["train_s"] / bsp_s, r["modes"]]
@@ -208,7 +200,7 @@ def main(args: argparse.Namespace) -> None:
     report = {
         "conditions": {
             "target": target,
-            "reverse_schedule": reverse_schedule(args.epochs, args.bsp_fraction),
+            "reverse_schedule": reverse_schedule(args.epochs, BSP_FRACTION),
             "parameters": parameters,
         },
         "rows": rows,
