@@ -92,17 +92,12 @@ def arm_runs(results: list[dict], arm: dict) -> list[dict]:
     return [r for r in results if r["run"] == arm]
 
 
-def controller_arm(args: argparse.Namespace) -> dict:
-    """The controller's run in the static scenarios: adjusting every ``PERIOD`` steps, or with ``--defaults`` at the
-    callback's default cadence (after steps 10 and 18 of the run's one epoch, then every 32 steps)."""
-    return DEFAULT_CADENCE_RUN if args.defaults else {"kind": "hetero"}
-
-
 def static_scenario(
     name: str, factors: list[float], throttle: str, args: argparse.Namespace, compute: str = "sleep"
 ) -> dict:
     candidates = static_candidates(factors)
-    controller = controller_arm(args)
+    # the controller adjusting every PERIOD steps, or at the default cadence (after steps 10 and 18, then every 32)
+    controller = DEFAULT_CADENCE_RUN if args.defaults else {"kind": "hetero"}
     runs = [controller] + [{"kind": "static", "split": split} for split in candidates]
     repeats = args.repeats if len(factors) == 2 else max(1, args.repeats - 1)  # 4 ranks: one repeat fewer (time)
     compute = {"compute": compute, "cost_s": args.cost_s}
@@ -127,31 +122,22 @@ def static_scenario(
         "static_sweep": {str(list(k)): v for k, v in static.items()},
         "fraction_of_sweep_max": sweep_ours / sweep_best,
     }
-    hetero = [r for r in results if r["run"]["kind"] == "hetero"]
-    if args.paired:
-        # re-measure the sweep's pick side by side with the controller: the arms of each repeat run back to back,
-        # their order rotating from one repeat to the next
-        arms = [controller, {"kind": "static", "split": list(best_split)}]
-        paired = launch(factors, rotating_order(arms, args.paired), throttle, args.steps, **compute)
-        ours_runs, best_runs = ([throughput(r, skip) for r in arm_runs(paired, arm)] for arm in arms)
-        ratios = paired_ratios(ours_runs, best_runs)
-        hetero = arm_runs(paired, arms[0])
-        row |= {
-            "paired_repeats": args.paired,
-            "controller_runs": ours_runs,
-            "best_static_runs": best_runs,
-            "paired_ratios": ratios,
-            "controller_samples_per_s": statistics.median(ours_runs),
-            "best_static_samples_per_s": statistics.median(best_runs),
-            "fraction_of_best_static": statistics.median(ratios),
-        }
-    else:
-        row |= {
-            "controller_runs": [throughput(r, skip) for r in hetero],
-            "controller_samples_per_s": sweep_ours,
-            "best_static_samples_per_s": sweep_best,
-            "fraction_of_best_static": sweep_ours / sweep_best,
-        }
+    # re-measure the sweep's pick side by side with the controller: the arms of each repeat run back to back, their
+    # order rotating from one repeat to the next
+    arms = [controller, {"kind": "static", "split": list(best_split)}]
+    paired = launch(factors, rotating_order(arms, args.paired), throttle, args.steps, **compute)
+    ours_runs, best_runs = ([throughput(r, skip) for r in arm_runs(paired, arm)] for arm in arms)
+    ratios = paired_ratios(ours_runs, best_runs)
+    hetero = arm_runs(paired, arms[0])
+    row |= {
+        "paired_repeats": args.paired,
+        "controller_runs": ours_runs,
+        "best_static_runs": best_runs,
+        "paired_ratios": ratios,
+        "controller_samples_per_s": statistics.median(ours_runs),
+        "best_static_samples_per_s": statistics.median(best_runs),
+        "fraction_of_best_static": statistics.median(ratios),
+    }
     return row | {
         "split_changes": statistics.median(len(r["history"]) for r in hetero),
         "rollbacks": statistics.median(sum(h["reason"] == "rollback" for h in r["history"]) for r in hetero),
@@ -319,7 +305,7 @@ def write(args: argparse.Namespace, results: list[dict]) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=96)
-    parser.add_argument("--paired", type=int, default=5, help="controller / best-static pairs (0: sweep only)")
+    parser.add_argument("--paired", type=int, default=5, help="controller / best-static pairs after the sweep")
     parser.add_argument("--defaults", action="store_true", help="the controller at the callback's default cadence")
     parser.add_argument("--only", default="", help="semicolon-separated scenario titles to run (default: all)")
     parser.add_argument("--factors", default="", help="only one static scenario of these slowdowns ('custom')")
