@@ -201,15 +201,8 @@ def flip_scenario(
     after = list(reversed(factors))
     steps = switch + (5 if default_cadence else 8) * period
     run = DEFAULT_CADENCE_RUN if default_cadence else {"kind": "hetero"}
-    results = launch(
-        factors,
-        [run] * args.repeats,
-        throttle,
-        steps,
-        compute=compute,
-        factors_after=",".join(f"{f:.4g}" for f in after),
-        switch_step=switch,
-    )
+    flip = {"factors_after": ",".join(f"{f:.4g}" for f in after), "switch_step": switch}
+    results = launch(factors, [run] * args.repeats, throttle, steps, compute=compute, **flip)
     rows = []
     for r in results:
         splits = splits_per_step(r)

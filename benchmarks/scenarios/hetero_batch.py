@@ -94,21 +94,11 @@ def main(args: argparse.Namespace) -> None:
 
     # The slow rank changes two steps after an adjustment, the least favourable moment.
     switch_step = 3 * steps_per_epoch // 2 + 2
-    dynamic = run(
-        "hetero",
-        "1,4",
-        cost,
-        epochs=4,
-        **common,
-        adjust_every=args.adjust_every,
-        factors_after="4,1",
-        switch_step=switch_step,
-    )
+    flip = {"factors_after": "4,1", "switch_step": switch_step}
+    dynamic = run("hetero", "1,4", cost, **common, adjust_every=args.adjust_every, **flip)
     recovery = recovery_steps(dynamic, switch_step, ideal)
-    adjustments_needed = None
-    if recovery is not None:
-        recovered_at = switch_step + recovery
-        adjustments_needed = sum(1 for change in dynamic["history"] if switch_step <= change["step"] < recovered_at)
+    changes = [change["step"] for change in dynamic["history"]]
+    adjustments_needed = None if recovery is None else sum(switch_step <= s < switch_step + recovery for s in changes)
 
     throughput = {name: value for name, value, _ in rows}
     hetero_ratio = throughput["HeteroBatch, rank 1 slowed 4x"] / ideal
