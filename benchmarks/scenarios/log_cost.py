@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from benchmarks.harness.launch import RESULTS as RESULTS_DIR
 from benchmarks.harness.models import quiet_trainer
 from benchmarks.harness.record import write_json
+from benchmarks.harness.stats import rotating_order
 from lightning_hetero.async_ps.runtime.reporting import EpochLog
 
 VARIANTS = ("log_float", "log_float_sync", "epoch_log")
@@ -82,10 +83,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     each: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
-    for repeat in range(args.repeats):
-        order = VARIANTS[repeat % len(VARIANTS) :] + VARIANTS[: repeat % len(VARIANTS)]
-        for variant in order:
-            each[variant].append(measure(variant, args.steps))
+    for variant in rotating_order(VARIANTS, args.repeats):  # the variants interleaved, the first one rotating
+        each[variant].append(measure(variant, args.steps))
     summary = summarise(each)
     print(f"{'variant':16} {'us/step (2 calls)':>18} {'x epoch_log':>12}  repeats")
     for variant, row in summary.items():
