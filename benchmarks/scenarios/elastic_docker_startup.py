@@ -18,11 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.elastic_job import ElasticJob
-from benchmarks.harness.launch import RESULTS, wait_for
-from benchmarks.harness.launch import ROOT as ROOT_DIR
+from benchmarks.harness.launch import RESULTS, ROOT, wait_for
 from benchmarks.harness.record import write_json
 
-ROOT = ROOT_DIR
 COMMON = ["--epochs", "1000", "--samples", "4800", "--batch-size", "16", "--noise", "2.0", "--classes", "8"]
 COMMON += ["--seed", "0", "--hidden", "64", "--steps-per-round", "16"]
 SLEEP = {"a": 0.3, "c": 0.15, "d": 0.075, "new": 0.3}  # a speed-1 step sleeps 0.3 s

@@ -196,13 +196,10 @@ def main(args: argparse.Namespace) -> None:
                 f"ResNet-20 ({resnet['parameters'] / 1e6:.2f}M parameters), into {direction.upper()}: "
                 f"{', '.join(f'{c:.1f}' for c in costs)} ms"
             )
-    parameters = sum(p.numel() for p in MLP(FEATURES, CLASSES, [HIDDEN] * 4, 0.1, 0.0).parameters())
+    params = sum(p.numel() for p in MLP(FEATURES, CLASSES, [HIDDEN] * 4, 0.1, 0.0).parameters())
+    schedule = reverse_schedule(args.epochs, BSP_FRACTION)
     report = {
-        "conditions": {
-            "target": target,
-            "reverse_schedule": reverse_schedule(args.epochs, BSP_FRACTION),
-            "parameters": parameters,
-        },
+        "conditions": {"target": target, "reverse_schedule": schedule, "parameters": params},
         "rows": rows,
         "resnet20_switch_cost": resnet,
         "epochs": {config: run["epochs"] for config, run in runs.items()},
