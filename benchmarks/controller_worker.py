@@ -1,10 +1,5 @@
-"""Runs for the controller scenario: several fits in one launch of N DDP ranks (one process group, so start-up is
-paid once and the fits see the same machine load).
-
-Each run is ``hetero`` (HeteroBatchCallback), ``static`` (its batch-weighted DDP at a fixed split) or ``ddp``. The
-step spends ``--overhead-s + --cost-s x batch`` (a sleep, or ``--compute spin``) plus a small MLP, stretched by
-``SlowdownEmulator`` (``--throttle sleep``) or under a CFS quota of ``1 / factor`` CPUs (``--throttle cfs``). Rank 0
-writes every step's start time, the ranks' local sizes and the callback's history as JSON.
+"""Runs for the controller scenario: several fits in one launch of N DDP ranks (start-up paid once, the same load);
+rank 0 writes every step's start time, the ranks' local sizes and the callback's history.
 """
 
 from __future__ import annotations

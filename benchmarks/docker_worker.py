@@ -1,10 +1,5 @@
-"""One rank of a ``benchmarks/scenarios/docker.py`` run, inside a worker container (one process per container).
-
-The CIFAR ResNet-20 of ``examples/image_classification`` computes for real (one thread) under the container's CPU
-quota; the rank layout comes from ``lightning-hetero cluster up``'s environment, or ``--standalone`` trains alone
-(the ideal). Each rank writes ``OUT/report-rank{k}.json``: per-epoch training windows and, for HeteroBatch, its
-split changes, costs, busy times and the cgroup's quota. ``--split a,b`` runs a fixed split. The file is copied into
-the containers alone, so it imports nothing from ``benchmarks``.
+"""One rank of a docker scenario run inside a worker container: the CIFAR ResNet-20 under the container's quota (or
+``--standalone``); writes ``OUT/report-rank{k}.json``. Copied into the containers alone: no ``benchmarks`` imports.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""An elastic job on this machine: workers of ``examples/elastic/elastic_worker.py`` started one by one as separate
-processes (as on separate machines), killed and restarted at will, and what they wrote read back. Used by the elastic
-scenarios and by the tests in ``tests/elastic/`` (which add ``benchmarks/`` to ``sys.path``).
-"""
+"""An elastic job on this machine: ``examples/elastic/elastic_worker.py`` processes started, killed and restarted at
+will, and what they wrote read back (the elastic scenarios and ``tests/elastic/``)."""
 
 from __future__ import annotations
 
@@ -26,14 +24,8 @@ SYNC = ["--sync", "--epochs", "1000", "--hidden", "16", "--step-timeout-s", "30"
 
 
 class ElasticJob:
-    """Workers of one job writing into ``out``; ``args`` go to every worker (``--epochs``, ``--samples``, ...).
-
-    Args:
-        out: the job's folder (the workers' JSON, commit logs and errors).
-        args: command-line options for every worker.
-        lighthouse: the lighthouse's address (default: a free local port; the first worker started with
-            ``host=True`` starts it).
-    """
+    """Workers of one job writing into ``out``; ``args`` go to every worker; ``lighthouse``: default a free local
+    port, started by the worker started with ``host=True``."""
 
     def __init__(self, out: Path, args: list[str], lighthouse: str | None = None) -> None:
         self.out = Path(out)

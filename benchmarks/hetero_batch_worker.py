@@ -1,8 +1,5 @@
-"""One training run for the hetero_batch scenario (Lightning's launcher re-runs this module for the other ranks).
-
-The model is :class:`~benchmarks.harness.models.MLP` sleeping ``cost_s x factor x batch`` per training step, where
-``factor`` is the rank's slowdown (it may change at ``--switch-step``); sleeping rather than spinning keeps two
-emulated machines from competing for the host's cores. Rank 0 writes each step's end time and global batch size.
+"""One training run for the hetero_batch scenario: an MLP sleeping ``cost_s x factor x batch`` per step (the factor
+may change at ``--switch-step``); rank 0 writes each step's end time and global batch size.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
-"""An ASP job under torchrun's elastic agent on this machine: one agent per emulated node (``torchrun
---nproc-per-node=1``, the c10d rendezvous on a local port), started, killed and waited for at will, and what the
-workers of ``examples/elastic/asp_torchrun_worker.py`` wrote read back. Used by the asp_torchrun scenario and by
-``tests/elastic/test_torchrun.py`` (which adds ``benchmarks/`` to ``sys.path``).
-
-The launch is the recipe of docs/elastic.md: ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (torch's shared rendezvous
-store never tells a node that joins later where it is) and short rendezvous timeouts (a dead node is dropped after
-``keep_alive_interval x keep_alive_max_attempt`` = 3 s, a round closes 1 s after it has ``MIN`` nodes).
+"""An ASP job under torchrun's elastic agent on this machine, one agent per emulated node, started, killed and read
+back at will (the asp_torchrun scenario and ``tests/elastic/test_torchrun.py``). The launch is docs/elastic.md's
+recipe: ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` and short rendezvous timeouts (a dead node is dropped after 3 s).
 """
 
 from __future__ import annotations
@@ -43,14 +38,7 @@ def _read_lines(path: Path) -> list[dict[str, Any]]:
 
 
 class TorchrunJob:
-    """Agents of one job writing into ``out``; ``worker_args`` go to every worker (``--epochs``, ...).
-
-    Args:
-        out: the job's folder (the workers' JSON lines, the checkpoints under ``ckpt/``, each agent's log).
-        nnodes: torchrun's ``--nnodes``.
-        max_restarts: torchrun's ``--max-restarts``.
-        worker_args: options for ``asp_torchrun_worker.py``.
-    """
+    """Agents of one job writing into ``out`` (JSON lines, ``ckpt/``, logs); ``worker_args`` go to every worker."""
 
     def __init__(self, out: Path, nnodes: str = "2:3", max_restarts: int = 3, worker_args: tuple[str, ...] = ()):
         self.out = Path(out)
@@ -149,21 +137,10 @@ def join_and_leave(
     leave_after_s: float | None = 0.0,
     timeout_s: float = 150,
 ) -> dict:
-    """The scripted run: nodes ``a`` and ``b`` start; once a checkpoint exists node ``c`` joins; once the attempt
-    with ``c`` has written a checkpoint, ``c`` is killed (``leave_after_s=None``: it stays); then wait for the end.
-
-    Args:
-        job: the job.
-        hold: the workers' ``--hold`` file: the attempts wait at an epoch's start for each change (no race between
-            training and the script); ``None``: they train on, and the changes happen ``join_after_s`` after the
-            first checkpoint and ``leave_after_s`` after the attempt with ``c`` wrote one.
-        join_after_s: with ``hold=None``, how long after the first checkpoint ``c`` starts.
-        leave_after_s: with ``hold=None``, how long after the 3-node attempt's first checkpoint ``c`` is killed.
-        timeout_s: the whole run's limit.
-
-    Returns:
-        each agent's exit status (``None``: killed).
-    """
+    """The scripted run, each agent's exit status: nodes ``a`` and ``b`` start; once a checkpoint exists ``c`` joins;
+    once the attempt with ``c`` has written one, ``c`` is killed (``leave_after_s=None``: it stays). With a ``hold``
+    file the attempts wait at an epoch's start for each change; without, the changes come ``join_after_s`` and
+    ``leave_after_s`` after those checkpoints."""
     deadline = time.monotonic() + timeout_s
     left = lambda: deadline - time.monotonic()  # noqa: E731
     if hold is not None:

@@ -1,9 +1,7 @@
 """``python -m benchmarks list`` and ``python -m benchmarks run SCENARIO [flags]``.
 
-Every scenario takes its own flags (``python -m benchmarks run SCENARIO --help``) and the harness's: ``--grid
-[--grid-axes emulation,cost,...]`` (the study over the grid of conditions, :mod:`.grid`: the median and the worst
-cell of each figure), ``--check`` (parse the flags and exit) and, where the study has none, ``--repeats N`` (the
-whole study N times, each JSON suffixed ``_rK``). Unknown flags are errors.
+Besides its own flags, every scenario takes ``--grid [--grid-axes ...]`` (:mod:`.grid`), ``--check`` (parse the
+flags and exit) and, where it has none, ``--repeats N``. Unknown flags are errors.
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
-"""The grid of conditions a study did not tune for: from the study's base point (its command line), one axis varied
-at a time; every cell runs the whole study and yields its figures, and each figure is reported as the median and the
-worst cell over the grid.
-
-The axes (a study names the cells that apply to it and says why the others do not):
-``emulation`` (sleep or CPU quota), ``cost`` (per-sample cost x0.5 / x2), ``epoch`` (epoch length x0.25 / x4),
-``workers`` (worker count) and ``quota`` (quota level).
+"""The grid of conditions a study did not tune for: from its base point, one axis of ``AXES`` varied at a time; each
+figure is reported as the median and the worst cell.
 """
 
 from __future__ import annotations
@@ -127,7 +122,6 @@ def run_grid(
         rows.append(row)
         write_json(summary_path, {"scenario": name, "skipped_axes": skipped, "cells": rows, "figures": summarise()})
     print_grid(name, rows, summarise())
-    print(f"wrote {summary_path}")
     return summary_path
 
 
@@ -139,7 +133,5 @@ def print_grid(name: str, rows: list[dict[str, Any]], by_figure: dict[str, Any])
         values = row.get("figures", {})
         text = "".join(f"{values[f]:>24.3f}" if f in values else f"{'-':>24}" for f in figures)
         print(f"{row['axis'] + ': ' + row['label']:<30}{text}{'  failed' if 'error' in row else ''}")
-    for figure, fig in by_figure.items():
-        print(
-            f"{figure}: median {fig['median']:.3f} over {fig['cells']} cells, worst {fig['worst']:.3f} ({fig['worst_cell']})"
-        )
+    for key, f in by_figure.items():
+        print(f"{key}: median {f['median']:.3f} of {f['cells']} cells, worst {f['worst']:.3f} ({f['worst_cell']})")

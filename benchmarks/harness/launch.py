@@ -1,6 +1,6 @@
-"""Starting a study's processes: one or several jobs side by side, each with its log, waited for together; a job
-that fails raises with its log's tail. Children find this package (the repository root leads ``PYTHONPATH``) and
-never inherit a ``MASTER_PORT``, so Lightning picks a free one for each job."""
+"""Starting a study's processes side by side, each with its log, waited for together; a failed job raises with its
+log's tail. Children find this package on ``PYTHONPATH`` and inherit no ``MASTER_PORT``.
+"""
 
 from __future__ import annotations
 
@@ -148,8 +148,3 @@ def run_ranks(
         for rank in range(world_size)
     ]
     return run_jobs([command] * world_size, timeout_s, envs, may_fail=may_fail)
-
-
-def read_reports(folder: Path, count: int, pattern: str = "rank{}.json") -> list[dict[str, Any]]:
-    """The JSON reports ``pattern.format(k)`` for ranks ``0 .. count - 1`` in ``folder``."""
-    return [json.loads((Path(folder) / pattern.format(rank)).read_text()) for rank in range(count)]

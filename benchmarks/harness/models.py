@@ -1,7 +1,6 @@
-"""What the studies' training runs share: a quiet CPU Trainer, a train/validation split of the generated data and
-its fit, per-rank slowdowns, emulated compute (a sleep or a busy loop) in a perceptron, the callbacks that time steps
-and epochs, a start barrier for jobs run side by side, a child's command-line flags, and the result's JSON written
-as a run ends."""
+"""What the studies' training runs share: a quiet CPU Trainer, generated data, slowdowns, emulated compute in an MLP,
+step and epoch timers, a start barrier and a child's command-line flags.
+"""
 
 from __future__ import annotations
 
@@ -20,6 +19,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 from typing_extensions import override
 
+from benchmarks.harness.launch import scenario_command
 from lightning_hetero.synthetic import make_classification
 
 
@@ -59,13 +59,36 @@ def chosen(text: str, known: Sequence[str]) -> list[str]:
     return names
 
 
-def add_child_flags(parser: argparse.ArgumentParser, configs: Sequence[str]) -> None:
-    """The hidden flags with which a study runs one of its cells in a child process: ``--run CONFIG`` on ``--n``
-    ranks at heterogeneity level ``--level`` with ``--seed``."""
+def add_study_flags(
+    parser: argparse.ArgumentParser,
+    configs: Sequence[str],
+    default_configs: str,
+    workers: str,
+    hl: str,
+    budget_s: float,
+) -> None:
+    """The flags of a study over workers x heterogeneity level x seed (the cells, the task, the recipe, the slowdown),
+    and the hidden ones with which it runs a cell in a child: ``--run CONFIG`` on ``--n`` ranks at ``--level``."""
+    parser.add_argument("--workers", default=workers)
+    parser.add_argument("--hl", default=hl)
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--configs", default=default_configs)
+    parser.add_argument("--budget-s", type=float, default=budget_s, help="start no new cell after this many seconds")
+    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--samples", type=int, default=4096)
+    parser.add_argument("--noise", type=float, default=4.0)
+    parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--momentum", type=float, default=0.9)
+    parser.add_argument("--throttle", choices=("sleep", "cfs"), default="sleep", help="slow ranks by sleeps or a quota")
     parser.add_argument("--run", choices=configs, help=argparse.SUPPRESS)
     parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--level", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+
+
+def child_command(scenario: str, args: argparse.Namespace, keys: Sequence[str], **cell: Any) -> list[str]:
+    """The command that runs one ``cell`` of ``scenario`` in a child, given the study's settings ``keys``."""
+    return scenario_command(scenario, *flags(**cell, **{key: getattr(args, key) for key in keys}))
 
 
 def finish(trainer: L.Trainer, path: str | Path, result: Any, every_rank: bool = False) -> None:
@@ -78,13 +101,7 @@ def finish(trainer: L.Trainer, path: str | Path, result: Any, every_rank: bool =
 
 
 def slowdown_factors(workers: int, hl: float) -> list[float]:
-    """Per-rank slowdowns from 1 (rank 0) to ``hl`` (the last rank), geometrically spaced.
-
-    Example::
-
-        >>> slowdown_factors(2, 4.0), [round(f, 2) for f in slowdown_factors(3, 4.0)], slowdown_factors(1, 4.0)
-        ([1.0, 4.0], [1.0, 2.0, 4.0], [1.0])
-    """
+    """Per-rank slowdowns from 1 (rank 0) to ``hl`` (the last rank), geometrically spaced."""
     if workers == 1:
         return [1.0]
     return [hl ** (rank / (workers - 1)) for rank in range(workers)]
@@ -119,24 +136,9 @@ def spend(seconds: float, compute: str = "sleep") -> None:
 
 
 class MLP(L.LightningModule):
-    """A perceptron ``features -> hidden... -> classes``, SGD with momentum, ``val_acc`` logged across ranks.
-
-    Args:
-        features: input width.
-        classes: number of classes.
-        hidden: the hidden layers' widths.
-        lr: SGD learning rate.
-        momentum: SGD momentum.
-        cost_s: emulated compute (:func:`spend`) per sample of each training step.
-        activation: the hidden layers' activation.
-        overhead_s: emulated compute per training step.
-        compute: how the compute is emulated (``"sleep"`` or ``"spin"``, see :func:`spend`).
-        log_loss: log ``train_loss`` every step, as ``lightning_hetero.synthetic.MLPClassifier`` does (the workers
-            that trained that model keep its per-step cost).
-
-    Notes:
-        ``emulated_cpu_s`` sums the sleeps, so that a CPU quota can charge them as compute (:meth:`cpu_clock`).
-    """
+    """A perceptron ``features -> hidden... -> classes``, SGD with momentum, ``val_acc`` logged across ranks; a step
+    spends ``overhead_s + cost_s x samples`` (:func:`spend`), and ``emulated_cpu_s`` sums the sleeps so that a CPU
+    quota can charge them (:meth:`cpu_clock`). ``log_loss``: log ``train_loss`` every step, as ``MLPClassifier``."""
 
     def __init__(
         self,
@@ -193,12 +195,8 @@ class MLP(L.LightningModule):
 
 
 class TrainingTimes(Callback):
-    """Per epoch: the mode, training seconds (validation excluded) and validation accuracy, plus what
-    :meth:`extra` adds.
-
-    Args:
-        start_together: a barrier when training starts (ASP has no collective before its first step).
-    """
+    """Per epoch: the mode, training seconds (validation excluded), validation accuracy and :meth:`extra`;
+    ``start_together``: a barrier when training starts (ASP has no collective before its first step)."""
 
     def __init__(self, start_together: bool = False) -> None:
         self.start_together = start_together
@@ -265,13 +263,8 @@ class StepClock(Callback):
 
 
 class StartTogether(Callback):
-    """Jobs run side by side wait for each other before training, as the ranks of a distributed job do, so that no
-    job's measured epochs overlap another's start-up (imports take seconds of CPU).
-
-    Args:
-        folder: a folder shared by the jobs.
-        jobs: how many jobs meet there.
-    """
+    """``jobs`` jobs run side by side meet in ``folder`` before training, so that no job's measured epochs overlap
+    another's start-up (imports take seconds of CPU)."""
 
     def __init__(self, folder: str | Path, jobs: int) -> None:
         self.folder, self.jobs = Path(folder), jobs

@@ -54,11 +54,14 @@ def conditions() -> dict[str, Any]:
     )
 
 
-def write_json(path: Path | str, payload: dict[str, Any], indent: int | None = 1) -> Path:
-    """Writes ``payload`` with ``harness_conditions`` (:func:`conditions`) added; returns the path."""
+def write_json(path: Path | str, payload: dict[str, Any], indent: int | None = 1, quiet: bool = False) -> Path:
+    """Writes ``payload`` with ``harness_conditions`` (:func:`conditions`) added and says so (``quiet``: a study's
+    results so far, written again later); returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload | {"harness_conditions": conditions()}, indent=indent, default=str))
+    if not quiet:
+        print(f"wrote {path}")
     return path
 
 

@@ -58,35 +58,15 @@ def paired_ratios(ours: Sequence[float], reference: Sequence[float]) -> list[flo
 
 
 def rotating_order(arms: Sequence[T], repeats: int) -> list[T]:
-    """Each repeat runs every arm back to back; which arm goes first rotates from one repeat to the next.
-
-    Example::
-
-        >>> rotating_order(["a", "b"], 2)
-        ['a', 'b', 'b', 'a']
-    """
+    """Each repeat runs every arm back to back; which arm goes first rotates from one repeat to the next."""
     return [arms[(i + j) % len(arms)] for i in range(repeats) for j in range(len(arms))]
-
-
-def spread(values: Sequence[float]) -> dict[str, Any]:
-    """Median, worst (lowest) and best of ``values``."""
-    return {"median": median(values), "worst": min(values, default=None), "best": max(values, default=None)}
 
 
 def time_to_target(
     epochs: list[dict[str, Any]], target: float, curve: list[tuple[float, float]] | None = None
 ) -> float | None:
     """Training seconds until the validation accuracy first reaches ``target``: the first ``(train_s, acc)`` point
-    of ``curve`` that does, or without a curve the cumulative training time at the first epoch end that does.
-
-    Example::
-
-        >>> epochs = [{"train_s": 2.0, "val_acc": 0.8}, {"train_s": 3.0, "val_acc": 0.9}]
-        >>> time_to_target(epochs, 0.85), time_to_target(epochs, 0.95) is None
-        (5.0, True)
-        >>> time_to_target(epochs, 0.85, curve=[(0.5, 0.7), (2.6, 0.86), (5.0, 0.9)])
-        2.6
-    """
+    of ``curve`` that does, or without a curve the cumulative training time at the first epoch end that does."""
     if curve:
         return next((train_s for train_s, acc in curve if acc >= target), None)
     elapsed = 0.0

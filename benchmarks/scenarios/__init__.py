@@ -1,6 +1,6 @@
-"""One module per study: its configurations (``add_arguments``), its run and summary (``main``), and where it has a
-headline figure, the grid of conditions it is reported over (``grid_axes``, ``figures``). The module's name is the
-scenario's name (``python -m benchmarks run NAME``)."""
+"""One module per study, named as its scenario: ``add_arguments``, ``main`` and, with a headline figure, ``grid_axes``
+and ``figures``.
+"""
 
 from __future__ import annotations
 

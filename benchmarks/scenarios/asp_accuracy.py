@@ -1,11 +1,7 @@
 """Does asynchronous training keep BSP's accuracy with the user's own (BSP) hyper-parameters?
 
-One recipe tuned for BSP (SGD lr 0.1, momentum 0.9, batch 32 per worker, a 32-64-4 MLP on generated 4-class data,
-4 epochs) trained side by side as ``bsp``, ``asp`` (defaults), ``asp_none`` / ``asp_dc`` (compensation off / "dc"),
-``asp_textbook`` (``overlap_round_trip=False``), ``hybrid`` / ``hybrid_none`` (BSP then ASP, ``SyncSwitchCallback``)
-and ``reverse``. Compute sleeps ``--cost-s`` per sample; rank k is slowed ``HL ** (k / (N - 1))`` (sleeps, or
-``--throttle cfs``). Cells: workers x HL x seed, 2 and 4 workers at the highest HL first. Reported per cell: mean
-+- sd of final accuracy and training time, paired with BSP by seed, staleness and the effective momentum.
+One recipe tuned for BSP (SGD lr 0.1, momentum 0.9, batch 32 per worker, a 32-64-4 MLP, 4 epochs) trained as each
+of ``CONFIGS``; rank k slowed ``HL ** (k / (N - 1))``; per cell, accuracy and time paired with BSP by seed.
 """
 
 from __future__ import annotations
@@ -24,7 +20,7 @@ from torch import nn
 
 from benchmarks.harness import models
 from benchmarks.harness.grid import Cell, workers_hl_axes
-from benchmarks.harness.launch import RESULTS, run_json, scenario_command
+from benchmarks.harness.launch import RESULTS, run_json
 from benchmarks.harness.record import table, write_json
 from benchmarks.harness.stats import mean_sd, seed_paired, within_budget
 from lightning_hetero import AsyncPSStrategy, SlowdownEmulator, SyncSwitchCallback
@@ -32,20 +28,11 @@ from lightning_hetero.asp.compensation import AsynchronyCompensator
 from lightning_hetero.switching import FixedFractionPolicy, SchedulePolicy
 from lightning_hetero.switching.policies import share_in_epochs
 
-CONFIGS = ("bsp", "asp_none", "asp", "hybrid", "asp_dc", "hybrid_none", "reverse", "asp_textbook")
+CONFIGS = ("bsp", "asp_none", "asp", "hybrid", "asp_dc", "hybrid_none", "reverse")
+#: the validation samples, and the hybrid's (and reverse's) BSP share of the epochs
+VAL_SAMPLES, BSP_FRACTION = 2048, 0.25
 #: the settings a run's child process is given
-CHILD_FLAGS = (
-    "epochs",
-    "samples",
-    "val_samples",
-    "noise",
-    "cost_s",
-    "lr",
-    "momentum",
-    "batch_size",
-    "bsp_fraction",
-    "throttle",
-)
+CHILD_FLAGS = ("epochs", "samples", "noise", "cost_s", "lr", "momentum", "batch_size", "throttle")
 
 
 class EpochRecorder(models.TrainingTimes):
@@ -70,7 +57,7 @@ class EpochRecorder(models.TrainingTimes):
 def run_one(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     L.seed_everything(args.seed, verbose=False)
-    train, val = models.classification_split(args.samples, args.val_samples, args.seed, args.noise)
+    train, val = models.classification_split(args.samples, VAL_SAMPLES, args.seed, args.noise)
     factors = models.slowdown_factors(args.n, args.level)
     recorder = EpochRecorder()
     callbacks: list[Callback] = [recorder]
@@ -83,24 +70,15 @@ def run_one(args: argparse.Namespace) -> None:
     mode = "bsp" if args.config == "bsp" or hybrid else "asp"
     switch = None
     if hybrid:
-        switch = SyncSwitchCallback(FixedFractionPolicy(args.bsp_fraction), verbose=False)
+        switch = SyncSwitchCallback(FixedFractionPolicy(BSP_FRACTION), verbose=False)
     elif args.config == "reverse":
-        asp_epochs = args.epochs - share_in_epochs(args.bsp_fraction, args.epochs)
+        asp_epochs = args.epochs - share_in_epochs(BSP_FRACTION, args.epochs)
         switch = SyncSwitchCallback(SchedulePolicy(f"asp:0-{asp_epochs - 1},bsp:{asp_epochs}-"), verbose=False)
     if switch is not None:
         callbacks.insert(0, switch)
-    strategy = AsyncPSStrategy(
-        mode=mode,
-        asynchrony_compensation=compensation,
-        fault_timeout_s=300,
-        overlap_round_trip=args.config != "asp_textbook",
-    )
+    strategy = AsyncPSStrategy(mode=mode, asynchrony_compensation=compensation, fault_timeout_s=300)
     trainer = models.quiet_trainer(
-        devices=args.n,
-        strategy=strategy,
-        max_epochs=args.epochs,
-        callbacks=callbacks,
-        num_sanity_val_steps=0,
+        devices=args.n, strategy=strategy, max_epochs=args.epochs, callbacks=callbacks, num_sanity_val_steps=0
     )
     models.fit(trainer, model, train, val, args.batch_size)
     result = {"epochs": recorder.epochs, "server_summary": strategy.server_summary, "factors": factors}
@@ -108,10 +86,8 @@ def run_one(args: argparse.Namespace) -> None:
 
 
 def launch(args: argparse.Namespace, config: str, workers: int, level: float, seed: int) -> dict[str, Any]:
-    settings = {key: getattr(args, key) for key in CHILD_FLAGS}
-    command = lambda out: scenario_command(  # noqa: E731
-        "asp_accuracy", *models.flags(run=config, n=workers, level=level, seed=seed, out=out, **settings)
-    )
+    cell = {"run": config, "n": workers, "level": level, "seed": seed}
+    command = lambda out: models.child_command("asp_accuracy", args, CHILD_FLAGS, **cell, out=out)  # noqa: E731
     load_before, started = os.getloadavg()[0], time.perf_counter()
     result = run_json(command)
     epochs = result["epochs"]
@@ -203,13 +179,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 
 
 def cell_order(workers: list[int], levels: list[float]) -> list[tuple[int, float]]:
-    """2 and 4 workers at the highest HL first, then more workers, then the lower HLs.
-
-    Example::
-
-        >>> cell_order([2, 4, 8], [1.0, 4.0])
-        [(2, 4.0), (4, 4.0), (8, 4.0), (2, 1.0), (4, 1.0), (8, 1.0)]
-    """
+    """2 and 4 workers at the highest HL first, then more workers, then the lower HLs."""
     return [(n, level) for level in sorted(levels, reverse=True) for n in sorted(workers)]
 
 
@@ -229,29 +199,10 @@ def figures(payload: dict) -> dict[str, float]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--workers", default="2,4,8")
-    parser.add_argument("--hl", default="4,1")
-    parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--configs", default="bsp,asp_none,asp,hybrid")
-    parser.add_argument("--budget-s", type=float, default=3000.0, help="start no new cell after this many seconds")
+    models.add_study_flags(parser, CONFIGS, "bsp,asp_none,asp,hybrid", workers="2,4,8", hl="4,1", budget_s=3000.0)
     parser.add_argument("--out", type=Path, default=RESULTS / "asp_accuracy.json")
-    parser.add_argument("--epochs", type=int, default=4)
-    parser.add_argument("--samples", type=int, default=4096)
-    parser.add_argument("--val-samples", type=int, default=2048)
-    parser.add_argument("--noise", type=float, default=4.0)
     parser.add_argument("--cost-s", type=float, default=0.0008, help="emulated compute seconds per sample")
-    parser.add_argument(
-        "--throttle",
-        choices=["sleep", "cfs"],
-        default="sleep",
-        help="how SlowdownEmulator slows a rank: a sleep, or a CPU quota of 1/factor per 100 ms (the emulated "
-        "compute's sleeps count as CPU time)",
-    )
-    parser.add_argument("--lr", type=float, default=0.1)
-    parser.add_argument("--momentum", type=float, default=0.9)
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--bsp-fraction", type=float, default=0.25)
-    models.add_child_flags(parser, CONFIGS)
 
 
 def main(args: argparse.Namespace) -> None:
@@ -299,4 +250,3 @@ def main(args: argparse.Namespace) -> None:
         "runs": runs,
     }
     write_json(args.out, report)
-    print(f"wrote {args.out}")

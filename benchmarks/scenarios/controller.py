@@ -1,12 +1,7 @@
-"""HeteroBatchCallback's controller against the best static split found by a sweep.
+"""HeteroBatchCallback's controller against the best static split found by a sweep (``controller_worker.py``).
 
-2 and 4 DDP ranks on gloo (``controller_worker.py``), global batch 64, adjustments every 8 steps; ranks slowed by
-``SlowdownEmulator`` sleeps (``sleep HL2/HL4/HL8``), a CPU quota (``cfs``), the quota on real CPU work (``cfs cpu``),
-speeds that swap (``flip``), equal ranks (``homogeneous``: also DDP against itself, the noise floor) or one epoch
-from the equal split (``first epoch``). A sweep of static splits (proportional to speed**gamma) picks the best one;
-a second launch runs the controller and it in ``--paired`` pairs, and the figure is the median per-pair ratio. Also:
-split changes, the worst inversion, periods to settle after a speed change and the overshoot. ``--defaults``: the
-callback's default cadence; ``--factors`` (with ``--throttle``, ``--compute``, ``--cost-s``): one custom scenario.
+2 and 4 DDP ranks, global batch 64, slowed by sleeps, a CPU quota (``cfs``) or a quota on real work (``cfs cpu``);
+the figure is the median ratio of ``--paired`` controller / best-split pairs. ``--factors``: one custom scenario.
 """
 
 from __future__ import annotations
@@ -97,17 +92,12 @@ def arm_runs(results: list[dict], arm: dict) -> list[dict]:
     return [r for r in results if r["run"] == arm]
 
 
-def controller_arm(args: argparse.Namespace) -> dict:
-    """The controller's run in the static scenarios: adjusting every ``PERIOD`` steps, or with ``--defaults`` at the
-    callback's default cadence (after steps 10 and 18 of the run's one epoch, then every 32 steps)."""
-    return DEFAULT_CADENCE_RUN if args.defaults else {"kind": "hetero"}
-
-
 def static_scenario(
     name: str, factors: list[float], throttle: str, args: argparse.Namespace, compute: str = "sleep"
 ) -> dict:
     candidates = static_candidates(factors)
-    controller = controller_arm(args)
+    # the controller adjusting every PERIOD steps, or at the default cadence (after steps 10 and 18, then every 32)
+    controller = DEFAULT_CADENCE_RUN if args.defaults else {"kind": "hetero"}
     runs = [controller] + [{"kind": "static", "split": split} for split in candidates]
     repeats = args.repeats if len(factors) == 2 else max(1, args.repeats - 1)  # 4 ranks: one repeat fewer (time)
     compute = {"compute": compute, "cost_s": args.cost_s}
@@ -132,31 +122,22 @@ def static_scenario(
         "static_sweep": {str(list(k)): v for k, v in static.items()},
         "fraction_of_sweep_max": sweep_ours / sweep_best,
     }
-    hetero = [r for r in results if r["run"]["kind"] == "hetero"]
-    if args.paired:
-        # re-measure the sweep's pick side by side with the controller: the arms of each repeat run back to back,
-        # their order rotating from one repeat to the next
-        arms = [controller, {"kind": "static", "split": list(best_split)}]
-        paired = launch(factors, rotating_order(arms, args.paired), throttle, args.steps, **compute)
-        ours_runs, best_runs = ([throughput(r, skip) for r in arm_runs(paired, arm)] for arm in arms)
-        ratios = paired_ratios(ours_runs, best_runs)
-        hetero = arm_runs(paired, arms[0])
-        row |= {
-            "paired_repeats": args.paired,
-            "controller_runs": ours_runs,
-            "best_static_runs": best_runs,
-            "paired_ratios": ratios,
-            "controller_samples_per_s": statistics.median(ours_runs),
-            "best_static_samples_per_s": statistics.median(best_runs),
-            "fraction_of_best_static": statistics.median(ratios),
-        }
-    else:
-        row |= {
-            "controller_runs": [throughput(r, skip) for r in hetero],
-            "controller_samples_per_s": sweep_ours,
-            "best_static_samples_per_s": sweep_best,
-            "fraction_of_best_static": sweep_ours / sweep_best,
-        }
+    # re-measure the sweep's pick side by side with the controller: the arms of each repeat run back to back, their
+    # order rotating from one repeat to the next
+    arms = [controller, {"kind": "static", "split": list(best_split)}]
+    paired = launch(factors, rotating_order(arms, args.paired), throttle, args.steps, **compute)
+    ours_runs, best_runs = ([throughput(r, skip) for r in arm_runs(paired, arm)] for arm in arms)
+    ratios = paired_ratios(ours_runs, best_runs)
+    hetero = arm_runs(paired, arms[0])
+    row |= {
+        "paired_repeats": args.paired,
+        "controller_runs": ours_runs,
+        "best_static_runs": best_runs,
+        "paired_ratios": ratios,
+        "controller_samples_per_s": statistics.median(ours_runs),
+        "best_static_samples_per_s": statistics.median(best_runs),
+        "fraction_of_best_static": statistics.median(ratios),
+    }
     return row | {
         "split_changes": statistics.median(len(r["history"]) for r in hetero),
         "rollbacks": statistics.median(sum(h["reason"] == "rollback" for h in r["history"]) for r in hetero),
@@ -200,14 +181,7 @@ def first_epoch_scenario(
 
 
 def change_record(change: dict) -> tuple:
-    """One split change as the JSON keeps it: why it was made, and on what evidence.
-
-    Example::
-
-        >>> change = {"step": 16, "to": (46, 18), "reason": "balance", "changed": [True, False], "sync_step_s": 0.061}
-        >>> change_record(change)
-        (16, [46, 18], 'balance', True, 0.061)
-    """
+    """One split change as the JSON keeps it: why it was made, and on what evidence."""
     return change["step"], list(change["to"]), change["reason"], any(change["changed"]), change["sync_step_s"]
 
 
@@ -227,15 +201,8 @@ def flip_scenario(
     after = list(reversed(factors))
     steps = switch + (5 if default_cadence else 8) * period
     run = DEFAULT_CADENCE_RUN if default_cadence else {"kind": "hetero"}
-    results = launch(
-        factors,
-        [run] * args.repeats,
-        throttle,
-        steps,
-        compute=compute,
-        factors_after=",".join(f"{f:.4g}" for f in after),
-        switch_step=switch,
-    )
+    flip = {"factors_after": ",".join(f"{f:.4g}" for f in after), "switch_step": switch}
+    results = launch(factors, [run] * args.repeats, throttle, steps, compute=compute, **flip)
     rows = []
     for r in results:
         splits = splits_per_step(r)
@@ -298,17 +265,7 @@ def print_table(args: argparse.Namespace, results: list[dict]) -> None:
     print(f"\nController: global batch {GLOBAL_BATCH}; {cadence}; {args.repeats} interleaved repeats, medians")
     keys = ("controller_samples_per_s", "best_static_samples_per_s", "best_static_split", "fraction_of_best_static",
             "fraction_of_sweep_max", "split_changes", "worst_inversion", "late_changes")  # fmt: skip
-    header = [
-        "scenario",
-        "ctrl/s",
-        "best static/s",
-        "split",
-        "fraction",
-        "vs sweep max",
-        "changes",
-        "inversion",
-        "late",
-    ]
+    header = ["scenario", "ctrl/s", "static/s", "split", "fraction", "vs sweep max", "changes", "inversion", "late"]
     cells = [[row["title"], *(row[key] for key in keys)] for row in results if "fraction_of_best_static" in row]
     print(table(header, cells, ["", ".0f", ".0f", "", ".3f", ".3f"]))
     for row in results:
@@ -335,13 +292,13 @@ def print_table(args: argparse.Namespace, results: list[dict]) -> None:
 
 def write(args: argparse.Namespace, results: list[dict]) -> None:
     conditions = {"global_batch": GLOBAL_BATCH, "adjust_every_n_steps": PERIOD}
-    write_json(args.out, {"conditions": conditions, "scenarios": results})
+    write_json(args.out, {"conditions": conditions, "scenarios": results}, quiet=True)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=96)
-    parser.add_argument("--paired", type=int, default=5, help="controller / best-static pairs (0: sweep only)")
+    parser.add_argument("--paired", type=int, default=5, help="controller / best-static pairs after the sweep")
     parser.add_argument("--defaults", action="store_true", help="the controller at the callback's default cadence")
     parser.add_argument("--only", default="", help="semicolon-separated scenario titles to run (default: all)")
     parser.add_argument("--factors", default="", help="only one static scenario of these slowdowns ('custom')")
@@ -379,9 +336,7 @@ def grid_axes(args: argparse.Namespace) -> dict[str, list[Cell] | str]:
 
 def figures(payload: dict) -> dict[str, float]:
     """Each scenario's fraction of the best static split."""
-    return {
-        row["title"]: row["fraction_of_best_static"] for row in payload["scenarios"] if "fraction_of_best_static" in row
-    }
+    return {r["title"]: r["fraction_of_best_static"] for r in payload["scenarios"] if "fraction_of_best_static" in r}
 
 
 def main(args: argparse.Namespace) -> None:
@@ -393,8 +348,6 @@ def main(args: argparse.Namespace) -> None:
     plan += [
         ("cfs 1/4, 2 ranks", static_scenario, "cfs 1/4", [1.0, 4.0], "cfs", "sleep", {}),
         ("cfs cpu 1/4, 2 ranks", static_scenario, "cfs cpu 1/4", [1.0, 4.0], "cfs", "spin", {}),
-        ("flip HL4, 2 ranks", flip_scenario, "flip HL4", [1.0, 4.0], "sleep", "sleep", {}),
-        ("flip cfs 1/4, 2 ranks", flip_scenario, "flip cfs 1/4", [1.0, 4.0], "cfs", "sleep", {}),
     ]
     for title, throttle, compute in (("flip HL4", "sleep", "sleep"), ("flip cfs 1/4", "cfs", "sleep"),
                                      ("flip cfs cpu 1/4", "cfs", "spin")):  # fmt: skip

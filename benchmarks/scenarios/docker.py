@@ -1,11 +1,7 @@
-"""Real CPU limits: plain DDP and HeteroBatch BSP in worker containers under quotas.
+"""Real CPU limits: plain DDP and HeteroBatch BSP in 2 worker containers under quotas (needs Docker; not in CI).
 
-2 (or 4) containers of the worker image (``docker/build-image.sh``) train ``docker_worker.py``'s CIFAR ResNet-20 on
-generated images (real compute, one thread, global batch 64 per container) at levels HL2 and HL4 (``LEVELS``); the
-ideal is the sum of each quota's standalone throughput. HeteroBatch runs with every setting at its default.
-``--sweep``: also fixed splits, and ``--paired N`` alternates the controller and the best one (median per-pair
-ratio); ``--concurrent-ideal``: standalone runs all at once; ``--pin``: a core per container. Epoch 0 is an untimed
-warm-up. Needs a Docker daemon; not run in CI.
+``docker_worker.py``'s CIFAR ResNet-20 at HL2 and HL4 (``LEVELS``) against the sum of each quota's standalone
+throughput; ``--sweep``: also fixed splits, ``--paired N`` the controller against the best one.
 """
 
 from __future__ import annotations
@@ -42,13 +38,9 @@ STANDALONE_ARGS = ["--samples", "1024", "--batch-size", "64", "--val-samples", "
 BATCH_PER_RANK = 64
 SWEEP_GAMMAS = (0.75, 1.0, 1.5, 3.0)
 IMAGE = "lightning-hetero-worker:latest"
-# CPU quotas per container, fastest first: 2 containers keep OmniLearn's max/min ratio with the fastest at 1 CPU;
-# 4 keep the shape of its BSP table (cores 12, 12, 8, 16 for HL2 and 9, 9, 6, 24 for HL4 on 48) with the fastest
-# at 0.5 CPU, so that no level asks for more than the 2 cores of the host this was written on.
-LEVELS = {
-    2: {"HL1": [1.0, 1.0], "HL2": [1.0, 0.5], "HL4": [1.0, 0.25]},
-    4: {"HL1": [0.5, 0.5, 0.5, 0.5], "HL2": [0.375, 0.375, 0.25, 0.5], "HL4": [0.1875, 0.1875, 0.125, 0.5]},
-}
+#: CPU quotas per container, fastest first: OmniLearn's max/min ratio with the fastest at 1 CPU
+LEVELS = {2: {"HL1": [1.0, 1.0], "HL2": [1.0, 0.5], "HL4": [1.0, 0.25]}}
+WORKERS = 2
 
 #: why ``--grid`` does not apply
 NO_GRID = "not here: its conditions are real Docker quotas on a host with Docker; the quota grid runs in the controller scenario"
@@ -367,9 +359,7 @@ def format_row(row: dict[str, Any]) -> str:
 
 
 def summarise(rows: list[dict[str, Any]]) -> list[str]:
-    lines = [
-        " n level     method          samples/s   ideal  of_id  split(0/1)  acc  throttled periods/time per container"
-    ]
+    lines = [" n level     method          samples/s   ideal  of_id  split(0/1)  acc  throttled periods/time"]
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for row in rows:
         split = row.get("split")
@@ -403,32 +393,17 @@ def summarise(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--workers", type=int, nargs="+", default=[2], choices=sorted(LEVELS))
     parser.add_argument("--levels", nargs="+", default=["HL2", "HL4"], choices=["HL2", "HL4"])
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     parser.add_argument("--epochs", type=int, default=4, help="epochs per run; the first is an untimed warm-up")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--sweep", action="store_true", help="also run fixed splits (static levels only)")
-    parser.add_argument(
-        "--paired",
-        type=int,
-        default=0,
-        metavar="N",
-        help="with --sweep: then run the controller and the sweep's best static split alternately N times each",
-    )
-    parser.add_argument(
-        "--concurrent-ideal", action="store_true", help="also measure the standalone runs all at once, per level"
-    )
-    parser.add_argument(
-        "--pin",
-        action="store_true",
-        help="give each container its own core (a cpuset beside its quota) instead of letting all float over the host's",
-    )
+    parser.add_argument("--paired", type=int, default=0, help="with --sweep: N controller / best split pairs")
+    parser.add_argument("--concurrent-ideal", action="store_true", help="also the standalone runs all at once")
+    parser.add_argument("--pin", action="store_true", help="each container on its own core beside its quota")
     parser.add_argument("--quick", action="store_true", help="HL4, DDP and HeteroBatch, 3 epochs")
     parser.add_argument("--out", type=Path, default=RESULTS / "docker.json")
-    parser.add_argument(
-        "--image", default=IMAGE, help=f"worker image to build from this checkout and run (default {IMAGE})"
-    )
+    parser.add_argument("--image", default=IMAGE, help="the worker image to build from this checkout and run")
 
 
 def main(args: argparse.Namespace) -> None:
@@ -437,20 +412,12 @@ def main(args: argparse.Namespace) -> None:
     build = subprocess.run([str(ROOT / "docker" / "build-image.sh"), "--tag", args.image])
     if build.returncode != 0:
         sys.exit("bench_docker: the worker image could not be built (above)")
-    rows, standalone = [], {}
     with tempfile.TemporaryDirectory(prefix="lh-bench-docker-") as tmp:
-        for workers in args.workers:
-            workers_rows, standalone[workers] = run_workers(workers, args, Path(tmp) / f"{workers}w")
-            rows += workers_rows
+        rows, standalone = run_workers(WORKERS, args, Path(tmp) / f"{WORKERS}w")
     lines = summarise(rows)
     print("\n".join(lines))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     host_cpus = DockerBackend.connect().host_cpus()
-    conditions = {
-        "docker_cpus": host_cpus,
-        "levels": {str(n): LEVELS[n] for n in args.workers},
-        "cpusets": {str(n): pinned_cpusets(n, host_cpus) if args.pin else None for n in args.workers},
-    }
-    result = {"conditions": conditions, "standalone_samples_per_s": standalone, "rows": rows, "summary": lines}
+    cpusets = pinned_cpusets(WORKERS, host_cpus) if args.pin else None
+    conditions = {"docker_cpus": host_cpus, "levels": {"2": LEVELS[WORKERS]}, "cpusets": {"2": cpusets}}
+    result = {"conditions": conditions, "standalone_samples_per_s": {2: standalone}, "rows": rows, "summary": lines}
     write_json(args.out, result)
-    print(f"wrote {args.out}")

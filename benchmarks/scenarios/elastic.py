@@ -1,11 +1,6 @@
-"""Elastic local SGD (``ElasticLocalSGDStrategy`` on torchft) with workers that leave and join, against the same job
-undisturbed, on CPU.
-
-Four worker processes (``examples/elastic/elastic_worker.py``) of speeds 1, 1, 2 and 4, by a step sleep (or
-``--throttle quota``: real work under a CPU quota). Runs per seed: ``undisturbed``; ``churn``, a speed-1 worker
-killed mid-epoch and restarted every epoch; ``join``, a fifth worker started half-way. Reported: samples/s, final
-accuracy, a (re)started worker's seconds to its imports, first round end and first contribution, and batches lost
-and duplicated per epoch. ``--soak N``: one job through N kill-and-restart cycles, its hangs and coverage.
+"""Elastic local SGD (``ElasticLocalSGDStrategy``) with workers that leave and join, against the job undisturbed.
+4 workers of speeds 1, 1, 2, 4; runs ``undisturbed``, ``churn`` (a worker killed and restarted every epoch) and
+``join``; ``--soak N``: N kill-and-restart cycles.
 """
 
 from __future__ import annotations
@@ -26,6 +21,10 @@ from benchmarks.harness.launch import RESULTS, wait_for
 from benchmarks.harness.record import write_json
 
 SPEEDS = {"a": 1.0, "b": 1.0, "c": 2.0, "d": 4.0}
+#: a speed-1 worker's step sleep, or its CPU quota (``--throttle quota``)
+BASE_STEP_S, BASE_QUOTA = 0.3, 0.125
+#: a kill comes this long into an epoch, plus a seeded random delay up to the jitter
+KILL_DELAY_S, KILL_JITTER_S = 5.0, 3.0
 KILLED, ADDED = "b", "e"
 
 #: why ``--grid`` does not apply
@@ -43,8 +42,6 @@ def run(kind: str, args: argparse.Namespace, seed: int, out: Path) -> dict[str, 
         "--noise", str(args.noise), "--classes", "8", "--seed", str(seed), "--hidden", "64",
         "--steps-per-round", "16",  # the strategy's default (the worker script's is 4, for short tests)
     ]  # fmt: skip
-    if args.join_timeout_s is not None:
-        common += ["--join-timeout-s", str(args.join_timeout_s)]
     job = ElasticJob(out, common)
     speed_args = {name: _speed_args(args, speed) for name, speed in SPEEDS.items()}
     kill_at = random.Random(seed)
@@ -58,7 +55,7 @@ def run(kind: str, args: argparse.Namespace, seed: int, out: Path) -> dict[str, 
                 # the middle of the epoch: its first commits seen, then half an epoch's time (estimated) on
                 if not wait_for(lambda e=epoch: _epoch_of_latest_commit(job) >= e, 300):
                     break
-                time.sleep(args.kill_delay_s + kill_at.uniform(0, args.kill_jitter_s))
+                time.sleep(KILL_DELAY_S + kill_at.uniform(0, KILL_JITTER_S))
                 if _epoch_of_latest_commit(job) != epoch:
                     continue
                 job.kill(KILLED)
@@ -112,8 +109,8 @@ def _participants_per_round(commits: list[dict[str, Any]]) -> dict[int, int]:
 
 def _speed_args(args: argparse.Namespace, speed: float) -> list[str]:
     if args.throttle == "sleep":
-        return ["--step-sleep-s", f"{args.base_step_s / speed:g}"]
-    return ["--spin-s", f"{args.base_step_s * args.base_quota:g}", "--cpu-quota", f"{args.base_quota * speed:g}"]
+        return ["--step-sleep-s", f"{BASE_STEP_S / speed:g}"]
+    return ["--spin-s", f"{BASE_STEP_S * BASE_QUOTA:g}", "--cpu-quota", f"{BASE_QUOTA * speed:g}"]
 
 
 def soak(args: argparse.Namespace, out: Path) -> dict[str, Any]:
@@ -154,20 +151,14 @@ def soak(args: argparse.Namespace, out: Path) -> dict[str, Any]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seeds", type=int, default=1)
-    parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="the JSON's name in results/ (elastic.json, elastic_soak.json)")
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--samples", type=int, default=6400)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--noise", type=float, default=2.0)
-    parser.add_argument("--base-step-s", type=float, default=0.3, help="a speed-1 worker's step sleep")
-    parser.add_argument("--kill-delay-s", type=float, default=5.0, help="into an epoch before the kill")
-    parser.add_argument("--kill-jitter-s", type=float, default=3.0, help="plus a seeded random delay up to this")
     parser.add_argument("--throttle", choices=["sleep", "quota"], default="sleep", help="how speeds are emulated")
-    parser.add_argument("--base-quota", type=float, default=0.125, help="a speed-1 worker's CPU quota (quota)")
     parser.add_argument("--soak", type=int, default=0, help="run N kill-and-restart cycles instead")
     parser.add_argument("--runs", default="undisturbed,churn,join", help="which runs, comma-separated")
-    parser.add_argument("--join-timeout-s", type=float, default=None, help="the workers' (default: the strategy's)")
 
 
 def main(args: argparse.Namespace) -> None:
@@ -184,7 +175,7 @@ def main(args: argparse.Namespace) -> None:
         write_json(RESULTS / (args.out or "elastic_soak.json"), {"conditions": conditions, **report})
         return
     runs = []
-    for seed in range(args.first_seed, args.first_seed + args.seeds):
+    for seed in range(args.seeds):
         for kind in args.runs.split(","):
             out = Path(tempfile.mkdtemp(prefix=f"elastic-{kind}-"))  # kept: the workers' logs, for a failed run
             runs.append(run(kind, args, seed, out))

@@ -1,11 +1,5 @@
-"""An elastic worker's start-up under a real Docker CPU quota: seconds from ``docker run --cpus Q`` to a (re)started
-worker's first contribution, the whole process throttled as on a small machine.
-
-Three workers run on the host as in the elastic scenario (speeds 1, 2, 4; a speed-1 step sleeps 0.3 s). After 4
-committed rounds a fourth worker starts, as a plain process (the baseline), then in a container of ``--image`` per
-quota (``none``: no quota), ``--repeats`` times each; from its commit log: seconds to its imports' end, its first
-round end and its first contribution; then it is killed and the next one started. Also per quota: the seconds of
-``docker run ... python -c pass``.
+"""An elastic worker's start-up under a real Docker CPU quota (``docker run --cpus Q``), beside 3 workers on the host.
+Seconds to a (re)started worker's imports, first round end and first contribution.
 """
 
 from __future__ import annotations
@@ -24,11 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.elastic_job import ElasticJob
-from benchmarks.harness.launch import RESULTS, wait_for
-from benchmarks.harness.launch import ROOT as ROOT_DIR
+from benchmarks.harness.launch import RESULTS, ROOT, wait_for
 from benchmarks.harness.record import write_json
 
-ROOT = ROOT_DIR
 COMMON = ["--epochs", "1000", "--samples", "4800", "--batch-size", "16", "--noise", "2.0", "--classes", "8"]
 COMMON += ["--seed", "0", "--hidden", "64", "--steps-per-round", "16"]
 SLEEP = {"a": 0.3, "c": 0.15, "d": 0.075, "new": 0.3}  # a speed-1 step sleeps 0.3 s

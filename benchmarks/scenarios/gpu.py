@@ -1,10 +1,6 @@
-"""The GPU check's benchmark: two ranks, rank 1 slowed 3x (``SlowdownEmulator``); DDP vs HeteroBatch vs the best
-fixed split (``FIXED_SPLITS``), ASP and local SGD accuracy against BSP, AMP, torch.compile with changing sizes, and
-(``--layers``: distinct layers, where DDP's all-reduce overlaps backward) BSP's throughput against DDP's.
-
-Each case is a 2-rank job of two one-device "nodes" (two GPUs: NCCL; one GPU: both on it, gloo), run ``--seeds``
-times; goals are medians over seeds of seed-paired ratios. Writes ``<out>/<case>_s<seed>.json`` and
-``<out>/summary.json`` (after every run; failures recorded, exit status 1) and prints a table.
+"""The GPU check's benchmark: two ranks, rank 1 slowed 3x, each case a 2-rank job run ``--seeds`` times.
+DDP vs HeteroBatch vs the best fixed split, ASP and local SGD accuracy against BSP, AMP, torch.compile, and
+(``--layers``) BSP's throughput against DDP's; goals are medians of seed-paired ratios (``<out>/summary.json``).
 """
 
 from __future__ import annotations
@@ -144,16 +140,7 @@ def run_case(
 def summarize(runs: dict[str, list[dict]]) -> dict:
     """The goals from each case's runs (one per seed, in seed order): medians over seeds of the paired ratios and
     differences; the best fixed split is the ``fixed*`` case with the smallest median fit time. Missing cases give
-    ``None``.
-
-    Example::
-
-        >>> runs = {"hetero": [{"fit_s": 10.0}, {"fit_s": 12.0}], "fixed192": [{"fit_s": 9.0}, {"fit_s": 12.0}],
-        ...         "fixed208": [{"fit_s": 11.0}, {"fit_s": 13.0}]}
-        >>> goals = summarize(runs)
-        >>> goals["best_fixed"], goals["hetero_of_best_fixed"]
-        ('fixed192', 0.95)
-    """
+    ``None``."""
     fixed = [case for case in runs if case.startswith("fixed") and runs[case]]
     best = min(fixed, key=lambda case: statistics.median(r["fit_s"] for r in runs[case])) if fixed else None
 
@@ -179,13 +166,7 @@ def summarize(runs: dict[str, list[dict]]) -> dict:
 
 
 def _paired(runs: list[dict], others: list[dict]) -> list[tuple[dict, dict]]:
-    """The runs of ``runs`` and ``others`` with the same seed (else position); a seed failed in either has no pair.
-
-    Example::
-
-        >>> _paired([{"seed": 0, "v": 1}, {"seed": 2, "v": 3}], [{"seed": 2, "v": 4}])
-        [({'seed': 2, 'v': 3}, {'seed': 2, 'v': 4})]
-    """
+    """The runs of ``runs`` and ``others`` with the same seed (else position); a seed failed in either has no pair."""
     by_seed = {other.get("seed", i): other for i, other in enumerate(others)}
     return [(run, by_seed[seed]) for i, run in enumerate(runs) if (seed := run.get("seed", i)) in by_seed]
 
@@ -252,7 +233,7 @@ def main(args: argparse.Namespace) -> None:
                 failures.append({"case": case, "seed": seed, "why": why or "no report written"})
                 print(f"gpu: {case} seed {seed}: {failures[-1]['why']}", file=sys.stderr, flush=True)
             summary = {"conditions": conditions, "runs": runs, "goals": summarize(runs), "failures": failures}
-            write_json(out / "summary.json", summary)
+            write_json(out / "summary.json", summary, quiet=True)
     header = ["case", "fit s (median)", "val acc (median)", "split (last seed)", "graphs/rank (last seed)"]
     cells = [[case, median(r["fit_s"] for r in reports), median(r["val_acc"] for r in reports),
               reports[-1]["final_split"] if reports else "failed", reports[-1]["compiled_graphs_per_rank"] if reports

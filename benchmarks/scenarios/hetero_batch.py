@@ -1,11 +1,5 @@
-"""HeteroBatchCallback against plain DDP on 2 CPU ranks, one slowed 4x (``benchmarks/hetero_batch_worker.py``).
-
-Runs, interleaved ``--repeats`` times: each kind of rank alone (factor 1 and 4; the ideal is their sum); plain DDP
-and HeteroBatch with rank 1 slowed 4x, and with equal ranks (the callback's overhead); then once, HeteroBatch where
-the slow rank changes mid-run: steps until the throughput is back within 10% of the ideal. Throughput is the median
-over the steps after the first epoch of global samples per step over the step's wall time (rank 0's clock).
-HeteroBatch adjusts every ``--adjust-every`` steps (2 warm-up steps), or with ``--defaults`` at every setting's
-default. Prints a table and writes ``benchmarks/results/hetero_batch.json``.
+"""HeteroBatchCallback against plain DDP on 2 CPU ranks, one slowed 4x, and with equal ranks.
+The ideal is the sum of each rank alone; then the steps to recover when the slow rank changes mid-run.
 """
 
 from __future__ import annotations
@@ -50,9 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cost-s", type=float, default=0.0003, help="emulated compute per sample at factor 1")
     parser.add_argument("--samples", type=int, default=2048)
     parser.add_argument("--adjust-every", type=int, default=8)
-    parser.add_argument(
-        "--defaults", action="store_true", help="HeteroBatchCallback() at its defaults (replaces --adjust-every)"
-    )
+    parser.add_argument("--defaults", action="store_true", help="HeteroBatchCallback() at its defaults")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats; medians are reported")
     parser.add_argument("--out", type=Path, default=RESULTS / "hetero_batch.json")
 
@@ -102,29 +94,17 @@ def main(args: argparse.Namespace) -> None:
 
     # The slow rank changes two steps after an adjustment, the least favourable moment.
     switch_step = 3 * steps_per_epoch // 2 + 2
-    dynamic = run(
-        "hetero",
-        "1,4",
-        cost,
-        epochs=4,
-        **common,
-        adjust_every=args.adjust_every,
-        factors_after="4,1",
-        switch_step=switch_step,
-    )
+    flip = {"factors_after": "4,1", "switch_step": switch_step}
+    dynamic = run("hetero", "1,4", cost, **common, adjust_every=args.adjust_every, **flip)
     recovery = recovery_steps(dynamic, switch_step, ideal)
-    adjustments_needed = None
-    if recovery is not None:
-        recovered_at = switch_step + recovery
-        adjustments_needed = sum(1 for change in dynamic["history"] if switch_step <= change["step"] < recovered_at)
+    changes = [change["step"] for change in dynamic["history"]]
+    adjustments_needed = None if recovery is None else sum(switch_step <= s < switch_step + recovery for s in changes)
 
     throughput = {name: value for name, value, _ in rows}
     hetero_ratio = throughput["HeteroBatch, rank 1 slowed 4x"] / ideal
     ddp_ratio = throughput["DDP, rank 1 slowed 4x"] / ideal
     equal_ratio = throughput["HeteroBatch, equal ranks"] / throughput["DDP, equal ranks"]
-    print(
-        f"\nHeteroBatch: {cost * 1e3:.2f} ms/sample at factor 1; global batch {2 * batch}; {args.samples} samples/epoch"
-    )
+    print(f"\nHeteroBatch: {cost * 1e3:.2f} ms/sample at factor 1, global batch {2 * batch}, {args.samples} per epoch")
     cells = [["rank alone, factor 1", fast_alone, None, None], ["rank alone, factor 4", slow_alone, None, None],
              ["ideal (sum of the two)", ideal, 1.0, None], *([n, v, v / ideal, s] for n, v, s in rows)]  # fmt: skip
     print(table(["configuration", "samples/s (median)", "vs ideal", "final split"], cells, ["", ".0f", ".2f"]))
@@ -145,11 +125,7 @@ def main(args: argparse.Namespace) -> None:
             "throughput": throughput,
             "per_repeat": samples,
             "final_splits": {name: split for name, _, split in rows},
-            "ratios": {
-                "hetero_vs_ideal": hetero_ratio,
-                "ddp_vs_ideal": ddp_ratio,
-                "hetero_vs_ddp_equal": equal_ratio,
-            },
+            "ratios": {"hetero_vs_ideal": hetero_ratio, "ddp_vs_ideal": ddp_ratio, "hetero_vs_ddp_equal": equal_ratio},
             "dynamic": {
                 "switch_step": switch_step,
                 "recovery_steps": recovery,
@@ -160,4 +136,3 @@ def main(args: argparse.Namespace) -> None:
         },
         indent=2,
     )
-    print(f"wrote {args.out}")

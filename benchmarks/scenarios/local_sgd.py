@@ -1,12 +1,7 @@
-"""Local SGD (``AsyncPSStrategy(mode="local")``) against BSP, HeteroBatch BSP and ASP on emulated heterogeneous workers.
+"""Local SGD (``AsyncPSStrategy(mode="local")``) against DDP on emulated heterogeneous workers.
 
-Configurations (SGD lr 0.1, momentum 0.9, batch 32 per rank): ``ddp``, ``hetero`` (+ ``HeteroBatchCallback``),
-``asp``, ``local_equal`` (DiLoCo), ``local_prop`` (local steps proportional to speed, the default) and
-``local_prop_samples``. N processes, rank k slowed ``HL ** (k / (N - 1))`` (sleeps, or ``--throttle cfs``); models
-``light`` (a 32-512-512-C tanh MLP) and ``heavy`` (also ``--heavy-cost-s`` per sample). Per run: samples/s over the
-epochs after the first against the standalone bound (N single processes side by side, measured before each seed),
-bytes per sample, accuracy and time to DDP's accuracy minus 0.5 points against the seed's ``ddp`` run.
-``--quick``: 2 workers, HL4, light, seed 0, 2 epochs; ``--breakdown``: where local SGD's time goes.
+Each of ``CONFIGS`` on N processes, rank k slowed ``HL ** (k / (N - 1))``: samples/s against the standalone bound
+(N single processes side by side), bytes per sample, and accuracy and time to accuracy against the seed's DDP run.
 """
 
 from __future__ import annotations
@@ -27,39 +22,27 @@ from lightning.pytorch.strategies import DDPStrategy
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from benchmarks.harness import models
 from benchmarks.harness.grid import Cell, workers_hl_axes
-from benchmarks.harness.launch import RESULTS, child_env, run_job, run_jobs, scenario_command
-from benchmarks.harness.models import (
-    MLP,
-    StartTogether,
-    add_child_flags,
-    chosen,
-    classification_split,
-    fit,
-    flags,
-    quiet_trainer,
-    slowdown_factors,
-)
+from benchmarks.harness.launch import RESULTS, child_env, run_job, run_jobs
+from benchmarks.harness.models import MLP, StartTogether, chosen, classification_split, fit, quiet_trainer
 from benchmarks.harness.record import table, write_json
 from benchmarks.harness.stats import median, seed_paired, time_to_target, within_budget
 from benchmarks.scenarios.local_sgd_breakdown import BreakdownRecorder, collect, format_breakdown
-from lightning_hetero import AsyncPSStrategy, HeteroBatchCallback, SlowdownEmulator
+from lightning_hetero import AsyncPSStrategy, SlowdownEmulator
 
-CONFIGS = ("ddp", "hetero", "asp", "local_equal", "local_prop", "local_prop_samples")
+CONFIGS = ("ddp", "local_equal", "local_prop", "local_prop_samples")
 MODELS = ("light", "heavy")
-FEATURES, HIDDEN, BATCH = 32, 512, 32
+#: the model's input and hidden widths, the batch per rank, the validation samples and local steps per round
+FEATURES, HIDDEN, BATCH, VAL_SAMPLES, ROUND_STEPS = 32, 512, 32, 2048, 16
+#: DDP: steps between the parameter copies timed for accuracy
+CURVE_STEPS = 4
 
 
 def curve_times(epochs: list[dict[str, Any]], snapshots: list[tuple[int, float]]) -> list[float]:
     """Training seconds at which each ``(epoch, wall time)`` snapshot was taken: the earlier epochs' training time plus
     the time since its epoch's start (``epochs[i]["start"]``: the first rank's, in wall time), so that validation
-    between epochs does not count.
-
-    Example::
-
-        >>> curve_times([{"start": 100.0, "train_s": 2.0}, {"start": 103.0, "train_s": 2.0}], [(0, 101.0), (1, 104.5)])
-        [1.0, 3.5]
-    """
+    between epochs does not count."""
     before = [sum(e["train_s"] for e in epochs[:i]) for i in range(len(epochs))]
     return [before[epoch] + wall - epochs[epoch]["start"] for epoch, wall in snapshots]
 
@@ -127,7 +110,7 @@ class CurveRecorder(Callback):
             return
         self._steps += 1
         strategy = trainer.strategy
-        if isinstance(strategy, AsyncPSStrategy):  # local SGD after a round end; ASP never (its ranks differ)
+        if isinstance(strategy, AsyncPSStrategy):  # local SGD: after a round end
             if strategy.local_rounds is None or strategy.local_rounds.rounds == self._rounds:
                 return
             self._rounds = strategy.local_rounds.rounds
@@ -168,8 +151,8 @@ class StandaloneMeter(Callback):
 def run_one(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     L.seed_everything(args.seed, verbose=False)
-    train, val = classification_split(args.samples, args.val_samples, args.seed, args.noise, FEATURES, args.classes)
-    factors = slowdown_factors(args.n, args.level)
+    train, val = classification_split(args.samples, VAL_SAMPLES, args.seed, args.noise, FEATURES, args.classes)
+    factors = models.slowdown_factors(args.n, args.level)
     callbacks: list[Callback] = []
     slowed = {rank: factor for rank, factor in enumerate(factors) if factor > 1.0}
     cost_s = args.heavy_cost_s if args.model == "heavy" else 0.0
@@ -187,28 +170,21 @@ def run_one(args: argparse.Namespace) -> None:
         Path(args.out).write_text(json.dumps({"samples_per_s": rate, "batches": meter.batches}))
         return
     recorder = EpochRecorder(args.samples)
-    curve = CurveRecorder(args.curve_steps)
+    curve = CurveRecorder(CURVE_STEPS)
     callbacks = [recorder, curve]
     if slowed:
         callbacks.append(SlowdownEmulator(factors=slowed, throttle=args.throttle))
-    if args.config in ("ddp", "hetero"):
+    if args.config == "ddp":
         strategy: Any = DDPStrategy(process_group_backend="gloo")
-        if args.config == "hetero":
-            callbacks.append(HeteroBatchCallback(verbose=False))
-    elif args.config == "asp":
-        strategy = AsyncPSStrategy(mode="asp", fault_timeout_s=300)
     else:
+        outer = {"lr": args.outer_lr, "momentum": args.outer_momentum, "nesterov": args.outer_momentum > 0}
         strategy = AsyncPSStrategy(
             mode="local",
-            round_samples=args.round_steps * args.n * BATCH,
+            round_samples=ROUND_STEPS * args.n * BATCH,
             local_steps="equal" if args.config == "local_equal" else "proportional",
             pseudo_gradient_weighting="samples" if args.config == "local_prop_samples" else "mean",
             outer_optimizer=torch.optim.SGD,
-            outer_optimizer_kwargs={
-                "lr": args.outer_lr,
-                "momentum": args.outer_momentum,
-                "nesterov": args.outer_momentum > 0,
-            },
+            outer_optimizer_kwargs=outer,
             fault_timeout_s=300,
         )
         if args.breakdown:
@@ -239,16 +215,13 @@ def run_one(args: argparse.Namespace) -> None:
 
 
 #: the settings a run's child process is given
-CHILD_FLAGS = ("epochs", "samples", "val_samples", "noise", "lr", "momentum", "heavy_cost_s", "round_steps",
-               "standalone_s", "outer_lr", "outer_momentum", "barrier", "barrier_n", "classes", "curve_steps",
-               "throttle", "breakdown")  # fmt: skip
+CHILD_FLAGS = ("epochs", "samples", "noise", "lr", "momentum", "heavy_cost_s", "standalone_s", "outer_lr",
+               "outer_momentum", "barrier", "barrier_n", "classes", "throttle", "breakdown")  # fmt: skip
 
 
 def child_command(args: argparse.Namespace, config: str, model: str, n: int, level: float, seed: int, out: Path):
-    settings = {key: getattr(args, key) for key in CHILD_FLAGS}
-    return scenario_command(
-        "local_sgd", *flags(run=config, model=model, n=n, level=level, seed=seed, out=out, **settings)
-    )
+    cell = {"run": config, "model": model, "n": n, "level": level, "seed": seed, "out": out}
+    return models.child_command("local_sgd", args, CHILD_FLAGS, **cell)
 
 
 def standalone_bound(args: argparse.Namespace, model: str, n: int, level: float) -> list[float]:
@@ -258,7 +231,7 @@ def standalone_bound(args: argparse.Namespace, model: str, n: int, level: float)
         args.barrier, args.barrier_n = tmp, n  # the jobs start training together (imports take seconds of CPU)
         commands = [
             child_command(args, "standalone", model, 1, factor, 0, out)
-            for factor, out in zip(slowdown_factors(n, level), outs, strict=True)
+            for factor, out in zip(models.slowdown_factors(n, level), outs, strict=True)
         ]
         run_jobs(commands, 600, child_env(OMP_NUM_THREADS="1"))
         return [json.loads(out.read_text())["samples_per_s"] for out in outs]
@@ -281,11 +254,8 @@ def launch(args: argparse.Namespace, config: str, model: str, n: int, level: flo
     params = result["params"]
     rates = result.get("local_rates_last") or [None]
     busy_bound = sum(rates) if all(r is not None for r in rates) else None
-    total_samples = sum(e["samples"] for e in epochs)
-    if result["local_bytes_sent_rank0"] is not None:
-        bytes_per_sample = result["local_bytes_sent_rank0"] * n / total_samples  # every rank sends one per round
-    else:
-        bytes_per_sample = (8 if config == "asp" else 4) * params / BATCH
+    sent = result["local_bytes_sent_rank0"]  # every rank sends one per round; DDP all-reduces float32 gradients
+    bytes_per_sample = 4 * params / BATCH if sent is None else sent * n / sum(e["samples"] for e in epochs)
     return {
         "config": config,
         "model": model,
@@ -301,10 +271,7 @@ def launch(args: argparse.Namespace, config: str, model: str, n: int, level: flo
         "throughput_before_val_fetch": throughput_before_val_fetch,
         "bytes_per_sample": bytes_per_sample,
         "params": params,
-        "local_rounds": result["local_rounds"],
-        "local_plans_last": result["local_plans_last"],
-        "local_rates_last": result["local_rates_last"],
-        "local_plans": result["local_plans"],
+        **{key: result[key] for key in ("local_rounds", "local_plans_last", "local_rates_last", "local_plans")},
         # each rank's busy rate in the run (samples/s of its local steps, waits excluded): a bound measured side by
         # side with the run itself, under the same host load
         "local_busy_bound": busy_bound,
@@ -381,42 +348,20 @@ def figures(payload: dict) -> dict[str, float]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="2 workers, HL4, light, seed 0, 2 epochs")
-    parser.add_argument("--workers", default="4")
-    parser.add_argument("--hl", default="4,8")
+    models.add_study_flags(parser, (*CONFIGS, "standalone"), ",".join(CONFIGS), workers="4", hl="4,8", budget_s=1800.0)
     parser.add_argument("--models", default="light")
-    parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--configs", default=",".join(CONFIGS))
-    parser.add_argument("--budget-s", type=float, default=1800.0, help="start no new cell after this many seconds")
     parser.add_argument("--out", type=Path, default=None, help="default: results/local_sgd[_quick].json")
-    parser.add_argument("--epochs", type=int, default=4)
-    parser.add_argument("--samples", type=int, default=4096)
-    parser.add_argument("--val-samples", type=int, default=2048)
-    parser.add_argument("--noise", type=float, default=4.0)
     parser.add_argument("--classes", type=int, default=4, help="classes of the synthetic task (the model's outputs)")
-    parser.add_argument(
-        "--curve-steps", type=int, default=4, help="ddp/hetero: steps between the parameter copies timed for accuracy"
-    )
-    parser.add_argument(
-        "--breakdown", action="store_true", help="local SGD: per-rank time per category (local_sgd_breakdown.py)"
-    )
-    parser.add_argument("--lr", type=float, default=0.1)
-    parser.add_argument("--momentum", type=float, default=0.9)
+    parser.add_argument("--breakdown", action="store_true", help="local SGD: time per rank and category")
     parser.add_argument("--heavy-cost-s", type=float, default=0.001, help="emulated compute s/sample (heavy)")
-    parser.add_argument("--round-steps", type=int, default=16, help="local steps per rank and round, on average")
     parser.add_argument("--standalone-s", type=float, default=8.0)
     parser.add_argument(
         "--outer-lr", type=float, default=1.0, help="local SGD's outer SGD learning rate (1 and momentum 0: averaging)"
     )
-    parser.add_argument(
-        "--outer-momentum", type=float, default=0.0, help="its Nesterov momentum (DiLoCo's: --outer-lr 0.7, 0.9)"
-    )
-    parser.add_argument(
-        "--throttle", choices=("sleep", "cfs"), default="sleep", help="SlowdownEmulator's mode: sleeps or a CPU quota"
-    )
+    parser.add_argument("--outer-momentum", type=float, default=0.0, help="Nesterov momentum (DiLoCo: lr 0.7, 0.9)")
     parser.add_argument("--barrier", default="", help=argparse.SUPPRESS)
     parser.add_argument("--barrier-n", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--model", choices=MODELS, default="light", help=argparse.SUPPRESS)
-    add_child_flags(parser, (*CONFIGS, "standalone"))
 
 
 def main(args: argparse.Namespace) -> None:
@@ -476,4 +421,3 @@ def main(args: argparse.Namespace) -> None:
         "runs": runs,
     }
     write_json(args.out, report)
-    print(f"wrote {args.out}")

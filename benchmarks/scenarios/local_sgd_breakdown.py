@@ -1,11 +1,7 @@
 """Where a local-SGD run's time goes, per rank: ``python -m benchmarks run local_sgd --breakdown``.
 
-:class:`BreakdownRecorder` timestamps every batch, every round-end all-reduce (with the CPU time inside it) and
-every chunk claim, and :func:`breakdown` sums over the ranks, over the epochs after the first, seconds of
-``compute`` (batches minus all-reduces), ``round_wait`` (before the last rank arrived), ``round_sync`` (after it),
-``claims``, ``between_batches`` (data loading, Lightning's loop) and ``epoch_edges`` (the epoch's span outside the
-rank's batches); ``arrival_after_first_s`` is each rank's lateness per round end. One rank's categories add up to
-the epoch spans.
+:class:`BreakdownRecorder` timestamps batches, round-end all-reduces and chunk claims; :func:`breakdown` sums them
+into categories that add up to each rank's epoch spans.
 """
 
 from __future__ import annotations
@@ -21,7 +17,7 @@ CATEGORIES = ("compute", "round_wait", "round_sync", "claims", "between_batches"
 
 
 class BreakdownRecorder(Callback):
-    """Records one rank's timeline (see the module's docstring) and writes it to ``<out>.rank<k>.json`` at the end."""
+    """Records one rank's batches, round ends and claims, written to ``<out>.rank<k>.json`` at the end."""
 
     def __init__(self, out: str) -> None:
         self.out = out
@@ -87,11 +83,9 @@ def _overlap(start: float, end: float, intervals: list[list[float]]) -> float:
 
 
 def breakdown(ranks: list[list[dict[str, Any]]], skip_epochs: int = 1) -> dict[str, Any]:
-    """Seconds per category (``CATEGORIES``) per rank and summed over ranks, over the epochs after ``skip_epochs``.
-
-    Args:
-        ranks: each rank's epochs as :class:`BreakdownRecorder` wrote them.
-        skip_epochs: leading epochs left out (the first one measures speeds).
+    """Seconds per category per rank and summed over ranks, over the epochs after ``skip_epochs``: ``compute``
+    (batches minus round ends), ``round_wait`` (before the last rank arrived), ``round_sync`` (after it), ``claims``,
+    ``between_batches`` and ``epoch_edges`` (the span outside the rank's batches); and each rank's lateness.
 
     Example: two ranks, one epoch; rank 0 trains one batch, rank 1 two (claiming the second for 50 ms) and arrives
     at the round end 0.2 s after rank 0::

@@ -1,10 +1,5 @@
-"""What per-step logging costs inside a Lightning training step: ``self.log`` of a number against the
-``EpochLog`` metric path that ``AsyncPSStrategy`` uses for its per-step values (``lightning_hetero.async_ps.runtime.reporting``).
-
-One process, one torch thread, a 4-2 linear model on batches of 32; the step times only its two logging calls, the
-median over the steps after a warm-up, ``--repeats`` times with the variants interleaved: ``log_float``
-(``self.log(..., on_epoch=True, rank_zero_only=True)``), ``log_float_sync`` (with ``sync_dist=True``) and
-``epoch_log`` (two ``EpochLog.report`` calls).
+"""What per-step logging costs inside a training step: ``self.log`` of a number against ``EpochLog``.
+Variants ``log_float``, ``log_float_sync`` and ``epoch_log`` (``AsyncPSStrategy``'s path); medians over steps.
 """
 
 from __future__ import annotations
@@ -22,6 +17,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from benchmarks.harness.launch import RESULTS as RESULTS_DIR
 from benchmarks.harness.models import quiet_trainer
 from benchmarks.harness.record import write_json
+from benchmarks.harness.stats import rotating_order
 from lightning_hetero.async_ps.runtime.reporting import EpochLog
 
 VARIANTS = ("log_float", "log_float_sync", "epoch_log")
@@ -65,13 +61,7 @@ def measure(variant: str, steps: int) -> float:
 
 
 def summarise(each: dict[str, list[float]]) -> dict[str, dict[str, Any]]:
-    """Per variant: the median over repeats, the repeats, and the ratio to ``epoch_log``'s median.
-
-    Example::
-
-        >>> summarise({"log_float": [700.0, 680.0, 720.0], "epoch_log": [20.0, 21.0, 19.0]})["log_float"]
-        {'us_per_step_median': 700.0, 'us_per_step_each': [700.0, 680.0, 720.0], 'over_epoch_log': 35.0}
-    """
+    """Per variant: the median over repeats, the repeats, and the ratio to ``epoch_log``'s median."""
     base = statistics.median(each["epoch_log"]) if "epoch_log" in each else None
     summary = {}
     for variant, values in each.items():
@@ -93,19 +83,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     each: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
-    for repeat in range(args.repeats):
-        order = VARIANTS[repeat % len(VARIANTS) :] + VARIANTS[: repeat % len(VARIANTS)]
-        for variant in order:
-            each[variant].append(measure(variant, args.steps))
+    for variant in rotating_order(VARIANTS, args.repeats):  # the variants interleaved, the first one rotating
+        each[variant].append(measure(variant, args.steps))
     summary = summarise(each)
     print(f"{'variant':16} {'us/step (2 calls)':>18} {'x epoch_log':>12}  repeats")
     for variant, row in summary.items():
         ratio = "-" if row["over_epoch_log"] is None else f"{row['over_epoch_log']:.1f}"
         repeats = ", ".join(f"{v:.0f}" for v in row["us_per_step_each"])
         print(f"{variant:16} {row['us_per_step_median']:18.1f} {ratio:>12}  {repeats}")
-    result = {
-        "conditions": {"torch_threads": 1, "warmup_steps": WARMUP_STEPS},
-        "summary": summary,
-    }
+    result = {"conditions": {"torch_threads": 1, "warmup_steps": WARMUP_STEPS}, "summary": summary}
     write_json(args.json, result, indent=2)
-    print(f"wrote {args.json}")

@@ -1,11 +1,7 @@
 """ASP at scale: ``AsyncPSStrategy``'s throughput against the ideal, 2 to 16 workers, 0.25M to 17M parameters.
 
-Equal workers, one Lightning process each (gloo on loopback, the server as threads in rank 0); a step sleeps
-``step_ms`` (or runs under a CPU quota, ``--emulation quota``), then a real forward and backward through one linear
-layer of the model's size on a batch of 2. **ASP / ideal**: ASP's samples/s over the sum of N standalone jobs run
-side by side the same way, over the epochs after the first; **server busy**, **µs per MB** from the server's
-statistics. ``--variant LABEL=JSON_KWARGS[@SRC]`` runs ASP variants against the same standalone runs (``SRC``:
-another checkout's ``src/``). Repeats interleave standalone and ASP; medians reported.
+Equal workers whose step sleeps ``step_ms`` (or ``--emulation quota``) around one linear layer; ASP/ideal is ASP's
+samples/s over the sum of N standalone jobs side by side. ``--variant LABEL=JSON_KWARGS``: ASP variants.
 """
 
 from __future__ import annotations
@@ -140,7 +136,7 @@ def _run(args: argparse.Namespace, jobs: list[dict], source: str = "") -> list[l
             commands.append(scenario_command("ps_scale", "--role", "train", "--out", out, *flags(
                 **job, emulation=args.emulation, quota=args.quota)))  # fmt: skip
             outs.append(out)
-        run_jobs(commands, args.job_timeout_s, child_env(source), Path(tmp, "logs"))
+        run_jobs(commands, 600, child_env(source), Path(tmp, "logs"))
         return [
             [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(job["devices"])]
             for job, out in zip(jobs, outs, strict=True)
@@ -221,14 +217,8 @@ def server_apply_cost(model: str, updates: int) -> dict:
         server.apply(1, header._replace(base_version=server.version), grad, reply)
         if i >= 5:
             times.append(time.perf_counter() - start)
-    per_update_us = statistics.median(times) * 1e6
-    megabytes = layout.numel * 4 / 1e6
-    return {
-        "params": layout.numel,
-        "mb": megabytes,
-        "us_per_update": per_update_us,
-        "us_per_mb": per_update_us / megabytes,
-    }
+    us, mb = statistics.median(times) * 1e6, layout.numel * 4 / 1e6
+    return {"params": layout.numel, "mb": mb, "us_per_update": us, "us_per_mb": us / mb}
 
 
 def summarise(runs: list[dict], label: str) -> dict:
@@ -291,8 +281,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--strategy-kwargs", default="{}", help="train: JSON keyword arguments for AsyncPSStrategy")
     parser.add_argument("--apply-updates", type=int, default=30, help="updates timed per model for the server cost")
-    parser.add_argument("--job-timeout-s", type=float, default=600)
-    parser.add_argument("--label", default="", help="a note stored in the JSON (e.g. the code version)")
     parser.add_argument("--json", default=str(RESULTS), help="where to write the results")
     # a training job's own arguments
     parser.add_argument("--out", default="")
@@ -303,9 +291,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--samples", type=int, default=1024)
     parser.add_argument("--start-together", default="", help="standalone jobs: a folder where they meet to start")
     parser.add_argument("--start-together-jobs", type=int, default=1)
-    parser.add_argument(
-        "--emulation", default="sleep", choices=["sleep", "quota"], help="compute by sleeping, or under a CPU quota"
-    )
+    parser.add_argument("--emulation", default="sleep", choices=["sleep", "quota"], help="sleeps, or a CPU quota")
     parser.add_argument("--quota", type=float, default=0.5, help="with --emulation quota: CPUs per worker")
 
 
@@ -364,7 +350,6 @@ def main(args: argparse.Namespace) -> None:
             name: {v["label"]: summarise(runs[name], v["label"]) for v in variants} for name in configs if runs[name]
         }
         result = {
-            "label": args.label,
             "complete": complete,
             "variants": variants,
             "summary": summary,
@@ -372,7 +357,7 @@ def main(args: argparse.Namespace) -> None:
             "server_apply_cost_this_checkout": costs,
             "wall_s": time.time() - started,
         }
-        write_json(args.json, result, indent=2)
+        write_json(args.json, result, indent=2, quiet=True)
         return result
 
     for repeat in range(args.repeats):

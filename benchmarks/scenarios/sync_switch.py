@@ -1,10 +1,5 @@
-"""BSP vs ASP vs the BSP-then-ASP hybrid (SyncSwitchCallback) on a generated task with emulated heterogeneity.
-
-The same MLP and data with ``AsyncPSStrategy`` on N CPU processes, rank 1 ``--slowdown`` times slower: ``bsp``,
-``asp``, ``hybrid`` (BSP for ``--bsp-fraction`` of the epochs, then ASP), ``reverse`` (ASP first: Sync-Switch's
-claim), ``asp_hetero`` (ASP + ``HeteroBatchCallback``: OmniLearn's claim); ``switch_cost`` times six switches of
-the CIFAR ResNet-20 of ``examples/``. Reported: final accuracy, training time (validation excluded), time to
-``--target`` accuracy and each switch's cost; each configuration runs in its own child process.
+"""BSP vs ASP vs the BSP-then-ASP hybrid (SyncSwitchCallback) on a generated task, rank 1 4x slower.
+Also ``reverse`` and ``asp_hetero``; ``switch_cost`` times six switches of the CIFAR ResNet-20.
 """
 
 from __future__ import annotations
@@ -33,6 +28,10 @@ from lightning_hetero.switching.policies import share_in_epochs
 CONFIGS = ("bsp", "asp", "hybrid", "reverse", "asp_hetero")
 ALL = (*CONFIGS, "switch_cost")
 ALTERNATING = "bsp:0,asp:1,bsp:2,asp:3,bsp:4,asp:5,bsp:6-"
+#: the task and recipe: samples, features, classes, noise, hidden width (4 layers), batch per rank, lr, momentum
+SAMPLES, FEATURES, CLASSES, NOISE, HIDDEN, BATCH, LR, MOMENTUM = 8192, 64, 10, 3.0, 512, 64, 0.003, 0.9
+#: rank 1's slowdown, and the hybrid's (and reverse's) BSP share of the epochs
+SLOWDOWN, BSP_FRACTION = 4.0, 0.25
 
 #: why ``--grid`` does not apply
 NO_GRID = "its figures (accuracy and switch cost at fixed settings) come from one run per configuration; asp_accuracy has the grid"
@@ -40,13 +39,7 @@ NO_GRID = "its figures (accuracy and switch cost at fixed settings) come from on
 
 def reverse_schedule(epochs: int, bsp_fraction: float) -> str:
     """ASP first, then BSP, with the hybrid's epoch counts: as many ASP epochs as ``FixedFractionPolicy`` gives the
-    hybrid's ASP phase, then BSP for the rest.
-
-    Example::
-
-        >>> reverse_schedule(12, 0.25), reverse_schedule(4, 0.25), reverse_schedule(4, 0.0), reverse_schedule(4, 1.0)
-        ('asp:0-8,bsp:9-', 'asp:0-2,bsp:3-', 'asp:0-', 'bsp:0-')
-    """
+    hybrid's ASP phase, then BSP for the rest."""
     asp_epochs = epochs - share_in_epochs(bsp_fraction, epochs)
     if asp_epochs <= 0:
         return "bsp:0-"
@@ -56,13 +49,7 @@ def reverse_schedule(epochs: int, bsp_fraction: float) -> str:
 
 
 def parse_configs(text: str) -> list[str]:
-    """The ``--configs`` list, in the order of :data:`ALL` (so BSP, the baseline, runs first).
-
-    Example::
-
-        >>> parse_configs("reverse,hybrid"), parse_configs("all") == list(ALL)
-        (['hybrid', 'reverse'], True)
-    """
+    """The ``--configs`` list, in the order of :data:`ALL` (so BSP, the baseline, runs first)."""
     names = {name.strip() for name in text.split(",") if name.strip()}
     if names == {"all"}:
         return list(ALL)
@@ -99,19 +86,18 @@ def run_config(args: argparse.Namespace) -> None:
     if args.config == "switch_cost":
         measure_switch_cost(args)
         return
-    val_samples = args.samples * 3 // 2 - args.samples
-    train, val = classification_split(args.samples, val_samples, 0, args.noise, args.features, args.classes)
+    train, val = classification_split(SAMPLES, SAMPLES // 2, 0, NOISE, FEATURES, CLASSES)
     # 4 hidden layers: enough compute per step that the emulated slowdown, not Lightning's overhead, sets the pace
-    model = MLP(args.features, args.classes, [args.hidden] * 4, args.lr, args.momentum)
+    model = MLP(FEATURES, CLASSES, [HIDDEN] * 4, LR, MOMENTUM)
     recorder = TrainingTimes()
-    callbacks: list[Callback] = [recorder, SlowdownEmulator(factors={1: args.slowdown})]
+    callbacks: list[Callback] = [recorder, SlowdownEmulator(factors={1: SLOWDOWN})]
     switch = None
     hetero = None
     mode = "asp" if args.config in ("asp", "asp_hetero") else "bsp"
     if args.config == "hybrid":
-        switch = SyncSwitchCallback(FixedFractionPolicy(args.bsp_fraction), verbose=False)
+        switch = SyncSwitchCallback(FixedFractionPolicy(BSP_FRACTION), verbose=False)
     elif args.config == "reverse":
-        schedule = reverse_schedule(args.epochs, args.bsp_fraction)
+        schedule = reverse_schedule(args.epochs, BSP_FRACTION)
         switch = SyncSwitchCallback(schedule, verbose=False)
         mode = schedule[:3]  # start in the first phase's mode, so that epoch 0 needs no switch
     if switch is not None:
@@ -121,7 +107,7 @@ def run_config(args: argparse.Namespace) -> None:
         callbacks.append(hetero)
     strategy = AsyncPSStrategy(mode=mode)
     trainer = quiet_trainer(devices=args.workers, strategy=strategy, max_epochs=args.epochs, callbacks=callbacks)
-    fit(trainer, model, train, val, args.batch_size)
+    fit(trainer, model, train, val, BATCH)
     result = {"config": args.config, "epochs": recorder.epochs, "switches": switch.switches if switch else []}
     result["server_summary"] = strategy.server_summary
     if hetero is not None:
@@ -147,8 +133,6 @@ def launch(config: str) -> dict:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=2, help="processes (2-4 on CPU)")
     parser.add_argument("--epochs", type=int, default=12)
-    parser.add_argument("--slowdown", type=float, default=4.0, help="rank 1 computes this many times slower")
-    parser.add_argument("--bsp-fraction", type=float, default=0.25, help="the hybrid's (and reverse's) BSP share")
     parser.add_argument(
         "--configs",
         type=parse_configs,
@@ -156,17 +140,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"comma-separated subset of {','.join(ALL)} (default: all)",
     )
     parser.add_argument("--tag", default="", help="suffix of the results file: sync_switch_<N>workers_<tag>.json")
-    parser.add_argument(
-        "--target", type=float, default=None, help="accuracy target (default: BSP's final - 0.5 pt, else best - 0.5 pt)"
-    )
-    parser.add_argument("--samples", type=int, default=8192)
-    parser.add_argument("--features", type=int, default=64)
-    parser.add_argument("--classes", type=int, default=10)
-    parser.add_argument("--noise", type=float, default=3.0)
-    parser.add_argument("--hidden", type=int, default=512)
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--lr", type=float, default=0.003)
-    parser.add_argument("--momentum", type=float, default=0.9)
     parser.add_argument("--config", choices=ALL, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
 
@@ -180,9 +153,7 @@ def main(args: argparse.Namespace) -> None:
     runs = {config: launch(config) for config in args.configs}
     resnet = runs.pop("switch_cost", None)
 
-    if args.target is not None:
-        target = args.target
-    elif "bsp" in runs:
+    if "bsp" in runs:  # the target accuracy: BSP's final (else the best) minus 0.5 points
         target = runs["bsp"]["epochs"][-1]["val_acc"] - 0.005
     elif runs:
         target = max(run["epochs"][-1]["val_acc"] for run in runs.values()) - 0.005
@@ -205,11 +176,8 @@ def main(args: argparse.Namespace) -> None:
             }
         )
     if rows:
-        target_text = "BSP's final - 0.5 pt" if args.target is None and "bsp" in runs else "given or best - 0.5 pt"
-        print(
-            f"target accuracy {target:.4f} ({target_text}); rank 1 {args.slowdown}x slower; {args.workers} workers; "
-            f"{args.epochs} epochs"
-        )
+        target_text = "BSP's final - 0.5 pt" if "bsp" in runs else "best - 0.5 pt"
+        print(f"target accuracy {target:.4f} ({target_text}); rank 1 {SLOWDOWN}x slower; {args.workers} workers")
         bsp_s = next((row["train_s"] for row in rows if row["config"] == "bsp"), None)
         cells = [[r["config"], r["final_acc"], r["train_s"], "never" if r["time_to_target_s"] is None else
                   f"{r['time_to_target_s']:.1f}", None if bsp_s is None else r["train_s"] / bsp_s, r["modes"]]
@@ -228,13 +196,10 @@ def main(args: argparse.Namespace) -> None:
                 f"ResNet-20 ({resnet['parameters'] / 1e6:.2f}M parameters), into {direction.upper()}: "
                 f"{', '.join(f'{c:.1f}' for c in costs)} ms"
             )
-    parameters = sum(p.numel() for p in MLP(args.features, args.classes, [args.hidden] * 4, 0.1, 0.0).parameters())
+    params = sum(p.numel() for p in MLP(FEATURES, CLASSES, [HIDDEN] * 4, 0.1, 0.0).parameters())
+    schedule = reverse_schedule(args.epochs, BSP_FRACTION)
     report = {
-        "conditions": {
-            "target": target,
-            "reverse_schedule": reverse_schedule(args.epochs, args.bsp_fraction),
-            "parameters": parameters,
-        },
+        "conditions": {"target": target, "reverse_schedule": schedule, "parameters": params},
         "rows": rows,
         "resnet20_switch_cost": resnet,
         "epochs": {config: run["epochs"] for config, run in runs.items()},
@@ -246,4 +211,3 @@ def main(args: argparse.Namespace) -> None:
     suffix = f"_{args.tag}" if args.tag else ""
     path = RESULTS / f"sync_switch_{args.workers}workers{suffix}.json"
     write_json(path, report)
-    print(f"wrote {path}")

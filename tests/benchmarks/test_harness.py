@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import argparse
+import doctest
+import importlib
 import json
 import sys
 
@@ -35,6 +37,13 @@ def test_unknown_scenarios_and_flags_are_errors_that_say_so(capsys):
 def test_check_parses_the_scenarios_flags_and_runs_nothing(capsys):
     main(["run", "controller", "--defaults", "--only", "cfs 1/4, 2 ranks", "--paired", "3", "--check"])
     assert capsys.readouterr().out == "controller: flags parse\n"
+
+
+@pytest.mark.parametrize("module", ["harness.stats", "harness.models", "harness.grid", "harness.record",
+                                    "scenarios.ps_scale", "scenarios.gpu"])  # fmt: skip
+def test_the_docstring_examples_hold(module):
+    result = doctest.testmod(importlib.import_module(f"benchmarks.{module}"))
+    assert result.attempted >= 1 and result.failed == 0
 
 
 def test_every_run_records_its_conditions():
@@ -114,7 +123,7 @@ def test_grid_cells_set_flags_the_scenario_has(name, argv):
 
 
 #: issue 45's goal for the lines of Python in ``benchmarks/``; and what it holds now, which it may not grow past
-GOAL_LINES, HELD_LINES = 4_500, 5_555
+GOAL_LINES, HELD_LINES = 4_500, 4_975
 
 
 def benchmark_lines() -> int:
