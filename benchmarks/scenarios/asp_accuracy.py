@@ -29,6 +29,7 @@ from benchmarks.harness.record import table, write_json
 from benchmarks.harness.stats import mean_sd, seed_paired, within_budget
 from lightning_hetero import AsyncPSStrategy, SlowdownEmulator, SyncSwitchCallback
 from lightning_hetero.asp.compensation import AsynchronyCompensator
+from lightning_hetero.async_ps import PSAdvanced
 from lightning_hetero.switching import FixedFractionPolicy, SchedulePolicy
 from lightning_hetero.switching.policies import share_in_epochs
 
@@ -93,7 +94,7 @@ def run_one(args: argparse.Namespace) -> None:
         mode=mode,
         asynchrony_compensation=compensation,
         fault_timeout_s=300,
-        overlap_round_trip=args.config != "asp_textbook",
+        advanced=PSAdvanced(overlap_round_trip=args.config != "asp_textbook"),
     )
     trainer = models.quiet_trainer(
         devices=args.n,

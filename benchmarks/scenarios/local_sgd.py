@@ -44,6 +44,7 @@ from benchmarks.harness.record import table, write_json
 from benchmarks.harness.stats import median, seed_paired, time_to_target, within_budget
 from benchmarks.scenarios.local_sgd_breakdown import BreakdownRecorder, collect, format_breakdown
 from lightning_hetero import AsyncPSStrategy, HeteroBatchCallback, SlowdownEmulator
+from lightning_hetero.async_ps import PSAdvanced
 
 CONFIGS = ("ddp", "hetero", "asp", "local_equal", "local_prop", "local_prop_samples")
 MODELS = ("light", "heavy")
@@ -200,9 +201,11 @@ def run_one(args: argparse.Namespace) -> None:
     else:
         strategy = AsyncPSStrategy(
             mode="local",
-            round_samples=args.round_steps * args.n * BATCH,
-            local_steps="equal" if args.config == "local_equal" else "proportional",
-            pseudo_gradient_weighting="samples" if args.config == "local_prop_samples" else "mean",
+            round_length=args.round_steps,  # local steps per rank
+            advanced=PSAdvanced(
+                local_steps="equal" if args.config == "local_equal" else "proportional",
+                pseudo_gradient_weighting="samples" if args.config == "local_prop_samples" else "mean",
+            ),
             outer_optimizer=torch.optim.SGD,
             outer_optimizer_kwargs={
                 "lr": args.outer_lr,
