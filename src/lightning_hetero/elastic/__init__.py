@@ -7,6 +7,7 @@ Importing this package does not import torchft; building a strategy's membership
 
 from lightning_hetero.elastic.commits import CommitRecord, epoch_coverage, lineage
 from lightning_hetero.elastic.membership import ElasticError
+from lightning_hetero.elastic.settings import ElasticLocalSGDAdvanced
 from lightning_hetero.elastic.strategy import ElasticLocalSGDStrategy
 from lightning_hetero.elastic.sync_strategy import ElasticHeteroBatchStrategy
 from lightning_hetero.elastic.torchrun import TorchrunAttempt, TorchrunRestarts, attempt_reason
@@ -15,6 +16,7 @@ __all__ = [
     "CommitRecord",
     "ElasticError",
     "ElasticHeteroBatchStrategy",
+    "ElasticLocalSGDAdvanced",
     "ElasticLocalSGDStrategy",
     "TorchrunAttempt",
     "TorchrunRestarts",
