@@ -80,6 +80,8 @@ class AsyncPSStrategy(DDPStrategy):
         >>> strategy.set_mode("asp")  # before training: recorded for the start
         >>> strategy.mode, strategy.in_lock_step
         ('asp', False)
+        >>> AsyncPSStrategy(mode="local", round_length="30s", advanced=PSAdvanced(local_steps="equal")).round_length
+        '30s'
     """
 
     strategy_name = "async_ps"
