@@ -31,6 +31,7 @@ from torch.utils.data import TensorDataset
 from lightning_hetero import SlowdownEmulator
 from lightning_hetero.elastic import (
     CommitRecord,
+    ElasticHeteroBatchAdvanced,
     ElasticHeteroBatchStrategy,
     ElasticLocalSGDAdvanced,
     ElasticLocalSGDStrategy,
@@ -140,17 +141,18 @@ def main() -> None:
         for timeout in TIMEOUTS
         if (value := getattr(args, f"{timeout}_timeout_s")) is not None
     }
+    # the lighthouse's timeouts are both strategies' expert knobs
+    knobs = {name: settings.pop(name) for name in ("join_timeout_s", "heartbeat_timeout_s", "startup_timeout_s")
+             if name in settings}  # fmt: skip
     settings |= {"start_lighthouse": args.start_lighthouse, "replica_id": args.name, "device": args.device}
     settings |= {"lighthouse": args.lighthouse, "min_workers": args.min_workers}
     if args.sync:
         if "round_timeout_s" in settings:
             parser.error("--round-timeout-s is local SGD's: with --sync, --step-timeout-s")
-        strategy = ElasticHeteroBatchStrategy(**settings)
+        strategy = ElasticHeteroBatchStrategy(advanced=ElasticHeteroBatchAdvanced(**knobs), **settings)
     else:
         if "step_timeout_s" in settings:
             parser.error("--step-timeout-s is --sync's: for local SGD, --round-timeout-s")
-        knobs = {name: settings.pop(name) for name in ("join_timeout_s", "heartbeat_timeout_s", "startup_timeout_s")
-                 if name in settings}  # fmt: skip
         advanced = ElasticLocalSGDAdvanced(**knobs)
         strategy = ElasticLocalSGDStrategy(round_length=args.round_length, advanced=advanced, **settings)
     log = (out / f"commits-{tag}.jsonl").open("a", buffering=1)

@@ -1,19 +1,25 @@
-"""ElasticLocalSGDStrategy's public surface: a constructor a user can hold, the expert knobs in
-``ElasticLocalSGDAdvanced`` (checked by name), and the old keywords and attributes served for one release with a
-``DeprecationWarning``."""
+"""The elastic strategies' public surface: constructors a user can hold, the expert knobs in
+``ElasticLocalSGDAdvanced`` and ``ElasticHeteroBatchAdvanced`` (checked by name), and the old keywords and attributes
+served for one release with a ``DeprecationWarning``."""
 
 import inspect
 import warnings
 
 import pytest
 
-from lightning_hetero.elastic import ElasticLocalSGDAdvanced, ElasticLocalSGDStrategy
+from lightning_hetero.elastic import (
+    ElasticHeteroBatchAdvanced,
+    ElasticHeteroBatchStrategy,
+    ElasticLocalSGDAdvanced,
+    ElasticLocalSGDStrategy,
+)
 
 LIGHTHOUSE = "http://node0:29510"
 
 
-def test_the_strategy_takes_at_most_ten_parameters_of_its_own():
-    parameters = inspect.signature(ElasticLocalSGDStrategy).parameters.values()
+@pytest.mark.parametrize("strategy", [ElasticLocalSGDStrategy, ElasticHeteroBatchStrategy])
+def test_the_strategy_takes_at_most_ten_parameters_of_its_own(strategy):
+    parameters = inspect.signature(strategy).parameters.values()
     named = [p.name for p in parameters if p.kind is not inspect.Parameter.VAR_KEYWORD]
     assert len(named) <= 10, named
     # the catch-all is SingleDeviceStrategy's (and serves the old keywords for one release)
@@ -89,3 +95,27 @@ def test_an_old_keyword_with_its_new_place_or_an_unknown_one_is_refused(kwargs, 
         warnings.simplefilter("ignore", DeprecationWarning)
         with pytest.raises(TypeError, match=error):
             ElasticLocalSGDStrategy(lighthouse=LIGHTHOUSE, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("startup_timeout_s", 3.0), ("join_timeout_s", 1.0), ("heartbeat_timeout_s", 1.5)],
+)
+def test_the_synchronous_strategys_old_timeout_keywords_warn_and_still_take_effect(name, value):
+    new = rf"use ElasticHeteroBatchStrategy\(advanced=ElasticHeteroBatchAdvanced\({name}=\.\.\.\)\)"
+    with pytest.deprecated_call(match=rf"ElasticHeteroBatchStrategy\({name}=\.\.\.\) is deprecated .*; {new}"):
+        strategy = ElasticHeteroBatchStrategy(lighthouse=LIGHTHOUSE, **{name: value})
+    assert getattr(strategy.advanced, name) == getattr(strategy.connection, name) == value
+
+
+def test_the_synchronous_strategys_knobs_are_checked_and_take_effect():
+    with pytest.raises(ValueError, match="heartbeat_timeout_s must be > 0, got 0"):
+        ElasticHeteroBatchAdvanced(heartbeat_timeout_s=0)
+    strategy = ElasticHeteroBatchStrategy(lighthouse=LIGHTHOUSE, advanced=ElasticHeteroBatchAdvanced(join_timeout_s=1))
+    assert strategy.connection.join_timeout_s == 1
+    with pytest.raises(TypeError, match="advanced must be an ElasticHeteroBatchAdvanced, got ElasticLocalSGDAdvanced"):
+        ElasticHeteroBatchStrategy(lighthouse=LIGHTHOUSE, advanced=ElasticLocalSGDAdvanced())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        with pytest.raises(TypeError, match="give advanced only"):
+            ElasticHeteroBatchStrategy(lighthouse=LIGHTHOUSE, join_timeout_s=1, advanced=ElasticHeteroBatchAdvanced())

@@ -1,5 +1,6 @@
-"""``ElasticLocalSGDStrategy``'s expert knobs (:class:`ElasticLocalSGDAdvanced`), and its old keywords and attributes,
-taken in with a ``DeprecationWarning`` for one release (:func:`old_keywords`, :func:`moved_attribute`)."""
+"""The elastic strategies' expert knobs (:class:`ElasticLocalSGDAdvanced`, :class:`ElasticHeteroBatchAdvanced`), and
+their old keywords and attributes, taken in with a ``DeprecationWarning`` for one release (:func:`old_keywords`,
+:func:`moved_attribute`)."""
 
 from __future__ import annotations
 
@@ -57,6 +58,63 @@ class ElasticLocalSGDAdvanced:
         check_weighting(self.pseudo_gradient_weighting)
         for name in ("startup_timeout_s", "join_timeout_s", "heartbeat_timeout_s"):
             check_range(name, getattr(self, name), low=0, low_open=True)
+
+
+@dataclass(frozen=True)
+class ElasticHeteroBatchAdvanced:
+    """Expert knobs of :class:`~lightning_hetero.elastic.ElasticHeteroBatchStrategy`, given as its ``advanced=``:
+    every guide's example runs with their defaults.
+
+    Args:
+        startup_timeout_s: how long a starting worker waits for the lighthouse to accept connections.
+        join_timeout_s: after a worker was lost, how long the hosted lighthouse waits for live workers that have not
+            reached the step's quorum before it forms the step without them (longer than a step, below
+            ``step_timeout_s``).
+        heartbeat_timeout_s: a worker silent this long is dropped (hosted lighthouse), and the lighthouse
+            unreachable this long during a quorum ends the worker with an error naming it.
+
+    Raises:
+        ValueError: a knob is out of range, naming it.
+
+    Example::
+
+        >>> ElasticHeteroBatchAdvanced(join_timeout_s=0)
+        Traceback (most recent call last):
+        ...
+        ValueError: join_timeout_s must be > 0, got 0
+    """
+
+    startup_timeout_s: float = 30.0
+    join_timeout_s: float = 2.0
+    heartbeat_timeout_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        for name in ("startup_timeout_s", "join_timeout_s", "heartbeat_timeout_s"):
+            check_range(name, getattr(self, name), low=0, low_open=True)
+
+
+def sync_old_keywords(
+    advanced: ElasticHeteroBatchAdvanced | None, kwargs: dict[str, Any]
+) -> tuple[ElasticHeteroBatchAdvanced, dict[str, Any]]:
+    """``advanced`` (default: :class:`ElasticHeteroBatchAdvanced`'s defaults) with ``ElasticHeteroBatchStrategy``'s
+    deprecated keywords among its ``kwargs`` taken in (the expert knobs' own), each with a warning; and the other
+    ``kwargs``, ``SingleDeviceStrategy``'s.
+
+    Raises:
+        TypeError: an old keyword given with ``advanced``.
+
+    Example::
+
+        >>> import warnings
+        >>> with warnings.catch_warnings(record=True):
+        ...     warnings.simplefilter("always")
+        ...     sync_old_keywords(None, {"join_timeout_s": 1.0, "checkpoint_io": None})
+        (ElasticHeteroBatchAdvanced(startup_timeout_s=30.0, join_timeout_s=1.0, heartbeat_timeout_s=2.0), {'checkpoint_io': None})
+    """
+    knobs = {knob.name for knob in fields(ElasticHeteroBatchAdvanced)}
+    old = {name: value for name, value in kwargs.items() if name in knobs}
+    rest = {name: value for name, value in kwargs.items() if name not in knobs}
+    return moved_keywords("ElasticHeteroBatchStrategy", ElasticHeteroBatchAdvanced, knobs, advanced, old), rest
 
 
 def old_keywords(
