@@ -17,6 +17,7 @@ from lightning_hetero import (
     ThroughputMeter,
     search_bsp_fraction,
 )
+from lightning_hetero.async_ps import PSAdvanced
 from lightning_hetero.emulation.config import load_config
 from lightning_hetero.hetero_batch.cost_model import PeriodCostModel
 from lightning_hetero.hetero_batch.policy import AdjustmentPolicy
@@ -45,7 +46,7 @@ FLOAT_SETTINGS = [
     ("deadband", lambda v: BatchSizeController(global_batch_size=64, world_size=2, deadband=v)),
     ("smoothing", lambda v: ThroughputMeter(smoothing=v)),
     ("fault_timeout_s", lambda v: AsyncPSStrategy(fault_timeout_s=v)),
-    ("startup_timeout_s", lambda v: AsyncPSStrategy(startup_timeout_s=v)),
+    ("startup_timeout_s", lambda v: PSAdvanced(startup_timeout_s=v)),
     ("smoothing", lambda v: SyncSwitchCallback(smoothing=v)),
     ("lr_scale", lambda v: PhaseHyperparams(lr_scale=v)),
     ("momentum", lambda v: PhaseHyperparams(momentum=v)),

@@ -25,6 +25,7 @@ from benchmarks.harness.record import table, write_json
 from benchmarks.harness.stats import mean_sd, seed_paired, within_budget
 from lightning_hetero import AsyncPSStrategy, SlowdownEmulator, SyncSwitchCallback
 from lightning_hetero.asp.compensation import AsynchronyCompensator
+from lightning_hetero.async_ps import PSAdvanced
 from lightning_hetero.switching import FixedFractionPolicy, SchedulePolicy
 from lightning_hetero.switching.policies import share_in_epochs
 
@@ -76,7 +77,10 @@ def run_one(args: argparse.Namespace) -> None:
         switch = SyncSwitchCallback(SchedulePolicy(f"asp:0-{asp_epochs - 1},bsp:{asp_epochs}-"), verbose=False)
     if switch is not None:
         callbacks.insert(0, switch)
-    strategy = AsyncPSStrategy(mode=mode, asynchrony_compensation=compensation, fault_timeout_s=300)
+    strategy = AsyncPSStrategy(
+        mode=mode, asynchrony_compensation=compensation, fault_timeout_s=300,
+        advanced=PSAdvanced(overlap_round_trip=True),
+    )  # fmt: skip
     trainer = models.quiet_trainer(
         devices=args.n, strategy=strategy, max_epochs=args.epochs, callbacks=callbacks, num_sanity_val_steps=0
     )

@@ -40,7 +40,7 @@ def run(kind: str, args: argparse.Namespace, seed: int, out: Path) -> dict[str, 
     common = [
         "--epochs", str(args.epochs), "--samples", str(args.samples), "--batch-size", str(args.batch_size),
         "--noise", str(args.noise), "--classes", "8", "--seed", str(seed), "--hidden", "64",
-        "--steps-per-round", "16",  # the strategy's default (the worker script's is 4, for short tests)
+        "--round-length", "16",  # the strategy's default (the worker script's is 4, for short tests)
     ]  # fmt: skip
     job = ElasticJob(out, common)
     speed_args = {name: _speed_args(args, speed) for name, speed in SPEEDS.items()}
@@ -117,7 +117,7 @@ def soak(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     """One job through ``args.soak`` kill-and-restart cycles of one worker; every process must end."""
     stop = out / "stop"
     common = ["--epochs", "100000", "--samples", "2048", "--batch-size", "16", "--step-sleep-s", "0.02"]
-    common += ["--steps-per-round", "16"]  # the strategy's default
+    common += ["--round-length", "16"]  # the strategy's default
     job = ElasticJob(out, [*common, "--stop-file", str(stop)])
     contributions: list[float | None] = []
     try:

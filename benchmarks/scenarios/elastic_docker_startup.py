@@ -22,7 +22,7 @@ from benchmarks.harness.launch import RESULTS, ROOT, wait_for
 from benchmarks.harness.record import write_json
 
 COMMON = ["--epochs", "1000", "--samples", "4800", "--batch-size", "16", "--noise", "2.0", "--classes", "8"]
-COMMON += ["--seed", "0", "--hidden", "64", "--steps-per-round", "16"]
+COMMON += ["--seed", "0", "--hidden", "64", "--round-length", "16"]
 SLEEP = {"a": 0.3, "c": 0.15, "d": 0.075, "new": 0.3}  # a speed-1 step sleeps 0.3 s
 
 #: why ``--grid`` does not apply

@@ -30,6 +30,7 @@ from benchmarks.harness.record import table, write_json
 from benchmarks.harness.stats import median, seed_paired, time_to_target, within_budget
 from benchmarks.scenarios.local_sgd_breakdown import BreakdownRecorder, collect, format_breakdown
 from lightning_hetero import AsyncPSStrategy, SlowdownEmulator
+from lightning_hetero.async_ps import PSAdvanced
 
 CONFIGS = ("ddp", "local_equal", "local_prop", "local_prop_samples")
 MODELS = ("light", "heavy")
@@ -180,9 +181,11 @@ def run_one(args: argparse.Namespace) -> None:
         outer = {"lr": args.outer_lr, "momentum": args.outer_momentum, "nesterov": args.outer_momentum > 0}
         strategy = AsyncPSStrategy(
             mode="local",
-            round_samples=ROUND_STEPS * args.n * BATCH,
-            local_steps="equal" if args.config == "local_equal" else "proportional",
-            pseudo_gradient_weighting="samples" if args.config == "local_prop_samples" else "mean",
+            round_length=ROUND_STEPS,  # local steps per rank on average
+            advanced=PSAdvanced(
+                local_steps="equal" if args.config == "local_equal" else "proportional",
+                pseudo_gradient_weighting="samples" if args.config == "local_prop_samples" else "mean",
+            ),
             outer_optimizer=torch.optim.SGD,
             outer_optimizer_kwargs=outer,
             fault_timeout_s=300,

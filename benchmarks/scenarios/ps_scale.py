@@ -96,7 +96,7 @@ def train(args: argparse.Namespace) -> None:
         )
     if args.start_together:
         callbacks.append(StartTogether(args.start_together, args.start_together_jobs))
-    strategy = AsyncPSStrategy(**json.loads(args.strategy_kwargs)) if args.strategy == "asp" else "auto"
+    strategy = asp_strategy(json.loads(args.strategy_kwargs)) if args.strategy == "asp" else "auto"
     trainer = quiet_trainer(devices=args.devices, strategy=strategy, max_epochs=args.epochs, callbacks=callbacks,
                             num_sanity_val_steps=0, limit_val_batches=0)  # fmt: skip
     trainer.fit(model, DataLoader(data, batch_size=BATCH, shuffle=True))
@@ -116,6 +116,18 @@ def _samples(config: dict, epoch_s: float, workers: int) -> int:
     """Samples for one epoch of about ``epoch_s`` seconds when ``workers`` ideal workers share it."""
     steps = math.ceil(epoch_s * workers * 1000 / (config["step_ms"] + 2.0))
     return max(steps, 4 * workers) * BATCH
+
+
+def asp_strategy(kwargs: dict) -> AsyncPSStrategy:
+    """``AsyncPSStrategy`` from a variant's JSON keywords, the expert knobs among them given as ``advanced=``; an older
+    checkout (a variant's ``SRC``) has no ``PSAdvanced`` and takes them as keywords."""
+    try:
+        from lightning_hetero.async_ps import PSAdvanced
+    except ImportError:
+        return AsyncPSStrategy(**kwargs)
+    knobs = {name for name in kwargs if name in PSAdvanced.__dataclass_fields__}
+    advanced = PSAdvanced(**{name: kwargs[name] for name in knobs})
+    return AsyncPSStrategy(**{name: value for name, value in kwargs.items() if name not in knobs}, advanced=advanced)
 
 
 def parse_variant(text: str) -> dict:

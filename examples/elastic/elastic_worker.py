@@ -29,7 +29,13 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch.utils.data import TensorDataset
 
 from lightning_hetero import SlowdownEmulator
-from lightning_hetero.elastic import CommitRecord, ElasticHeteroBatchStrategy, ElasticLocalSGDStrategy
+from lightning_hetero.elastic import (
+    CommitRecord,
+    ElasticHeteroBatchAdvanced,
+    ElasticHeteroBatchStrategy,
+    ElasticLocalSGDAdvanced,
+    ElasticLocalSGDStrategy,
+)
 from lightning_hetero.synthetic import MLPClassifier, SyntheticClassificationDataModule, make_classification
 
 
@@ -100,7 +106,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--samples", type=int, default=512)
     parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--steps-per-round", type=int, default=4, help="local SGD only")
+    parser.add_argument("--round-length", type=int, default=4, help="local SGD only: local steps per worker")
     parser.add_argument("--min-workers", type=int, default=1)
     parser.add_argument("--step-sleep-s", type=float, default=0.0)
     parser.add_argument("--sample-sleep-s", type=float, default=0.0)
@@ -135,16 +141,20 @@ def main() -> None:
         for timeout in TIMEOUTS
         if (value := getattr(args, f"{timeout}_timeout_s")) is not None
     }
+    # the lighthouse's timeouts are both strategies' expert knobs
+    knobs = {name: settings.pop(name) for name in ("join_timeout_s", "heartbeat_timeout_s", "startup_timeout_s")
+             if name in settings}  # fmt: skip
     settings |= {"start_lighthouse": args.start_lighthouse, "replica_id": args.name, "device": args.device}
     settings |= {"lighthouse": args.lighthouse, "min_workers": args.min_workers}
     if args.sync:
         if "round_timeout_s" in settings:
             parser.error("--round-timeout-s is local SGD's: with --sync, --step-timeout-s")
-        strategy = ElasticHeteroBatchStrategy(**settings)
+        strategy = ElasticHeteroBatchStrategy(advanced=ElasticHeteroBatchAdvanced(**knobs), **settings)
     else:
         if "step_timeout_s" in settings:
             parser.error("--step-timeout-s is --sync's: for local SGD, --round-timeout-s")
-        strategy = ElasticLocalSGDStrategy(steps_per_round=args.steps_per_round, **settings)
+        advanced = ElasticLocalSGDAdvanced(**knobs)
+        strategy = ElasticLocalSGDStrategy(round_length=args.round_length, advanced=advanced, **settings)
     log = (out / f"commits-{tag}.jsonl").open("a", buffering=1)
     counted = [0]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 
@@ -28,6 +29,44 @@ def renamed_argument(owner: str, old: str, new: str, old_value: Any, new_value: 
         raise TypeError(f"{owner}: give {new} only ({old} is its deprecated old name)")
     warn_renamed(f"{owner}({old}=...)", f"{owner}({new}=...)", stacklevel=4)
     return old_value
+
+
+def moved_keywords(owner: str, advanced_type: type, knobs: set[str], advanced: Any, old: dict[str, Any]) -> Any:
+    """``advanced`` (default: ``advanced_type()``) with the deprecated keywords in ``old`` taken in: ``owner``'s
+    former arguments that are now fields of its ``advanced=`` settings (``knobs``, their names). Each one warns
+    (removed in the next release) and takes effect.
+
+    Raises:
+        TypeError: a keyword that never was one, or an old keyword given with ``advanced``.
+
+    Example::
+
+        >>> import warnings
+        >>> from dataclasses import dataclass
+        >>> @dataclass(frozen=True)
+        ... class Knobs:
+        ...     seed: int = 0
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     moved_keywords("f", Knobs, {"seed"}, None, {"seed": 3})
+        Knobs(seed=3)
+        >>> str(caught[0].message)
+        'f(seed=...) is deprecated and will be removed in the next release; use f(advanced=Knobs(seed=...))'
+        >>> moved_keywords("f", Knobs, {"seed"}, None, {"sede": 3})
+        Traceback (most recent call last):
+        ...
+        TypeError: f() got an unexpected keyword argument 'sede'
+    """
+    for name in old:
+        if name not in knobs:
+            raise TypeError(f"{owner}() got an unexpected keyword argument {name!r}")
+        if advanced is not None:
+            raise TypeError(f"{owner}: give advanced only ({name} is a deprecated old keyword)")
+        # stacklevel 5: the line constructing the owner (through its settings module and this function)
+        warn_renamed(f"{owner}({name}=...)", f"{owner}(advanced={advanced_type.__name__}({name}=...))", stacklevel=5)
+    if advanced is not None:  # given as it is (its type checked by the owner's settings)
+        return advanced
+    return replace(advanced_type(), **old)
 
 
 def warn_renamed(old: str, new: str, stacklevel: int = 3) -> None:

@@ -4,7 +4,7 @@ import pytest
 from lightning.pytorch.strategies import StrategyRegistry
 
 import lightning_hetero
-from lightning_hetero.async_ps import AsyncPSStrategy
+from lightning_hetero.async_ps import AsyncPSStrategy, PSAdvanced
 from lightning_hetero.measurement import ComputeTimer
 
 
@@ -25,21 +25,16 @@ def test_the_old_import_paths_warn_and_serve_the_strategy(old_module):
     [
         ({"mode": "sync"}, "mode"),
         ({"max_staleness": -1}, "max_staleness"),
-        ({"lr_scaling": "sqrt"}, "lr_scaling"),
         ({"asynchrony_compensation": "on"}, "asynchrony_compensation must be one of"),
         ({"fault_timeout_s": 0}, "fault_timeout_s"),
-        ({"startup_timeout_s": -1}, "startup_timeout_s"),
         ({"on_worker_lost": "ignore"}, "on_worker_lost"),
-        ({"overlap_round_trip": "yes"}, "overlap_round_trip"),
-        ({"server_shards": 0}, "server_shards"),
-        ({"server_shards": 2.0}, "server_shards"),
-        ({"server_shards": 2, "on_worker_lost": "continue"}, r"server_shards=2\) does not support on_worker_lost"),
+        (
+            {"advanced": PSAdvanced(server_shards=2), "on_worker_lost": "continue"},
+            r"server_shards=2\) does not support",
+        ),
+        ({"advanced": PSAdvanced(server_placement="dedicated"), "on_worker_lost": "continue"}, "does not support"),
         # "auto"-style values where no automatic choice exists, or a misspelt one, fail at construction (issue 25)
-        ({"server_shards": "auto"}, r"server_shards=\.\.\.\) must be an integer >= 1, got 'auto'"),
-        ({"server_placement": "auto"}, r"server_placement=\.\.\.\) must be one of \('worker', 'dedicated'\)"),
         ({"asynchrony_compensation": "Auto"}, "asynchrony_compensation must be one of"),
-        ({"overlap_round_trip": "auto"}, "overlap_round_trip must be True or False"),
-        ({"local_steps": "auto"}, "local_steps must be one of"),
     ],
 )
 def test_bad_arguments_name_the_argument(kwargs, match):
@@ -83,9 +78,10 @@ def test_elastic_mode_refuses_hetero_batches_whose_split_assumes_fixed_ranks():
 
 
 def test_the_settings_are_held_once_and_read_only():
-    strategy = AsyncPSStrategy(max_staleness=3, server_placement="dedicated")
-    assert (strategy.max_staleness, strategy.server_placement) == (3, "dedicated")
+    strategy = AsyncPSStrategy(max_staleness=3, round_length="30s", advanced=PSAdvanced(server_placement="dedicated"))
+    assert (strategy.max_staleness, strategy.settings.advanced.server_placement) == (3, "dedicated")
     assert strategy.max_staleness is strategy.settings.max_staleness
+    assert strategy.round_length == strategy.settings.round_length == "30s"
     with pytest.raises(AttributeError, match="read-only"):
         strategy.fault_timeout_s = 1.0
     with pytest.raises(AttributeError):

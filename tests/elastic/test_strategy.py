@@ -13,7 +13,7 @@ from benchmarks.elastic_job import ElasticJob, free_port
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.nn.utils import parameters_to_vector
 
-from lightning_hetero.elastic import ElasticError, ElasticLocalSGDStrategy
+from lightning_hetero.elastic import ElasticError, ElasticLocalSGDAdvanced, ElasticLocalSGDStrategy
 from lightning_hetero.elastic.rounds import ElasticRounds
 from lightning_hetero.local_sgd.outer_optimizer import OuterOptimizer
 from lightning_hetero.synthetic import MLPClassifier, SyntheticClassificationDataModule
@@ -53,7 +53,7 @@ def test_one_worker_trains_every_batch_and_its_checkpoint_resumes_with_and_witho
 
 def test_a_worker_that_cannot_reach_the_lighthouse_says_so_within_startup_timeout_s():
     address = f"http://127.0.0.1:{free_port()}"
-    strategy = ElasticLocalSGDStrategy(lighthouse=address, startup_timeout_s=1.0)
+    strategy = ElasticLocalSGDStrategy(lighthouse=address, advanced=ElasticLocalSGDAdvanced(startup_timeout_s=1.0))
     start = time.monotonic()
     with pytest.raises(
         ElasticError, match=rf"cannot reach the torchft lighthouse at {address} within startup_timeout_s=1"
@@ -72,12 +72,16 @@ def test_settings_are_checked_by_name(monkeypatch):
     monkeypatch.delenv("TORCHFT_LIGHTHOUSE", raising=False)
     with pytest.raises(ValueError, match="TORCHFT_LIGHTHOUSE"):
         ElasticLocalSGDStrategy()
-    with pytest.raises(ValueError, match="steps_per_round"):
-        ElasticLocalSGDStrategy(lighthouse="http://h:1", steps_per_round=0)
+    with pytest.raises(ValueError, match="round_length must be an integer >= 1, got 0"):
+        ElasticLocalSGDStrategy(lighthouse="http://h:1", round_length=0)
+    with pytest.raises(ValueError, match="round_length must be an integer >= 1, got '30s'"):
+        ElasticLocalSGDStrategy(lighthouse="http://h:1", round_length="30s")  # AsyncPSStrategy's units, not here
     with pytest.raises(ValueError, match="weighting"):
-        ElasticLocalSGDStrategy(lighthouse="http://h:1", pseudo_gradient_weighting="median")
+        ElasticLocalSGDAdvanced(pseudo_gradient_weighting="median")
     with pytest.raises(ValueError, match="join_timeout_s=10 must be below round_timeout_s=10"):
-        ElasticLocalSGDStrategy(lighthouse="http://h:1", join_timeout_s=10, round_timeout_s=10)
+        ElasticLocalSGDStrategy(
+            lighthouse="http://h:1", round_timeout_s=10, advanced=ElasticLocalSGDAdvanced(join_timeout_s=10)
+        )
     monkeypatch.setenv("TORCHFT_LIGHTHOUSE", "http://node0:29510")
     strategy = ElasticLocalSGDStrategy(round_timeout_s=20)
     assert strategy.connection.lighthouse == "http://node0:29510"

@@ -14,7 +14,13 @@ import torch
 from benchmarks.elastic_job import SYNC, ElasticJob, free_port
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from lightning_hetero.elastic import CommitRecord, ElasticError, ElasticHeteroBatchStrategy, epoch_coverage
+from lightning_hetero.elastic import (
+    CommitRecord,
+    ElasticError,
+    ElasticHeteroBatchAdvanced,
+    ElasticHeteroBatchStrategy,
+    epoch_coverage,
+)
 from lightning_hetero.synthetic import MLPClassifier, SyntheticClassificationDataModule
 from tests.elastic.helpers import cpu_trainer
 
@@ -70,7 +76,7 @@ def test_min_workers_not_met_ends_the_worker_with_an_error_naming_it():
         start_lighthouse=True,
         min_workers=2,
         step_timeout_s=3,
-        join_timeout_s=1,
+        advanced=ElasticHeteroBatchAdvanced(join_timeout_s=1),
     )
     start = time.monotonic()
     with pytest.raises(ElasticError, match=r"no quorum of min_workers=2 through the torchft lighthouse .* within 3 s"):
@@ -85,7 +91,9 @@ def test_settings_and_loaders_are_checked_by_name(monkeypatch):
     with pytest.raises(ValueError, match="min_workers"):
         ElasticHeteroBatchStrategy(lighthouse="http://h:1", min_workers=0)
     with pytest.raises(ValueError, match="join_timeout_s=10 must be below step_timeout_s=10"):
-        ElasticHeteroBatchStrategy(lighthouse="http://h:1", join_timeout_s=10, step_timeout_s=10)
+        ElasticHeteroBatchStrategy(
+            lighthouse="http://h:1", step_timeout_s=10, advanced=ElasticHeteroBatchAdvanced(join_timeout_s=10)
+        )
     strategy = ElasticHeteroBatchStrategy(lighthouse=f"http://127.0.0.1:{free_port()}")
     with pytest.raises(ValueError, match="accumulate_grad_batches=2"):
         cpu_trainer(strategy, 1, accumulate_grad_batches=2).fit(MLPClassifier(hidden=16), datamodule=_data())

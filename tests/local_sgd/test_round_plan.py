@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from lightning_hetero.local_sgd.round_plan import RoundBudget, plan_local_steps
+from lightning_hetero.local_sgd.round_plan import RoundBudget, parse_round_length, plan_local_steps
 
 # ---------------------------------------------------------------- RoundBudget
 
@@ -10,21 +10,59 @@ from lightning_hetero.local_sgd.round_plan import RoundBudget, plan_local_steps
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({}, "exactly one of round_samples and round_s"),
-        ({"samples": 64, "seconds": 1.0}, "exactly one of round_samples and round_s"),
-        ({"samples": 0}, "round_samples must be an integer >= 1, got 0"),
-        ({"samples": -5}, "round_samples must be an integer >= 1"),
-        ({"samples": 2.5}, "round_samples must be an integer >= 1"),
-        ({"samples": True}, "round_samples must be an integer >= 1"),
-        ({"seconds": 0.0}, "round_s must be > 0"),
-        ({"seconds": -1.0}, "round_s must be > 0"),
-        ({"seconds": math.nan}, "round_s"),
-        ({"seconds": math.inf}, "round_s"),
+        ({}, "exactly one of steps, seconds and samples"),
+        ({"samples": 64, "seconds": 1.0}, "exactly one of steps, seconds and samples"),
+        ({"steps": 4, "samples": 64}, "exactly one of steps, seconds and samples"),
+        ({"samples": 0}, "round_length must be an integer >= 1, got 0"),
+        ({"samples": -5}, "round_length must be an integer >= 1"),
+        ({"samples": 2.5}, "round_length must be an integer >= 1"),
+        ({"samples": True}, "round_length must be an integer >= 1"),
+        ({"steps": 0}, "round_length must be an integer >= 1, got 0"),
+        ({"seconds": 0.0}, "round_length must be > 0"),
+        ({"seconds": -1.0}, "round_length must be > 0"),
+        ({"seconds": math.nan}, "round_length"),
+        ({"seconds": math.inf}, "round_length"),
     ],
 )
 def test_bad_budget_fails_naming_the_setting(kwargs, match):
     with pytest.raises(ValueError, match=match):
         RoundBudget(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("length", "budget"),
+    [
+        (16, RoundBudget(steps=16)),
+        ("30s", RoundBudget(seconds=30.0)),
+        ("2.5 s", RoundBudget(seconds=2.5)),
+        ("2048 samples", RoundBudget(samples=2048)),
+        (" 64samples ", RoundBudget(samples=64)),
+    ],
+)
+def test_round_length_reads_steps_seconds_and_samples(length, budget):
+    assert parse_round_length(length) == budget
+
+
+@pytest.mark.parametrize(
+    ("length", "match"),
+    [
+        ("30 min", "round_length must be local steps per rank"),
+        ("-2 samples", "round_length must be local steps per rank"),
+        ("16", "round_length must be local steps per rank"),
+        ("0s", "round_length must be > 0"),
+        ("2.5 samples", "round_length must be an integer >= 1, got 2.5"),
+        (0, "round_length must be an integer >= 1, got 0"),
+        (2.5, "round_length must be an integer >= 1"),
+    ],
+)
+def test_a_bad_round_length_fails_naming_it(length, match):
+    with pytest.raises(ValueError, match=match):
+        parse_round_length(length)
+
+
+def test_steps_become_samples_over_all_ranks_once_the_batch_is_known():
+    assert RoundBudget(steps=16).in_samples(world_size=4, batch_size=8) == RoundBudget(samples=512)
+    assert RoundBudget(seconds=2.0).in_samples(world_size=4, batch_size=8) == RoundBudget(seconds=2.0)
 
 
 # ---------------------------------------------------------------- plan_local_steps

@@ -17,7 +17,7 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from ps_train import PSTestModel, checksum
 
-from lightning_hetero.async_ps import AsyncPSStrategy
+from lightning_hetero.async_ps import AsyncPSStrategy, PSAdvanced
 from lightning_hetero.emulation import SlowdownEmulator
 from lightning_hetero.switching import SyncSwitchCallback
 
@@ -69,10 +69,10 @@ def main() -> None:
     L.seed_everything(0)
     strategy = AsyncPSStrategy(
         mode="bsp" if args.schedule else "local",
-        round_samples=args.round_samples,
-        local_steps=args.local_steps,
+        round_length=f"{args.round_samples} samples",
         fault_timeout_s=args.fault_timeout_s,
         outer_optimizer_kwargs={"lr": 0.7, "momentum": 0.9, "nesterov": True} if args.outer_nesterov else None,
+        advanced=PSAdvanced(local_steps=args.local_steps),
     )
     recorder = Recorder()
     callbacks = [recorder]

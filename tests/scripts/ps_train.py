@@ -22,7 +22,7 @@ from lightning.pytorch.callbacks import Callback, EarlyStopping, ModelCheckpoint
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from lightning_hetero.async_ps import AsyncPSStrategy
+from lightning_hetero.async_ps import AsyncPSStrategy, PSAdvanced
 from lightning_hetero.hetero_batch import HeteroBatchAdvanced, HeteroBatchCallback
 from lightning_hetero.synthetic import MLPClassifier, make_classification
 
@@ -210,14 +210,16 @@ def main() -> None:
     strategy = AsyncPSStrategy(
         mode=args.mode,
         max_staleness=args.max_staleness,
-        lr_scaling=args.lr_scaling,
         asynchrony_compensation=None if args.compensation == "none" else args.compensation,
         fault_timeout_s=args.fault_timeout_s,
-        startup_timeout_s=args.startup_timeout_s,
         on_worker_lost=args.on_worker_lost,
-        overlap_round_trip=args.overlap_round_trip,
-        server_shards=args.server_shards,
-        server_placement=args.server_placement,
+        advanced=PSAdvanced(
+            lr_scaling=args.lr_scaling,
+            startup_timeout_s=args.startup_timeout_s,
+            overlap_round_trip=args.overlap_round_trip,
+            server_shards=args.server_shards,
+            server_placement=args.server_placement,
+        ),
     )
     recorder = Recorder(args.switch_at_epoch, args.switch_to)
     callbacks = [recorder]

@@ -34,7 +34,7 @@ from lightning_hetero.async_ps.runtime.context import BatchWeighting, StepCounte
 from lightning_hetero.async_ps.runtime.fault_tolerance import kill_launched
 from lightning_hetero.async_ps.runtime.reporting import EpochLog
 from lightning_hetero.async_ps.runtime.trainer_limits import TrainerLimits
-from lightning_hetero.async_ps.settings import PSSettings, read_only_settings
+from lightning_hetero.async_ps.settings import PSAdvanced, PSSettings, old_keywords, read_only_settings
 from lightning_hetero.contracts import ComputeEndMark, Mode, check_mode
 from lightning_hetero.local_sgd.rounds import LocalRounds
 from lightning_hetero.lr_schedules import CountedLRSchedulers
@@ -54,23 +54,18 @@ class AsyncPSStrategy(DDPStrategy):
         fault_timeout_s: how long any rank waits for a peer before failing with an error naming it.
         on_worker_lost: ``"fail"`` ends the job when a rank is lost; ``"continue"`` (elastic ASP): in ASP the others
             train on without a lost rank but 0, which takes its unfinished batches; refused with ``mode="local"``.
-        round_samples: local SGD: a round lasts this many training samples over all ranks.
-        round_s: local SGD: or this many seconds (give at most one; neither: 16 local steps per rank on average).
+        round_length: local SGD: local steps per rank on average (an int, split by speed), ``"<T>s"`` (seconds) or
+            ``"<N> samples"`` (over all ranks).
         outer_optimizer: local SGD: the outer optimizer's class (default ``torch.optim.SGD``).
         outer_optimizer_kwargs: its arguments (default ``lr=1.0``: plain averaging; DiLoCo's: 0.7, Nesterov 0.9).
-        lr_scaling: expert (:class:`~lightning_hetero.async_ps.settings.PSSettings`).
-        startup_timeout_s: expert (:class:`~lightning_hetero.async_ps.settings.PSSettings`).
-        local_steps: expert (:class:`~lightning_hetero.async_ps.settings.PSSettings`).
-        pseudo_gradient_weighting: expert (:class:`~lightning_hetero.async_ps.settings.PSSettings`).
-        overlap_round_trip: expert (:class:`~lightning_hetero.async_ps.settings.PSSettings`).
-        server_shards: expert (:class:`~lightning_hetero.async_ps.settings.PSSettings`).
-        server_placement: expert (:class:`~lightning_hetero.async_ps.settings.PSSettings`).
+        advanced: :class:`~lightning_hetero.async_ps.settings.PSAdvanced`, the expert knobs.
         accelerator: as :class:`~lightning.pytorch.strategies.DDPStrategy` takes it.
         parallel_devices: as :class:`~lightning.pytorch.strategies.DDPStrategy` takes it.
         cluster_environment: as :class:`~lightning.pytorch.strategies.DDPStrategy` takes it.
         checkpoint_io: as :class:`~lightning.pytorch.strategies.DDPStrategy` takes it.
         precision_plugin: as :class:`~lightning.pytorch.strategies.DDPStrategy` takes it.
         process_group_backend: backend of the default group (used in BSP); the server always talks gloo.
+        **deprecated: the old keywords (``round_samples``, ``round_s``, the expert knobs), with a warning.
 
     Notes:
         Exactly one optimizer; manual optimization in BSP only. In ASP ``trainer.global_step`` is the server's version,
@@ -84,36 +79,37 @@ class AsyncPSStrategy(DDPStrategy):
         >>> strategy.set_mode("asp")  # before training: recorded for the start
         >>> strategy.mode, strategy.in_lock_step
         ('asp', False)
+        >>> AsyncPSStrategy(mode="local", round_length="30s", advanced=PSAdvanced(local_steps="equal")).round_length
+        '30s'
     """
 
     strategy_name = "async_ps"
-    max_staleness, lr_scaling, fault_timeout_s, startup_timeout_s, on_worker_lost = read_only_settings(5)
-    local_steps, pseudo_gradient_weighting, overlap_round_trip, server_shards, server_placement = read_only_settings(5)
+    max_staleness, fault_timeout_s, on_worker_lost, round_length = read_only_settings(4)
+    lr_scaling, startup_timeout_s, local_steps, pseudo_gradient_weighting = read_only_settings(4, moved=True)
+    overlap_round_trip, server_shards, server_placement = read_only_settings(3, moved=True)
 
     def __init__(
-        self, mode: Mode = "asp", max_staleness: int | None = None, lr_scaling: str = "none",
-        asynchrony_compensation: str | None = "auto", fault_timeout_s: float = 60.0, startup_timeout_s: float = 300.0,
-        on_worker_lost: str = "fail", round_samples: int | None = None, round_s: float | None = None,
-        local_steps: str = "proportional", outer_optimizer: Callable[..., torch.optim.Optimizer] | None = None,
-        outer_optimizer_kwargs: dict[str, Any] | None = None, pseudo_gradient_weighting: str = "mean",
-        overlap_round_trip: bool = False, server_shards: int = 1, server_placement: str = "worker",
+        self, mode: Mode = "asp", max_staleness: int | None = None, asynchrony_compensation: str | None = "auto",
+        fault_timeout_s: float = 60.0, on_worker_lost: str = "fail", round_length: int | str = 16,
+        outer_optimizer: Callable[..., torch.optim.Optimizer] | None = None,
+        outer_optimizer_kwargs: dict[str, Any] | None = None, advanced: PSAdvanced | None = None,
         accelerator: pl.accelerators.Accelerator | None = None, parallel_devices: list[torch.device] | None = None,
         cluster_environment: Any = None, checkpoint_io: Any = None, precision_plugin: Any = None,
-        process_group_backend: str | None = None,
+        process_group_backend: str | None = None, **deprecated: Any,
     ) -> None:  # fmt: skip
+        round_length, advanced = old_keywords(round_length, advanced, deprecated)
         settings = PSSettings(
-            mode, max_staleness, lr_scaling, asynchrony_compensation, fault_timeout_s, startup_timeout_s,
-            on_worker_lost, round_samples, round_s, local_steps, outer_optimizer, outer_optimizer_kwargs,
-            pseudo_gradient_weighting, overlap_round_trip, server_shards, server_placement,
+            mode, max_staleness, asynchrony_compensation, fault_timeout_s, on_worker_lost, round_length,
+            outer_optimizer, outer_optimizer_kwargs, advanced,
         )  # fmt: skip
         super().__init__(
             accelerator=accelerator, parallel_devices=parallel_devices, cluster_environment=cluster_environment,
             checkpoint_io=checkpoint_io, precision_plugin=precision_plugin,
-            process_group_backend=process_group_backend, timeout=timedelta(seconds=startup_timeout_s),
+            process_group_backend=process_group_backend, timeout=timedelta(seconds=advanced.startup_timeout_s),
         )  # fmt: skip
         #: the constructor's settings, checked and read-only (the attributes of the same name read them)
         self.settings = settings
-        workers = lambda: concurrency(self.world_size, server_placement, overlap_round_trip)  # noqa: E731
+        workers = lambda: concurrency(self.world_size, advanced.server_placement, advanced.overlap_round_trip)  # noqa: E731
         self._compensation = Compensation(asynchrony_compensation, workers, lambda: self.optimizers[0])
         #: seconds the last effective :meth:`set_mode` took (``None`` before any switch)
         self.last_switch_s: float | None = None
@@ -176,7 +172,7 @@ class AsyncPSStrategy(DDPStrategy):
             compute_timer: anything with ``mark_compute_end()`` (a :class:`~lightning_hetero.measurement.ComputeTimer`).
             batch_share: returns this rank's ``b_k / sum(b)`` for the current step.
         """
-        refuse_hetero_batches(self.server_placement, self.on_worker_lost)
+        refuse_hetero_batches(self.settings.advanced.server_placement, self.on_worker_lost)
         self._weighting.attach(compute_timer, batch_share)
 
     def set_mode(self, mode: Mode) -> None:
@@ -217,7 +213,9 @@ class AsyncPSStrategy(DDPStrategy):
         try:
             super().setup_distributed()
         except RuntimeError as err:
-            raise bootstrap.startup_error(err, self.num_nodes * self.num_processes, self.startup_timeout_s) from err
+            raise bootstrap.startup_error(
+                err, self.num_nodes * self.num_processes, self.settings.advanced.startup_timeout_s
+            ) from err
         # start-up may take long on a busy cluster; once running, a peer that stops answering is a fault
         set_default_group_timeout(timedelta(seconds=self.fault_timeout_s))
 

@@ -7,6 +7,7 @@ Importing this package does not import torchft; building a strategy's membership
 
 from lightning_hetero.elastic.commits import CommitRecord, epoch_coverage, lineage
 from lightning_hetero.elastic.membership import ElasticError
+from lightning_hetero.elastic.settings import ElasticHeteroBatchAdvanced, ElasticLocalSGDAdvanced
 from lightning_hetero.elastic.strategy import ElasticLocalSGDStrategy
 from lightning_hetero.elastic.sync_strategy import ElasticHeteroBatchStrategy
 from lightning_hetero.elastic.torchrun import TorchrunAttempt, TorchrunRestarts, attempt_reason
@@ -14,7 +15,9 @@ from lightning_hetero.elastic.torchrun import TorchrunAttempt, TorchrunRestarts,
 __all__ = [
     "CommitRecord",
     "ElasticError",
+    "ElasticHeteroBatchAdvanced",
     "ElasticHeteroBatchStrategy",
+    "ElasticLocalSGDAdvanced",
     "ElasticLocalSGDStrategy",
     "TorchrunAttempt",
     "TorchrunRestarts",

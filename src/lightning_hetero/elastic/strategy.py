@@ -24,10 +24,16 @@ from torch.utils.data import DataLoader
 from lightning_hetero._lightning_internals import advance_current_epoch, set_current_epoch, set_global_step
 from lightning_hetero._validation import check_range
 from lightning_hetero.elastic.commits import CommitRecord, digest
-from lightning_hetero.elastic.connection import JobConnection, moved_attribute
+from lightning_hetero.elastic.connection import JobConnection
 from lightning_hetero.elastic.membership import ElasticError
 from lightning_hetero.elastic.rounds import ElasticRounds
 from lightning_hetero.elastic.sampler import IDLE, ElasticBatchSampler, elastic_loader
+from lightning_hetero.elastic.settings import (
+    DEFAULT_ROUND_LENGTH,
+    ElasticLocalSGDAdvanced,
+    moved_attribute,
+    old_keywords,
+)
 from lightning_hetero.elastic.signature import (
     check_joining_model,
     flat_params,
@@ -36,7 +42,6 @@ from lightning_hetero.elastic.signature import (
     trainable_params,
 )
 from lightning_hetero.local_sgd.outer_optimizer import OuterOptimizer
-from lightning_hetero.local_sgd.rounds import check_weighting
 
 #: the checkpoint's key for the elastic state (a plain Lightning checkpoint otherwise)
 CHECKPOINT_KEY = "elastic_local_sgd"
@@ -55,29 +60,20 @@ class ElasticLocalSGDStrategy(SingleDeviceStrategy):
         start_lighthouse: start the lighthouse in this worker at ``lighthouse``'s port (the first worker's node; the
             job then ends when this worker does).
         replica_id: this worker's name in the job (default: ``hostname-pid``).
-        steps_per_round: local steps per worker and round on average (the round's length), split by speed.
+        round_length: the round's length: local steps per worker on average (an int), split by speed.
         outer_optimizer: the outer optimizer class (default ``torch.optim.SGD`` with ``lr=1.0``: plain averaging).
         outer_optimizer_kwargs: its keyword arguments.
-        pseudo_gradient_weighting: ``"mean"`` (the workers that trained in the round count equally, as in
-            ``AsyncPSStrategy(mode="local")``, whose measurements chose it) or ``"samples"`` (weighted by the samples
-            each trained).
         min_workers: rounds commit only with at least this many workers.
-        startup_timeout_s: how long a starting worker waits for the lighthouse to accept connections.
         round_timeout_s: how long a round end may wait for the others (longer than a round plus validation).
-        join_timeout_s: after a worker was lost, how long the hosted lighthouse waits for the live workers that
-            have not reached the round end before it forms the round without them (they rejoin at the next one).
-            Far below ``round_timeout_s`` (a live worker can be stuck in the collective the lost one broke) and
-            longer than a round (a worker waiting longer than this for the round end splits the round, see
-            ``docs/elastic.md``).
-        heartbeat_timeout_s: a worker silent this long is dropped (hosted lighthouse), and the lighthouse
-            unreachable this long during a round end ends the worker with an error naming it.
         device: this worker's device.
-        **kwargs: passed to ``SingleDeviceStrategy``.
+        advanced: :class:`~lightning_hetero.elastic.ElasticLocalSGDAdvanced`, the expert knobs.
+        **kwargs: passed to ``SingleDeviceStrategy`` (and, deprecated, the old keywords: ``steps_per_round``, the
+            expert knobs).
 
     Example::
 
         >>> strategy = ElasticLocalSGDStrategy(lighthouse="http://node0:29510", start_lighthouse=True)
-        >>> strategy.connection.lighthouse, strategy.steps_per_round
+        >>> strategy.connection.lighthouse, strategy.round_length
         ('http://node0:29510', 16)
     """
 
@@ -88,18 +84,18 @@ class ElasticLocalSGDStrategy(SingleDeviceStrategy):
         lighthouse: str | None = None,
         start_lighthouse: bool = False,
         replica_id: str | None = None,
-        steps_per_round: int = 16,
+        round_length: int = DEFAULT_ROUND_LENGTH,
         outer_optimizer: type[Optimizer] | None = None,
         outer_optimizer_kwargs: dict[str, Any] | None = None,
-        pseudo_gradient_weighting: str = "mean",
         min_workers: int = 1,
-        startup_timeout_s: float = 30.0,
         round_timeout_s: float = 300.0,
-        join_timeout_s: float = 5.0,
-        heartbeat_timeout_s: float = 2.0,
         device: torch.device | str = "cpu",
+        advanced: ElasticLocalSGDAdvanced | None = None,
         **kwargs: Any,
     ) -> None:
+        round_length, advanced, kwargs = old_keywords(round_length, advanced, kwargs)
+        if not isinstance(advanced, ElasticLocalSGDAdvanced):
+            raise TypeError(f"advanced must be an ElasticLocalSGDAdvanced, got {type(advanced).__name__}")
         #: the lighthouse, the membership and the job's position in checkpoints
         self.connection = JobConnection(
             "ElasticLocalSGDStrategy",
@@ -109,17 +105,19 @@ class ElasticLocalSGDStrategy(SingleDeviceStrategy):
             start_lighthouse,
             replica_id,
             min_workers,
-            startup_timeout_s,
+            advanced.startup_timeout_s,
             round_timeout_s,
-            join_timeout_s,
-            heartbeat_timeout_s,
+            advanced.join_timeout_s,
+            advanced.heartbeat_timeout_s,
         )
         super().__init__(device=torch.device(device), **kwargs)
-        check_range("steps_per_round", steps_per_round, low=1, integer=True)
-        check_weighting(pseudo_gradient_weighting)
-        self.steps_per_round = steps_per_round
+        # an int only: the ledger counts rounds in steps ("<T>s" and "<N> samples" are AsyncPSStrategy's)
+        check_range("round_length", round_length, low=1, integer=True)
+        #: local steps per worker and round on average
+        self.round_length = round_length
+        #: the expert knobs, read-only
+        self.advanced = advanced
         self.outer = OuterOptimizer(outer_optimizer, outer_optimizer_kwargs)
-        self.pseudo_gradient_weighting = pseudo_gradient_weighting
         #: this worker's rounds (``None`` until the training loader is known)
         self.rounds: ElasticRounds | None = None
         #: what the worker saw: ``joined_s`` (start to first round end), ``recovered`` (state fetched from a peer),
@@ -138,7 +136,7 @@ class ElasticLocalSGDStrategy(SingleDeviceStrategy):
         self._sampler: ElasticBatchSampler | None = None
 
     def __getattr__(self, name: str) -> Any:
-        return moved_attribute(self, name, "round_timeout_s")  # the settings were attributes here (0.2.0)
+        return moved_attribute(self, name)  # the settings were attributes here (0.2.0), and the old keywords
 
     # ------------------------------------------------------------------ setup and teardown
 
@@ -153,8 +151,8 @@ class ElasticLocalSGDStrategy(SingleDeviceStrategy):
             )
         self.connection.connect(self._load_peer_state, self._peer_state)
         rank_zero_info(
-            f"ElasticLocalSGDStrategy: {self.connection.describe()}, {self.steps_per_round} local steps per worker "
-            f"and round split by speed, pseudo_gradient_weighting={self.pseudo_gradient_weighting!r}, outer "
+            f"ElasticLocalSGDStrategy: {self.connection.describe()}, {self.round_length} local steps per worker "
+            f"and round split by speed, pseudo_gradient_weighting={self.advanced.pseudo_gradient_weighting!r}, outer "
             f"optimizer {self.outer.description}"
         )
 
@@ -169,7 +167,8 @@ class ElasticLocalSGDStrategy(SingleDeviceStrategy):
             return dataloader
         num_chunks = -(-len(dataloader.dataset) // (dataloader.batch_size or 1))  # type: ignore[arg-type]
         if self.rounds is None:
-            self.rounds = ElasticRounds(num_chunks, self.steps_per_round, self.outer, self.pseudo_gradient_weighting)
+            weighting = self.advanced.pseudo_gradient_weighting
+            self.rounds = ElasticRounds(num_chunks, self.round_length, self.outer, weighting)
         built = elastic_loader(dataloader, self.rounds, self._epoch_start)
         if built is None:
             raise ValueError(

@@ -26,6 +26,7 @@ from lightning_hetero.elastic.commits import CommitRecord, digest
 from lightning_hetero.elastic.connection import JobConnection
 from lightning_hetero.elastic.membership import ElasticError
 from lightning_hetero.elastic.sampler import StepSampler
+from lightning_hetero.elastic.settings import ElasticHeteroBatchAdvanced, sync_old_keywords
 from lightning_hetero.elastic.signature import (
     check_joining_model,
     flat_params,
@@ -57,14 +58,11 @@ class ElasticHeteroBatchStrategy(SingleDeviceStrategy):
         replica_id: this worker's name in the job (default: ``hostname-pid``).
         min_workers: steps commit only with at least this many workers; a quorum that does not reach it within
             ``step_timeout_s`` ends the worker with an error naming both.
-        startup_timeout_s: how long a starting worker waits for the lighthouse to accept connections.
         step_timeout_s: how long a step's quorum and collectives may wait for the others (longer than validation).
-        join_timeout_s: after a worker was lost, how long the hosted lighthouse waits for live workers that have not
-            reached the step's quorum before it forms the step without them (longer than a step).
-        heartbeat_timeout_s: a worker silent this long is dropped (hosted lighthouse), and the lighthouse
-            unreachable this long during a quorum ends the worker with an error naming it.
         device: this worker's device.
-        **kwargs: passed to ``SingleDeviceStrategy``.
+        advanced: :class:`~lightning_hetero.elastic.ElasticHeteroBatchAdvanced`, the expert knobs (the start-up, join
+            and heartbeat timeouts).
+        **kwargs: passed to ``SingleDeviceStrategy`` (and, deprecated, the expert knobs' old keywords).
 
     Example::
 
@@ -87,13 +85,16 @@ class ElasticHeteroBatchStrategy(SingleDeviceStrategy):
         start_lighthouse: bool = False,
         replica_id: str | None = None,
         min_workers: int = 1,
-        startup_timeout_s: float = 30.0,
         step_timeout_s: float = 60.0,
-        join_timeout_s: float = 2.0,
-        heartbeat_timeout_s: float = 2.0,
         device: torch.device | str = "cpu",
+        advanced: ElasticHeteroBatchAdvanced | None = None,
         **kwargs: Any,
     ) -> None:
+        advanced, kwargs = sync_old_keywords(advanced, kwargs)
+        if not isinstance(advanced, ElasticHeteroBatchAdvanced):
+            raise TypeError(f"advanced must be an ElasticHeteroBatchAdvanced, got {type(advanced).__name__}")
+        #: the expert knobs, read-only
+        self.advanced = advanced
         #: the lighthouse, the membership and the job's position in checkpoints
         self.connection = JobConnection(
             "ElasticHeteroBatchStrategy",
@@ -103,10 +104,10 @@ class ElasticHeteroBatchStrategy(SingleDeviceStrategy):
             start_lighthouse,
             replica_id,
             min_workers,
-            startup_timeout_s,
+            advanced.startup_timeout_s,
             step_timeout_s,
-            join_timeout_s,
-            heartbeat_timeout_s,
+            advanced.join_timeout_s,
+            advanced.heartbeat_timeout_s,
             quorum_timeout_name="step_timeout_s",
             waiting="the quorum",
         )

@@ -1,13 +1,14 @@
 """A local-SGD round's length and each rank's local steps in it (pure arithmetic; :mod:`~lightning_hetero.local_sgd.rounds`
 runs the rounds).
 
-A round is a budget of samples over all ranks (``round_samples``) or of seconds (``round_s``), split into local
-steps per rank in proportion to their measured throughputs (``local_steps="proportional"``) or equally
-(``"equal"``, DiLoCo).
+A round's length (``round_length``) is local steps per rank on average, a budget of samples over all ranks, or of
+seconds (:func:`parse_round_length`), split into local steps per rank in proportion to their measured throughputs
+(``local_steps="proportional"``) or equally (``"equal"``, DiLoCo).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from lightning_hetero._validation import check_range
@@ -15,6 +16,9 @@ from lightning_hetero.allocation import apportion
 
 #: How the ranks' local steps in a round are set.
 LOCAL_STEPS = ("proportional", "equal")
+
+#: ``round_length``'s spellings besides an int of steps: ``"30s"``, ``"2.5 s"``, ``"2048 samples"``
+_UNITS = re.compile(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*(s|samples)\s*")
 
 
 def check_local_steps(local_steps: str) -> None:
@@ -25,31 +29,82 @@ def check_local_steps(local_steps: str) -> None:
 
 @dataclass(frozen=True)
 class RoundBudget:
-    """How long a round lasts: ``samples`` over all ranks, or ``seconds`` of wall-clock time (exactly one of them).
+    """How long a round lasts: ``samples`` over all ranks, ``seconds`` of wall-clock time, or ``steps``, local steps
+    per rank on average (exactly one of them; :meth:`in_samples` turns steps into samples once the batch is known).
 
     Example::
 
         >>> RoundBudget(samples=2048)
-        RoundBudget(samples=2048, seconds=None)
+        RoundBudget(samples=2048, seconds=None, steps=None)
         >>> RoundBudget(samples=0)
         Traceback (most recent call last):
         ...
-        ValueError: round_samples must be an integer >= 1, got 0
+        ValueError: round_length must be an integer >= 1, got 0
     """
 
     samples: int | None = None
     seconds: float | None = None
+    steps: int | None = None
 
     def __post_init__(self) -> None:
-        if (self.samples is None) == (self.seconds is None):
-            raise ValueError(
-                f"give exactly one of round_samples and round_s, got round_samples={self.samples!r}, "
-                f"round_s={self.seconds!r}"
-            )
-        if self.samples is not None:
-            check_range("round_samples", self.samples, low=1, integer=True)
+        given = [value for value in (self.samples, self.seconds, self.steps) if value is not None]
+        if len(given) != 1:
+            raise ValueError(f"give round_length as exactly one of steps, seconds and samples, got {self!r}")
         if self.seconds is not None:
-            check_range("round_s", self.seconds, low=0, low_open=True)
+            check_range("round_length", self.seconds, low=0, low_open=True)
+        else:
+            check_range("round_length", given[0], low=1, integer=True)
+
+    def in_samples(self, world_size: int, batch_size: int) -> RoundBudget:
+        """This budget with ``steps`` turned into samples over all ranks (``steps x world_size x batch_size``).
+
+        Example::
+
+            >>> RoundBudget(steps=16).in_samples(world_size=2, batch_size=32)
+            RoundBudget(samples=1024, seconds=None, steps=None)
+        """
+        return self if self.steps is None else RoundBudget(samples=self.steps * world_size * batch_size)
+
+    def describe(self, world_size: int) -> str:
+        """The round's length in words, for the start-up line.
+
+        Example::
+
+            >>> RoundBudget(steps=16).describe(2), RoundBudget(seconds=2.5).describe(2)
+            ('16 x 2 batches', '2.5 s')
+        """
+        if self.steps is not None:
+            return f"{self.steps} x {world_size} batches"
+        return f"{self.samples} samples" if self.samples is not None else f"{self.seconds:g} s"
+
+
+def parse_round_length(length: int | str) -> RoundBudget:
+    """``round_length`` as a budget: an int is local steps per rank on average, ``"<T>s"`` seconds and
+    ``"<N> samples"`` samples over all ranks.
+
+    Raises:
+        ValueError: naming ``round_length``, for any other spelling or a value out of range.
+
+    Example::
+
+        >>> parse_round_length(16), parse_round_length("30s"), parse_round_length("2048 samples")
+        (RoundBudget(samples=None, seconds=None, steps=16), RoundBudget(samples=None, seconds=30.0, steps=None), RoundBudget(samples=2048, seconds=None, steps=None))
+        >>> parse_round_length("30 min")
+        Traceback (most recent call last):
+        ...
+        ValueError: round_length must be local steps per rank (an int), '<seconds>s' or '<count> samples', got '30 min'
+    """
+    if not isinstance(length, str):
+        return RoundBudget(steps=length)
+    match = _UNITS.fullmatch(length)
+    if match is None:
+        raise ValueError(
+            f"round_length must be local steps per rank (an int), '<seconds>s' or '<count> samples', got {length!r}"
+        )
+    value, unit = match.groups()
+    if unit == "s":
+        return RoundBudget(seconds=float(value))
+    return RoundBudget(samples=int(value) if value.isdigit() else float(value))  # type: ignore[arg-type]
 
 
 def plan_local_steps(

@@ -9,16 +9,15 @@ speed-proportional local steps the sample-weighted mean lets the fastest ranks' 
 Floating-point module buffers (BatchNorm running statistics) are averaged in the same all-reduce, weighted the same
 way.
 
-A round is a budget of samples over all ranks (``round_samples``) or of seconds (``round_s``). With
-``local_steps="proportional"`` each rank's share of it follows its measured throughput
-(:class:`~lightning_hetero.measurement.ThroughputMeter`, the package's per-rank speed), exchanged in the round's
-all-reduce, so a fast rank takes more local steps and nobody waits for a straggler (Async Local-SGD's "dynamic local
-updates"); ``"equal"`` gives every rank the same number (DiLoCo). Once every rank's speed is known, a proportional
-round is a *deadline*: it lasts ``round_s``, or ``round_samples`` over the ranks' summed throughput, from the end of
-the previous round's all-reduce (which every rank leaves at about the same time), and each rank stops at the step
-that ends closest to it. The ranks then arrive at the all-reduce within about half a step of each other, however
-their speeds drift, where a step count planned from the last round's speeds lets them arrive as far apart as the
-speeds changed (docs/results.md has the measurements).
+A round is a budget of samples over all ranks or of seconds (``round_length``). With ``local_steps="proportional"`` each
+rank's share of it follows its measured throughput (:class:`~lightning_hetero.measurement.ThroughputMeter`, the
+package's per-rank speed), exchanged in the round's all-reduce, so a fast rank takes more local steps and nobody waits
+for a straggler (Async Local-SGD's "dynamic local updates"); ``"equal"`` gives every rank the same number (DiLoCo). Once
+every rank's speed is known, a proportional round is a *deadline*: it lasts its seconds, or its samples over the ranks'
+summed throughput, from the end of the previous round's all-reduce (which every rank leaves at about the same time), and
+each rank stops at the step that ends closest to it. The ranks then arrive at the all-reduce within about half a step of
+each other, however their speeds drift, where a step count planned from the last round's speeds lets them arrive as far
+apart as the speeds changed (docs/results.md has the measurements).
 
 The epoch's end: a rank whose share of the epoch is done meets the others with a *done* flag and no samples; it keeps
 joining their round-end all-reduces (contributing nothing) until every rank is done, so the ranks always call the
@@ -84,7 +83,7 @@ class LocalRounds:
     """One rank's round state: the start-of-round parameters, its progress in the round, the outer optimizer.
 
     Args:
-        budget: the round's length.
+        budget: the round's length in samples or seconds (:meth:`~.round_plan.RoundBudget.in_samples`).
         rank: this rank's index in the all-reduce.
         world_size: ranks in the all-reduce.
         outer: the outer optimizer (default DiLoCo's Nesterov SGD).
@@ -161,7 +160,7 @@ class LocalRounds:
         #: this rank's local steps in the round when the round has no deadline
         self.target_steps = 1
         #: the round's deadline, seconds after its start: speed-proportional steps once every rank's speed is known
-        #: (``round_s``, or ``round_samples`` over the ranks' summed throughput); ``None``: ``target_steps`` ends it
+        #: (the budget's seconds, or its samples over the ranks' summed throughput); ``None``: ``target_steps`` ends it
         self.round_s: float | None = None
         #: this round runs to the epoch's end (its deadline ignored): when it started, fewer than 1.5 rounds' samples
         #: were left in the epoch (the smallest of the ranks' views of its pool, so every rank decides alike)

@@ -26,7 +26,6 @@ from lightning_hetero.async_ps.interfaces import SavedState
 from lightning_hetero.async_ps.runtime.clipping import ClippingStep
 from lightning_hetero.async_ps.runtime.grad_scaling import fold_scaler, unfold_scaler
 from lightning_hetero.async_ps.runtime.reporting import report_hyperparameters
-from lightning_hetero.local_sgd.round_plan import RoundBudget
 from lightning_hetero.local_sgd.rounds import LocalRounds, RoundOutcome
 from lightning_hetero.measurement import BusyTimer
 
@@ -35,10 +34,6 @@ if TYPE_CHECKING:
     from lightning_hetero.async_ps.runtime.context import BatchWeighting, PSContext
     from lightning_hetero.async_ps.runtime.fault_tolerance import FaultTolerance
     from lightning_hetero.async_ps.settings import PSSettings
-
-#: Local steps per rank and round when neither ``round_samples`` nor ``round_s`` is given (the round is then this
-#: many batches times the number of ranks, split by speed).
-DEFAULT_STEPS_PER_ROUND = 16
 
 
 class LocalSGDEngine:
@@ -58,8 +53,8 @@ class LocalSGDEngine:
     def __init__(self, settings: PSSettings, weighting: BatchWeighting) -> None:
         self._weighting = weighting
         self._round_budget = settings.round_budget
-        self.local_steps = settings.local_steps
-        self.pseudo_gradient_weighting = settings.pseudo_gradient_weighting
+        self.local_steps = settings.advanced.local_steps
+        self.pseudo_gradient_weighting = settings.advanced.pseudo_gradient_weighting
         self.outer = settings.outer
         #: the round state (``None`` before the first local batch); its ``plans``, ``rounds`` and ``bytes_sent``
         #: tell what happened
@@ -91,9 +86,7 @@ class LocalSGDEngine:
     def _build_rounds(self, batch_size: int | None) -> LocalRounds:
         """The round state, once the world size (and, for the default round, the batch size) is known."""
         ctx, _, _ = self._parts()
-        budget = self._round_budget
-        if budget is None:
-            budget = RoundBudget(samples=DEFAULT_STEPS_PER_ROUND * ctx.world_size * (batch_size or 1))
+        budget = self._round_budget.in_samples(ctx.world_size, batch_size or 1)
         rounds = LocalRounds(
             budget, ctx.rank, ctx.world_size, self.outer, self.local_steps, weighting=self.pseudo_gradient_weighting
         )
@@ -132,10 +125,7 @@ class LocalSGDEngine:
         )
 
     def round_description(self) -> str:
-        budget = self._round_budget
-        if budget is None:
-            return f"{DEFAULT_STEPS_PER_ROUND} x {self._world_size} batches"
-        return f"{budget.samples} samples" if budget.samples is not None else f"{budget.seconds:g} s"
+        return self._round_budget.describe(self._world_size)
 
     def leave(self) -> None:
         """At an epoch's end (the ranks' parameters agree after the epoch's last round): the inner optimizers' states

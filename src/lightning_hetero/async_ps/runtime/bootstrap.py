@@ -226,14 +226,15 @@ def build_context(
     sync_module_states(module)
     group = dist.new_group(backend="gloo", timeout=SERVER_RECEIVE_TIMEOUT)
     store = connect_store(main_address, rank, settings.fault_timeout_s, broadcast)
-    check_server_shards(settings.server_shards, world_size)
-    check_server_placement(settings.server_placement, world_size=world_size)
-    shards = plan_shards(model.layout, settings.server_shards) if settings.server_shards > 1 else None
+    server_shards = settings.advanced.server_shards
+    check_server_shards(server_shards, world_size)
+    check_server_placement(settings.advanced.server_placement, world_size=world_size)
+    shards = plan_shards(model.layout, server_shards) if server_shards > 1 else None
     if shards is not None:
         largest = max(shard.numel for shard in shards)
-        if largest > 1.5 * model.flat.numel() / settings.server_shards:
+        if largest > 1.5 * model.flat.numel() / server_shards:
             rank_zero_warn(
-                f"AsyncPSStrategy(server_shards={settings.server_shards}): the largest shard holds "
+                f"AsyncPSStrategy(server_shards={server_shards}): the largest shard holds "
                 f"{largest / model.flat.numel():.0%} of the parameters (a shard holds whole tensors), and the "
                 "busiest shard bounds the server's speed; a model in more, smaller tensors balances better."
             )
@@ -275,7 +276,7 @@ def start_servers(
         compensator: the server's asynchrony compensation, or ``None``.
     """
     settings, servers = ctx.settings, ctx.servers
-    if ctx.rank < settings.server_shards:
+    if ctx.rank < settings.advanced.server_shards:
         server, loop = start_server(
             ctx.flat,
             ctx.optimizer,
@@ -283,7 +284,7 @@ def start_servers(
             world_size=ctx.world_size,
             timeout_s=settings.fault_timeout_s,
             max_staleness=settings.max_staleness,
-            lr_scaling=settings.lr_scaling,
+            lr_scaling=settings.advanced.lr_scaling,
             compensator=compensator,
             max_updates=ctx.trainer.max_steps,
             on_update=ctx.schedules.step_at,
@@ -302,7 +303,7 @@ def start_servers(
         lost_cause=fault.lost_cause,
         recorded_fault=fault.recorded_fault,
         pin_memory=ctx.root_device.type == "cuda",
-        overlap=settings.overlap_round_trip,
+        overlap=settings.advanced.overlap_round_trip,
         shards=servers.shards,
     )
 

@@ -179,7 +179,9 @@ class DataClaiming:
             rank=ctx.rank,
             world_size=ctx.world_size,
             tail=self.fault.lost_workers_chunks if elastic else None,
-            reserved_only=lambda: reserved_only(ctx.settings.server_placement, self._mode().through_server, ctx.rank),
+            reserved_only=lambda: reserved_only(
+                ctx.settings.advanced.server_placement, self._mode().through_server, ctx.rank
+            ),
             limit=ctx.train_limit,
         )
         if claiming is None:  # a loader of its own (HeteroBatch's, a custom sampler): Lightning's limit applies

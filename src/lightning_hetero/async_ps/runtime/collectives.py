@@ -100,7 +100,7 @@ class CollectiveGate:
         buffers = ctx.float_buffers()
         if not buffers or ctx.world_size == 1:
             return
-        reserved = reserved_only(ctx.settings.server_placement, self._mode().through_server, ctx.rank)
+        reserved = reserved_only(ctx.settings.advanced.server_placement, self._mode().through_server, ctx.rank)
         flat = torch.cat(
             [b.detach().reshape(-1).to(torch.float64) for b in buffers] + [torch.ones(1, dtype=torch.float64)]
         )

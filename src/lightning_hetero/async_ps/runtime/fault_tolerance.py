@@ -149,7 +149,7 @@ class FaultTolerance:
             if server is not None and server.lost is not None:
                 raise server.lost
 
-        if reserved_only(ctx.settings.server_placement, self._mode().through_server, ctx.rank):
+        if reserved_only(ctx.settings.advanced.server_placement, self._mode().through_server, ctx.rank):
             # a dedicated server rank trained its one batch at the epoch's start: wait for the workers to finish
             # theirs before the meeting, whose fault timeout starts on rank 0's arrival
             self._await_other_workers(ctx.trainer.current_epoch, patience_s=ctx.settings.fault_timeout_s)
