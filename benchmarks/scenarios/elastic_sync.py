@@ -1,22 +1,7 @@
-"""Benchmark: synchronous elastic HeteroBatch (``ElasticHeteroBatchStrategy`` on torchft) with workers that leave
-and join, against the same job undisturbed, on CPU.
+"""Synchronous elastic HeteroBatch (``ElasticHeteroBatchStrategy`` on torchft) with workers that leave and join.
 
-Four workers, each its own process (``examples/elastic/elastic_worker.py --sync``, one per "machine"), at speeds 1, 1, 2 and 4: a
-training step sleeps ``--base-sample-s`` over the speed per sample of the worker's share; the first hosts the
-lighthouse. Runs, one after the other per seed:
-
-- ``undisturbed``: the four train ``--epochs`` epochs;
-- ``churn``: the same, and one speed-1 worker (not the host) is SIGKILLed half-way through every epoch and started
-  again at once (a fresh process that joins the running job), but not before its previous restart contributed (a
-  worker's start-up on a loaded host can outlast an epoch); a fifth worker (speed 1) starts half-way through the
-  run.
-
-Reported per run: samples per second (from the host's first to its last committed step), the host's final
-validation accuracy, the committed steps whose global batch, counted by the participants, is not the user's (0
-expected), per epoch the samples' global batches lost and duplicated in the job's history, and each restarted or
-added worker's seconds from its process start to its first committed step that trained a sample.
-
-Prints a table and writes ``benchmarks/results/elastic_sync.json`` (``--out`` names another).
+Four workers (``examples/elastic/elastic_worker.py --sync``) at speeds 1, 1, 2, 4 (a sleep per sample), undisturbed
+and under ``churn``: a speed-1 worker SIGKILLed and restarted half-way through every epoch, a fifth added half-way.
 
 Usage: python -m benchmarks run elastic_sync [--seeds 1] [--epochs 4] [--out NAME.json]
 """
@@ -32,7 +17,7 @@ from typing import Any
 
 from benchmarks.elastic_job import SYNC, ElasticJob
 from benchmarks.harness.launch import RESULTS, wait_for
-from benchmarks.harness.record import write_json
+from benchmarks.harness.record import table, write_json
 
 SPEEDS = {"a": 1.0, "b": 1.0, "c": 2.0, "d": 4.0}
 KILLED, ADDED = "b", "e"
@@ -110,14 +95,11 @@ def main(args: argparse.Namespace) -> None:
             out = Path(tempfile.mkdtemp(prefix=f"elastic-sync-{kind}-"))  # kept: the workers' logs
             runs.append(run(kind, args, seed, out))
             print(json.dumps(runs[-1]), flush=True)
-    print(
-        f"{'run':12} {'samples/s':>10} {'val_acc':>8} {'steps':>6} {'not B':>6} {'lost':>5} {'dup':>4} {'1st s max':>9}"
-    )
     summary = {}
     for kind in ("undisturbed", "churn"):
         rows = [r for r in runs if r["run"] == kind]
         firsts = [c for r in rows for c in r["first_contribution_s"] if c is not None]
-        summary[kind] = row = {
+        summary[kind] = {
             "samples_per_s": statistics.median(r["samples_per_s"] for r in rows),
             "val_acc": statistics.median(r["val_acc"] for r in rows),
             "steps": sum(r["steps"] for r in rows),
@@ -126,11 +108,10 @@ def main(args: argparse.Namespace) -> None:
             "duplicated": sum(sum(r["duplicated_per_epoch"]) for r in rows),
             "first_contribution_s_max": max(firsts, default=None),
         }
-        first = f"{row['first_contribution_s_max']:.1f}" if firsts else "-"
-        print(f"{kind:12} {row['samples_per_s']:10.1f} {row['val_acc']:8.4f} {row['steps']:6d} "
-              f"{row['steps_not_the_global_batch']:6d} {row['lost']:5d} {row['duplicated']:4d} {first:>9}")  # fmt: skip
+    formats = ["", ".1f", ".4f", "", "", "", "", ".1f"]
+    header = ["run", "samples/s", "val_acc", "steps", "not B", "lost", "dup", "1st s max"]
+    print(table(header, [[kind, *row.values()] for kind, row in summary.items()], formats))
     summary["churn"]["throughput_ratio"] = summary["churn"]["samples_per_s"] / summary["undisturbed"]["samples_per_s"]
     conditions = {**vars(args), "speeds": SPEEDS, "added": ADDED, "killed": KILLED}
-    write_json(
-        RESULTS / (args.out or "elastic_sync.json"), {"conditions": conditions, "summary": summary, "runs": runs}
-    )
+    path = RESULTS / (args.out or "elastic_sync.json")
+    write_json(path, {"conditions": conditions, "summary": summary, "runs": runs})
