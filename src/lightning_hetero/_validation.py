@@ -56,7 +56,7 @@ def check_range(
     the notation of the docs: ``>= 1``, ``> 0``, ``in [0, 1)``, with ``or None`` for an optional setting.
 
     Args:
-        name: the setting's name as the user wrote it (``"max_staleness"``, ``"AsyncPSStrategy(server_shards=...)"``).
+        name: the setting's name as the user wrote it (``"max_staleness"``, ``"PSAdvanced(server_shards=...)"``).
         value: the value given.
         low: the smallest accepted value, or ``None`` for no lower bound.
         high: the largest accepted value, or ``None`` for no upper bound.

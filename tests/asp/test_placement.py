@@ -1,4 +1,4 @@
-"""``AsyncPSStrategy(server_placement=...)``: the pure rules, settings refused at construction, and end-to-end runs
+"""``PSAdvanced(server_placement=...)``: the pure rules, settings refused at construction, and end-to-end runs
 with a dedicated server rank (3 ranks on gloo, ``tests/scripts/ps_train.py`` in fresh interpreters)."""
 
 import time

@@ -1,4 +1,4 @@
-"""End-to-end CPU runs of AsyncPSStrategy(server_shards=2): shard 0 in rank 0, shard 1 in rank 1, three workers.
+"""End-to-end CPU runs of PSAdvanced(server_shards=2): shard 0 in rank 0, shard 1 in rank 1, three workers.
 
 Each run is ``tests/scripts/ps_train.py`` in a fresh interpreter (or one process per node for the killed host); its
 ranks write JSON reports.

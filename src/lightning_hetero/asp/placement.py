@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from lightning_hetero.asp.protocol import SERVER_RANK
 
-#: the accepted values of ``AsyncPSStrategy(server_placement=...)``
+#: the accepted values of ``PSAdvanced(server_placement=...)``
 SERVER_PLACEMENTS = ("worker", "dedicated")
 
 
@@ -38,30 +38,30 @@ def check_server_placement(
         >>> check_server_placement("dedicated", server_shards=2)
         Traceback (most recent call last):
         ...
-        ValueError: AsyncPSStrategy(server_placement='dedicated') does not support server_shards=2: shards 1..k-1 would run inside training ranks. Use server_shards=1, or server_placement='worker'.
+        ValueError: PSAdvanced(server_placement='dedicated') does not support server_shards=2: shards 1..k-1 would run inside training ranks. Use server_shards=1, or server_placement='worker'.
         >>> check_server_placement("dedicated", world_size=1)
         Traceback (most recent call last):
         ...
-        ValueError: AsyncPSStrategy(server_placement='dedicated') needs at least 2 ranks (rank 0 hosts the server, the others train); the job has 1.
+        ValueError: PSAdvanced(server_placement='dedicated') needs at least 2 ranks (rank 0 hosts the server, the others train); the job has 1.
     """
     if placement not in SERVER_PLACEMENTS:
-        raise ValueError(f"AsyncPSStrategy(server_placement=...) must be one of {SERVER_PLACEMENTS}, got {placement!r}")
+        raise ValueError(f"PSAdvanced(server_placement=...) must be one of {SERVER_PLACEMENTS}, got {placement!r}")
     if placement != "dedicated":
         return
     if server_shards != 1:
         raise ValueError(
-            f"AsyncPSStrategy(server_placement='dedicated') does not support server_shards={server_shards}: shards "
+            f"PSAdvanced(server_placement='dedicated') does not support server_shards={server_shards}: shards "
             "1..k-1 would run inside training ranks. Use server_shards=1, or server_placement='worker'."
         )
     if on_worker_lost != "fail":
         raise ValueError(
-            f"AsyncPSStrategy(server_placement='dedicated') does not support on_worker_lost={on_worker_lost!r} "
+            f"PSAdvanced(server_placement='dedicated') does not support on_worker_lost={on_worker_lost!r} "
             "(elastic ASP trains a lost worker's batches on rank 0). Use on_worker_lost='fail', or "
             "server_placement='worker'."
         )
     if world_size is not None and world_size < 2:
         raise ValueError(
-            "AsyncPSStrategy(server_placement='dedicated') needs at least 2 ranks (rank 0 hosts the server, the "
+            "PSAdvanced(server_placement='dedicated') needs at least 2 ranks (rank 0 hosts the server, the "
             f"others train); the job has {world_size}."
         )
 
@@ -102,7 +102,7 @@ def refuse_hetero_batches(placement: str, on_worker_lost: str) -> None:
         >>> refuse_hetero_batches("dedicated", "fail")
         Traceback (most recent call last):
         ...
-        ValueError: AsyncPSStrategy(server_placement='dedicated') does not support HeteroBatchCallback: rank 0 trains one batch per epoch in ASP, so its measured speed would not describe it. Use server_placement='worker' with it.
+        ValueError: PSAdvanced(server_placement='dedicated') does not support HeteroBatchCallback: rank 0 trains one batch per epoch in ASP, so its measured speed would not describe it. Use server_placement='worker' with it.
     """
     if on_worker_lost == "continue":
         raise ValueError(
@@ -111,7 +111,7 @@ def refuse_hetero_batches(placement: str, on_worker_lost: str) -> None:
         )
     if placement == "dedicated":
         raise ValueError(
-            "AsyncPSStrategy(server_placement='dedicated') does not support HeteroBatchCallback: rank 0 trains one "
+            "PSAdvanced(server_placement='dedicated') does not support HeteroBatchCallback: rank 0 trains one "
             "batch per epoch in ASP, so its measured speed would not describe it. Use server_placement='worker' "
             "with it."
         )

@@ -1,4 +1,4 @@
-"""Hosting the parameter server's shards (``AsyncPSStrategy(server_shards=k)``): rank ``s`` hosts shard ``s`` for
+"""Hosting the parameter server's shards (``PSAdvanced(server_shards=k)``): rank ``s`` hosts shard ``s`` for
 ``s < k``, rank 0 gathers the whole server's state (checkpoints, switches into BSP) and statistics from the shards,
 and every host loads its cut of a whole state (resume, switches into ASP).
 

@@ -62,17 +62,17 @@ def check_server_shards(server_shards: int, world_size: int | None = None, on_wo
         >>> check_server_shards(3, world_size=2)
         Traceback (most recent call last):
         ...
-        ValueError: AsyncPSStrategy(server_shards=3) needs at least 3 ranks to host the shards (rank s hosts shard s); the job has 2.
+        ValueError: PSAdvanced(server_shards=3) needs at least 3 ranks to host the shards (rank s hosts shard s); the job has 2.
     """
-    check_range("AsyncPSStrategy(server_shards=...)", server_shards, low=1, integer=True)
+    check_range("PSAdvanced(server_shards=...)", server_shards, low=1, integer=True)
     if server_shards > 1 and on_worker_lost == "continue":
         raise ValueError(
-            f"AsyncPSStrategy(server_shards={server_shards}) does not support on_worker_lost='continue' (elastic "
+            f"PSAdvanced(server_shards={server_shards}) does not support on_worker_lost='continue' (elastic "
             "ASP): a lost rank may host a shard. Use server_shards=1 or on_worker_lost='fail'."
         )
     if world_size is not None and server_shards > world_size:
         raise ValueError(
-            f"AsyncPSStrategy(server_shards={server_shards}) needs at least {server_shards} ranks to host the shards "
+            f"PSAdvanced(server_shards={server_shards}) needs at least {server_shards} ranks to host the shards "
             f"(rank s hosts shard s); the job has {world_size}."
         )
 
@@ -91,7 +91,7 @@ def plan_shards(layout: FlatLayout, shards: int) -> list[Shard]:
     numels = layout.numels
     if shards > len(numels):
         raise ValueError(
-            f"AsyncPSStrategy(server_shards={shards}): the model has only {len(numels)} trainable parameter tensors "
+            f"PSAdvanced(server_shards={shards}): the model has only {len(numels)} trainable parameter tensors "
             "and a shard holds whole tensors; use fewer shards."
         )
     ends = [offset + numel for offset, numel in zip(layout.offsets, numels, strict=True)]

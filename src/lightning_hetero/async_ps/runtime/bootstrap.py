@@ -234,7 +234,7 @@ def build_context(
         largest = max(shard.numel for shard in shards)
         if largest > 1.5 * model.flat.numel() / server_shards:
             rank_zero_warn(
-                f"AsyncPSStrategy(server_shards={server_shards}): the largest shard holds "
+                f"PSAdvanced(server_shards={server_shards}): the largest shard holds "
                 f"{largest / model.flat.numel():.0%} of the parameters (a shard holds whole tensors), and the "
                 "busiest shard bounds the server's speed; a model in more, smaller tensors balances better."
             )
