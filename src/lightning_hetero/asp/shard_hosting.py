@@ -22,6 +22,7 @@ Example (one server in this rank)::
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -59,9 +60,20 @@ class ShardHosting:
         self.shard_server: ParameterServer | None = None
         self.loop: ServerLoop | None = None
         self.client: AsynchronousClient | None = None
+        #: builds the server (shard) this rank hosts and its client (see :meth:`start`)
+        self.starter: Callable[[], None] | None = None
         # the one server's parameters: every layout index (a frozen parameter the optimizer holds has none, -1)
         last = max((index + 1 for indices in group_indices for index in indices), default=0)
         self._whole = Shard(0, 0, 0, 0, last)
+
+    def start(self) -> bool:
+        """Start the server (shard) this rank hosts, if any, and the client with :attr:`starter`, once: the first time
+        the run trains in ASP, so that a run in other modes holds no server, no copy of the model and no messages.
+        Returns whether they started now."""
+        if self.client is not None or self.starter is None:
+            return False
+        self.starter()
+        return True
 
     def host(self, server: ParameterServer, loop: ServerLoop | None) -> None:
         """This rank hosts ``server`` (rank 0's, or shard ``rank``) served by ``loop``."""
@@ -121,7 +133,10 @@ class ShardHosting:
         return summary
 
     def finish(self) -> dict[str, Any] | None:
-        """At the end of training: rank 0's :meth:`summary` (``None`` on the other ranks), then :meth:`leave`."""
+        """At the end of training: rank 0's :meth:`summary` (``None`` on the other ranks, or if ASP never started),
+        then :meth:`leave`."""
+        if self.client is None:
+            return None
         summary = self.summary() if self.server is not None else None
         self.leave()
         return summary

@@ -247,7 +247,7 @@ class AsyncPSStrategy(DDPStrategy):
             self.world_size, self.cluster_environment.main_address, ddp.broadcast, self._counter, self._weighting,
             self._schedules, self._log, self._limits,
         )  # fmt: skip
-        engines, compensator = self._engines.values(), self._compensation.new()
+        engines, compensator = self._engines.values(), self._compensation.new
         self._run = bootstrap.start_run(ctx, group, engines, lambda: self._engine, self.launcher, compensator, ddp)
         sigterm_check = lambda check: bootstrap.check_sigterm(self._engine.lock_step, trainer, check)  # noqa: E731
         replace_sigterm_broadcast(trainer, sigterm_check)
@@ -377,20 +377,6 @@ class AsyncPSStrategy(DDPStrategy):
         if self._run is not None:  # after setup (restore_checkpoint_after_setup): the loader is built after this
             self._run.claiming.resume = self._checkpointing.pool_position
         return checkpoint
-
-    @override
-    def load_model_state_dict(self, checkpoint: Any, strict: bool = True) -> None:
-        super().load_model_state_dict(checkpoint, strict=strict)
-        self._load_servers(None)
-
-    @override
-    def load_optimizer_state_dict(self, checkpoint: Any) -> None:
-        super().load_optimizer_state_dict(checkpoint)
-        self._load_servers(checkpoint["optimizer_states"][0])
-
-    def _load_servers(self, optimizer_state: dict[str, Any] | None) -> None:
-        if self._run is not None:  # after setup (restore_checkpoint_after_setup)
-            self._run.ctx.servers.load(self._run.ctx.flat.flat, optimizer_state, self._counter.version)
 
 
 AsyncPSStrategy.register_strategies(StrategyRegistry)

@@ -84,16 +84,18 @@ class AsynchronousEngine:
     # ------------------------------------------------------------------ entering and leaving
 
     def enter(self, switch: bool) -> None:
-        """Step-interval LR schedulers count the server's updates from now on; at a switch, the server takes rank 0's
-        model and optimizer state (each host its shard's) and the ranks meet."""
+        """The first time, the servers and the client start; step-interval LR schedulers count the server's updates
+        from now on; at a switch (or resuming), the server takes rank 0's model and optimizer state (each host its
+        shard's); at a switch the ranks meet."""
         ctx, fault, _ = self._parts()
+        started = ctx.servers.start()  # every rank enters ASP at the same point: the start of training or a switch
         self._claim_size.restart()
         if switch:
             self._joined = False
             self._met_version = None
         # rank 0's schedulers, which the server's hyper-parameters follow, count server updates, not own batches
         ctx.schedules.take_over(ctx.trainer.lr_scheduler_configs)
-        if switch:
+        if switch or (started and ctx.counter.version > 0):  # a resumed run's model and optimizer are the server's
             ctx.servers.load(ctx.flat.flat, copy.deepcopy(ctx.optimizer.state_dict()), ctx.counter.version)
         self._announce_compensation()
         if switch:
@@ -206,14 +208,16 @@ class AsynchronousEngine:
         """Every rank's pushes applied (at a validation point inside an epoch one may still be in flight), the ranks
         meet, take the server's latest parameters (the same version on every rank; none when the server has no update
         since they last met) and average their buffers; after the first epoch rank 0 says what the server-sizing rule
-        recommends from the server's measured cost and load."""
+        recommends from the server's measured cost and load. Before ASP first starts (Lightning's sanity check) the
+        ranks hold the model they synchronised at setup: nothing to do."""
         ctx, fault, gate = self._parts()
+        if ctx.servers.client is None:
+            return
         server = ctx.servers.server
         if not self._sizing_advised and server is not None and server.tracker.updates:
             self._sizing_advised = True
             shards = 1 if ctx.servers.shards is None else len(ctx.servers.shards)
             rank_zero_info(sizing_advice(server.statistics(), shards).message)
-        assert ctx.servers.client is not None
         ctx.servers.client.settle()
         self._claim_size.restart()
         fault.meet()

@@ -1,6 +1,7 @@
-"""Starting asynchronous training: the checks of the Trainer, the model's flat parameters, rank 0's key-value store,
-the run's context (:func:`build_context`) and the parameter server with its receiving threads
-(:func:`start_servers`). Called once by ``AsyncPSStrategy.setup`` when fitting; each step is a function.
+"""Starting a fitting run: the checks of the Trainer, the model's flat parameters, rank 0's key-value store, the run's
+context (:func:`build_context`) and its collaborators (:func:`start_run`), by ``AsyncPSStrategy.setup``; the parameter
+server with its receiving threads and the client (:func:`start_servers`), by the ASP engine the first time the run
+trains in ASP. Each step is a function.
 
 Example::
 
@@ -331,11 +332,11 @@ def start_run(
     engines: Iterable[Engine],
     engine: Callable[[], Engine],
     launcher: Any,
-    compensator: AsynchronyCompensator | None,
+    compensator: Callable[[], AsynchronyCompensator | None],
     ddp: Any,
 ) -> Run:
-    """Build the collaborators on ``ctx`` (stops agreed among the ranks: :mod:`~lightning_hetero.async_ps.runtime.stopping`), start
-    the servers and hand all to the engines.
+    """Build the collaborators on ``ctx`` (stops agreed among the ranks: :mod:`~lightning_hetero.async_ps.runtime.stopping`),
+    hand all to the engines, and leave the servers for the ASP engine to start (``ctx.servers.start()``).
 
     Args:
         ctx: the run's context (:func:`build_context`).
@@ -343,11 +344,11 @@ def start_run(
         engines: every engine of the strategy.
         engine: the engine in force when asked.
         launcher: Lightning's launcher (the processes it started).
-        compensator: the server's asynchrony compensation, or ``None``.
+        compensator: makes the server's asynchrony compensation (``None``: none), when ASP first starts.
         ddp: the parent ``DDPStrategy`` (``super()``), whose ``reduce`` and ``broadcast`` are the ungated collectives.
     """
     fault = FaultTolerance(ctx, engine, launcher, list(launched_processes(launcher) or []))
-    start_servers(ctx, group, fault, compensator)
+    ctx.servers.starter = lambda: start_servers(ctx, group, fault, compensator())
     gate = CollectiveGate(ctx, fault, engine, ddp.reduce, ddp.broadcast)
     for each in engines:
         each.setup(ctx, fault, gate)

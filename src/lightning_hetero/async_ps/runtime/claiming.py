@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader
 
 from lightning_hetero._lightning_internals import uses_distributed_sampler, with_sampler
 from lightning_hetero.asp.placement import reserved_only
+from lightning_hetero.asp.protocol import SERVER_RANK
 from lightning_hetero.async_ps.runtime.sampler import ClaimSampler
 from lightning_hetero.async_ps.runtime.trainer_limits import lock_step_interval, mode_switcher, pool_chunks
 from lightning_hetero.async_ps.runtime.validation_points import refuse_without_claims
@@ -168,7 +169,7 @@ class DataClaiming:
             or not isinstance(dataloader, DataLoader)
         ):
             return dataloader
-        elastic = ctx.servers.server is not None and ctx.settings.on_worker_lost == "continue"
+        elastic = ctx.rank == SERVER_RANK and ctx.settings.on_worker_lost == "continue"  # rank 0 hosts the server
         tail = "on_worker_lost='continue' trains a lost worker's batches at the epoch's end, after the points"
         refuse_without_claims(ctx.val_points, tail if ctx.settings.on_worker_lost == "continue" else None)
         claiming = claiming_loader(

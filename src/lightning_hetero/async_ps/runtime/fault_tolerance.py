@@ -175,14 +175,7 @@ class FaultTolerance:
 
     def on_rank_lost(self, error: PeerLostError) -> None:
         """Called by the server's thread that saw a rank's connection break (rank 0)."""
-        procs = launched_processes(self._launcher)
-        if procs is not None:
-            # Lightning's process observer would kill every process a few seconds after a child exits; the strategy
-            # ends the job itself (after telling the others why) or goes on without it
-            # (the launcher's processes are local ranks 1.. of rank 0's node, whose global ranks they are)
-            proc = self.launched[error.rank - 1] if 1 <= error.rank <= len(self.launched) else None
-            if proc in procs:
-                procs.remove(proc)
+        self._unwatch(error.rank)
         server = self.ctx.servers.server
         assert server is not None
         if server.tolerate_lost_workers and server.lost is None:
@@ -192,6 +185,28 @@ class FaultTolerance:
                 f"AsyncPSStrategy lost the worker on rank {error.rank} ({cause}); continuing with {remaining} "
                 "workers (on_worker_lost='continue')."
             )
+
+    def _unwatch(self, rank: int) -> None:
+        """Lightning's process observer would kill every process a few seconds after a child exits; the strategy ends
+        the job itself (after telling the others why) or goes on without it. The launcher's processes are local ranks
+        1.. of rank 0's node, whose global ranks they are."""
+        procs = launched_processes(self._launcher)
+        proc = self.launched[rank - 1] if 1 <= rank <= len(self.launched) else None
+        if procs is not None and proc in procs:
+            procs.remove(proc)
+
+    def _exited_child(self, wait_s: float) -> PeerLostError | None:
+        """Rank 0 with no server to notice (BSP, local SGD): the first process Lightning's launcher started that
+        exited within ``wait_s``, taken out of the observer's watch so that the error naming it is raised first."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            for rank, proc in enumerate(self.launched, start=1):
+                if proc.poll() is not None:
+                    self._unwatch(rank)
+                    return PeerLostError(rank, "worker", f"its process exited with code {proc.returncode}")
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(_AWAIT_POLL_S)
 
     def recorded_fault(self, wait_s: float) -> PeerLostError | None:
         """The first fault rank 0 recorded; ``None`` if none (or rank 0's store is unreachable)."""
@@ -209,6 +224,8 @@ class FaultTolerance:
                 rank = min(server.lost_ranks)
                 lost = PeerLostError(rank, "worker", "its connection broke")
             return lost or err
+        if self.ctx.rank == SERVER_RANK and self.launched:
+            return self._exited_child(LOST_WORKER_GRACE_S) or err
         try:
             recorded = self.ctx.membership.board.read(LOST_WORKER_GRACE_S)
         except RuntimeError as store_err:  # rank 0, which hosts the store, is gone
@@ -229,7 +246,7 @@ class FaultTolerance:
             error = PeerLostError(ctx.rank, role, f"it failed with {type(exception).__name__}: {exception}")
         try:
             error = board.record(error)
-            if server is not None:
+            if ctx.rank == SERVER_RANK:  # the store's host: ranks waiting at a meeting learn of it now
                 board.abort_meeting(ctx.membership.meetings - 1)
                 board.abort_meeting(ctx.membership.meetings)
         except RuntimeError:
