@@ -6,10 +6,15 @@ reaches the same decision.
 Each rank's compute per step is modelled as ``t_k(b) = a_k + b / X_k`` (a fixed overhead ``a_k`` plus samples at
 throughput ``X_k``; with ``a_k = 0`` this is OmniLearn's ``b_k ∝ X_k``). The split equalises the predicted step
 times (:func:`~lightning_hetero.allocation.apportion`) within each rank's bounds and keeps the global batch exact.
+
+Also the records :class:`~lightning_hetero.hetero_batch.policy.AdjustmentPolicy` keeps about its decisions: a change
+on trial (:class:`Trial`), the synchronous step measured at a split (:class:`Outcome`), a rolled-back move
+(:class:`Rejection`) and a refinement proposed in a row (:class:`Proposal`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -180,3 +185,93 @@ def _per_rank(name: str, value: int | Sequence[int] | None, world_size: int, def
     if len(values) != world_size:
         raise ValueError(f"{name} needs one entry per rank ({world_size}), got {len(values)}")
     return values
+
+
+# The adjustment policy's records (hetero_batch/policy.py): a change on trial, the outcome measured at a split, a
+# rolled-back move, a refinement proposed in a row.
+
+
+@dataclass(frozen=True)
+class Trial:
+    """An applied change of split, on probation until the synchronous step at the new split has been measured.
+
+    Example::
+
+        >>> trial = Trial(before=(32, 32), before_s=0.128, before_steps=6)
+        >>> trial.judges(min_steps=3), Trial((32, 32), 0.128, before_steps=1).judges(min_steps=3)
+        (True, False)
+    """
+
+    #: the split before the change
+    before: tuple[int, ...]
+    #: the synchronous step measured at ``before`` (``None``: not measured)
+    before_s: float | None
+    #: how many steps ``before_s`` rests on (``None``: the caller gives no counts, taken as enough)
+    before_steps: int | None
+
+    def judges(self, min_steps: int) -> bool:
+        """Whether the baseline can judge the change (a baseline on fewer steps judges nothing)."""
+        return self.before_steps is None or self.before_steps >= min_steps
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """A refinement proposed at consecutive adjustments, not yet applied."""
+
+    sizes: tuple[int, ...]
+    in_a_row: int
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The synchronous step measured at one split: total wall seconds over steps there (not a per-step median).
+
+    Example::
+
+        >>> Outcome(0.050, 8).merged(Outcome(0.080, 24)).mean_s
+        0.0725
+    """
+
+    #: mean wall seconds per synchronous step
+    mean_s: float
+    #: steps it rests on
+    steps: int
+
+    def merged(self, other: Outcome | None) -> Outcome:
+        """This outcome and ``other`` (an earlier stint at the same split) as one."""
+        if other is None:
+            return self
+        steps = self.steps + other.steps
+        return Outcome((self.mean_s * self.steps + other.mean_s * other.steps) / steps, steps)
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A rolled-back change: moves from ``origin`` towards ``rejected`` stay out until a rank's speed measurably
+    changes (``left``, ``strikes``: kept for checkpoints of the release before, which waited ``left`` adjustments).
+
+    Example::
+
+        >>> rejection = Rejection(origin=(50, 14), rejected=(42, 22), left=3, strikes=1)
+        >>> rejection.covers((44, 20)), rejection.covers((47, 17)), rejection.covers((52, 12))
+        (True, True, False)
+    """
+
+    #: the split the rollback returned to
+    origin: tuple[int, ...]
+    #: the split that measured slower
+    rejected: tuple[int, ...]
+    #: adjustments the move stays out (0: remembered for its strikes, not blocking)
+    left: int
+    #: rollbacks of this move since the speeds last changed
+    strikes: int
+
+    def covers(self, proposed: Sequence[int]) -> bool:
+        """Whether ``proposed`` is the rejected split or moves from the origin the same way (cosine above 1/2)."""
+        if tuple(proposed) == self.rejected:
+            return True
+        move = [b - o for b, o in zip(self.rejected, self.origin, strict=True)]
+        other = [b - o for b, o in zip(proposed, self.origin, strict=True)]
+        dot = sum(m * o for m, o in zip(move, other, strict=True))
+        norms = math.sqrt(sum(m * m for m in move) * sum(o * o for o in other))
+        return norms > 0 and dot > 0.5 * norms

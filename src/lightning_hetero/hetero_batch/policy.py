@@ -5,98 +5,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from lightning_hetero._validation import check_range
 from lightning_hetero.allocation import line_times_s, order_by_speed, step_time_s
-from lightning_hetero.hetero_batch.controller import BatchSizeController, Decision
-
-
-@dataclass(frozen=True)
-class Trial:
-    """An applied change of split, on probation until the synchronous step at the new split has been measured.
-
-    Example::
-
-        >>> trial = Trial(before=(32, 32), before_s=0.128, before_steps=6)
-        >>> trial.judges(min_steps=3), Trial((32, 32), 0.128, before_steps=1).judges(min_steps=3)
-        (True, False)
-    """
-
-    #: the split before the change
-    before: tuple[int, ...]
-    #: the synchronous step measured at ``before`` (``None``: not measured)
-    before_s: float | None
-    #: how many steps ``before_s`` rests on (``None``: the caller gives no counts, taken as enough)
-    before_steps: int | None
-
-    def judges(self, min_steps: int) -> bool:
-        """Whether the baseline can judge the change (a baseline on fewer steps judges nothing)."""
-        return self.before_steps is None or self.before_steps >= min_steps
-
-
-@dataclass(frozen=True)
-class Proposal:
-    """A refinement proposed at consecutive adjustments, not yet applied."""
-
-    sizes: tuple[int, ...]
-    in_a_row: int
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """The synchronous step measured at one split: total wall seconds over steps there (not a per-step median).
-
-    Example::
-
-        >>> Outcome(0.050, 8).merged(Outcome(0.080, 24)).mean_s
-        0.0725
-    """
-
-    #: mean wall seconds per synchronous step
-    mean_s: float
-    #: steps it rests on
-    steps: int
-
-    def merged(self, other: Outcome | None) -> Outcome:
-        """This outcome and ``other`` (an earlier stint at the same split) as one."""
-        if other is None:
-            return self
-        steps = self.steps + other.steps
-        return Outcome((self.mean_s * self.steps + other.mean_s * other.steps) / steps, steps)
-
-
-@dataclass(frozen=True)
-class Rejection:
-    """A rolled-back change: moves from ``origin`` towards ``rejected`` stay out until a rank's speed measurably
-    changes (``left``, ``strikes``: kept for checkpoints of the release before, which waited ``left`` adjustments).
-
-    Example::
-
-        >>> rejection = Rejection(origin=(50, 14), rejected=(42, 22), left=3, strikes=1)
-        >>> rejection.covers((44, 20)), rejection.covers((47, 17)), rejection.covers((52, 12))
-        (True, True, False)
-    """
-
-    #: the split the rollback returned to
-    origin: tuple[int, ...]
-    #: the split that measured slower
-    rejected: tuple[int, ...]
-    #: adjustments the move stays out (0: remembered for its strikes, not blocking)
-    left: int
-    #: rollbacks of this move since the speeds last changed
-    strikes: int
-
-    def covers(self, proposed: Sequence[int]) -> bool:
-        """Whether ``proposed`` is the rejected split or moves from the origin the same way (cosine above 1/2)."""
-        if tuple(proposed) == self.rejected:
-            return True
-        move = [b - o for b, o in zip(self.rejected, self.origin, strict=True)]
-        other = [b - o for b, o in zip(proposed, self.origin, strict=True)]
-        dot = sum(m * o for m, o in zip(move, other, strict=True))
-        norms = math.sqrt(sum(m * m for m in move) * sum(o * o for o in other))
-        return norms > 0 and dot > 0.5 * norms
+from lightning_hetero.hetero_batch.controller import (
+    BatchSizeController,
+    Decision,
+    Outcome,
+    Proposal,
+    Rejection,
+    Trial,
+)
 
 
 class AdjustmentPolicy:
