@@ -249,6 +249,10 @@ class Outcome:
     #: steps it rests on
     steps: int
 
+    def judges(self, min_steps: int, min_window_s: float) -> bool:
+        """Whether it rests on at least ``min_steps`` steps over at least ``min_window_s`` seconds."""
+        return self.steps >= min_steps and self.mean_s * self.steps >= min_window_s
+
     def merged(self, other: Outcome | None) -> Outcome:
         """This outcome and ``other`` (an earlier stint at the same split) as one."""
         if other is None:

@@ -221,11 +221,11 @@ class AdjustmentPolicy:
 
     def _back_to_fastest(self, current: tuple[int, ...], costs: Sequence[tuple[float, float]]) -> Decision | None:
         """Return to the split measured fastest when the one in force measured slower beyond ``rollback_tolerance``
-        (both on at least ``min_sync_steps`` steps), or twice ``refine_gain`` once both rest on a full period
-        (:data:`LONG_STEPS`), unless that split is now inverted."""
-        here = self._outcomes.get(current)
-        known = [(o.mean_s, s) for s, o in self._outcomes.items() if s != current and o.steps >= self.min_sync_steps]
-        if here is None or here.steps < self.min_sync_steps or not known:
+        (both on enough steps: :meth:`Outcome.judges`), or twice ``refine_gain`` once both rest on
+        :data:`LONG_STEPS`, unless that split is now inverted."""
+        here, enough = self._outcomes.get(current), (self.min_sync_steps, QUOTA_PERIOD_S)
+        known = [(o.mean_s, s) for s, o in self._outcomes.items() if s != current and o.judges(*enough)]
+        if here is None or not here.judges(*enough) or not known:
             return None
         best_s, best = min(known)
         long = min(here.steps, self._outcomes[best].steps) >= LONG_STEPS and self.refine_gain is not None
