@@ -101,10 +101,12 @@ def test_the_pure_packages_import_neither_lightning_nor_the_strategy(package):
         )
 
 
-def test_elastic_local_sgd_loads_no_parameter_server():
-    reach = reached(import_graph(), "lightning_hetero.elastic.strategy")
-    assert "lightning_hetero.local_sgd.rounds" in reach
-    assert not {name for name in reach if name.startswith("lightning_hetero.asp")}
+@pytest.mark.parametrize("strategy", ["lightning_hetero.elastic.strategy", "lightning_hetero.elastic.sync_strategy"])
+def test_the_elastic_strategies_load_neither_the_parameter_server_nor_async_ps(strategy):
+    reach = reached(import_graph(), strategy)
+    assert not {name for name in reach if name.startswith(("lightning_hetero.asp", "lightning_hetero.async_ps"))}
+    if strategy.endswith(".strategy"):
+        assert "lightning_hetero.local_sgd.rounds" in reach
 
 
 def test_no_module_is_over_400_lines():
