@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from lightning_hetero.asp.client import AsynchronousClient, RemoteStepOptimizer
+from lightning_hetero.asp.client import AsynchronousClient
 from lightning_hetero.asp.layout import FlatLayout, bind_parameters_to_flat
 from lightning_hetero.asp.protocol import FLAG_JOIN, FLAG_LAST, PeerLostError, PushHeader, new_message
 from lightning_hetero.asp.server import ParameterServer
@@ -49,14 +49,6 @@ def test_an_aborted_reply_names_the_rank_the_server_lost():
     server.fail(PeerLostError(2, "worker", "its connection broke"))
     with pytest.raises(PeerLostError, match="lost the worker on rank 2"):
         client.pull(version=0)
-
-
-def test_the_remote_step_optimizer_runs_the_closure_remotely_and_reads_the_rest_from_the_optimizer():
-    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
-    calls = []
-    remote = RemoteStepOptimizer(optimizer, lambda closure: calls.append(closure()) or "stepped")
-    assert remote.step(lambda: "loss") == "stepped" and calls == ["loss"]
-    assert remote.param_groups is optimizer.param_groups
 
 
 def _setup(overlap: bool, world_size: int = 1):

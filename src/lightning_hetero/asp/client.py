@@ -2,8 +2,7 @@
 
 :class:`AsynchronousClient` owns the worker's two messages (see :mod:`~lightning_hetero.asp.protocol`); it pushes the
 flat gradient and writes the server's reply into the model's flat parameters, directly when the server lives in the
-same process (rank 0) and over the server's gloo group otherwise. :class:`RemoteStepOptimizer` is what the user's
-optimizer becomes during an asynchronous step: Lightning's loop calls its ``step`` and the update happens remotely.
+same process (rank 0) and over the server's gloo group otherwise.
 
 Example::
 
@@ -32,7 +31,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.optim import Optimizer
 
 from lightning_hetero.asp.faults import LOST_WORKER_GRACE_S
 from lightning_hetero.asp.layout import flatten_grads_into
@@ -54,28 +52,6 @@ from lightning_hetero.asp.protocol import (
 )
 from lightning_hetero.asp.server import ParameterServer
 from lightning_hetero.asp.sharding import Shard
-
-
-class RemoteStepOptimizer:
-    """Stands in for the user's optimizer in asynchronous mode: ``step`` runs the closure (forward, backward, hooks,
-    clipping) and then hands the gradients to the parameter server instead of updating locally. Without a closure
-    (fp16: the precision plugin ran it and its ``GradScaler`` unscaled the gradients) the gradients are pushed as
-    they are; a step the scaler skips (inf/NaN) never reaches ``step``.
-
-    Args:
-        optimizer: the user's optimizer (every other attribute is read from it).
-        remote_step: runs the closure and the update; its result is ``step``'s.
-    """
-
-    def __init__(self, optimizer: Optimizer, remote_step: Callable[[Callable[[], Any]], Any]) -> None:
-        self._optimizer = optimizer
-        self._remote_step = remote_step
-
-    def step(self, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
-        return self._remote_step(closure)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._optimizer, name)
 
 
 class AsynchronousClient:

@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 from lightning.pytorch.utilities import rank_zero_info
 
 from lightning_hetero._lightning_internals import is_last_batch, optimizers_to_device, sync_module_states
-from lightning_hetero.asp.client import RemoteStepOptimizer
 from lightning_hetero.asp.protocol import FLAG_JOIN, FLAG_LAST, FLAG_SKIPPED, SERVER_RANK, STATUS_OK
 from lightning_hetero.asp.server_sizing import sizing_advice
 from lightning_hetero.async_ps.interfaces import SavedState
@@ -35,6 +34,7 @@ from lightning_hetero.async_ps.runtime.reporting import (
     report_staleness,
     round_trip_message,
 )
+from lightning_hetero.optimizer_stand_in import OptimizerStandIn
 from lightning_hetero.param_groups import hyperparameters
 
 if TYPE_CHECKING:
@@ -161,7 +161,7 @@ class AsynchronousEngine:
         """Lightning's loop steps a stand-in for the user's optimizer whose step is a round trip to the server;
         ``gradient_clip_val`` limits the global batch's gradient norm (:mod:`~lightning_hetero.async_ps.runtime.clipping`)."""
         ctx, _, _ = self._parts()
-        remote = RemoteStepOptimizer(optimizer, self._update)
+        remote = OptimizerStandIn(optimizer, self._update)
         self._pushed = False
         assert self._clipping is not None
         if self._clipping.active:

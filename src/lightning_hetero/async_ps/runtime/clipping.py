@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from lightning_hetero.asp.client import RemoteStepOptimizer
+from lightning_hetero.optimizer_stand_in import OptimizerStandIn
 
 if TYPE_CHECKING:
     from lightning_hetero.async_ps.runtime.context import PSContext
@@ -142,7 +142,7 @@ class ClippingStep:
         """Back to the rank's own scale, after Lightning's clipping."""
         self._clipping.restore(self._ctx.flat.params)
 
-    def optimizer(self, optimizer: Any) -> RemoteStepOptimizer:
+    def optimizer(self, optimizer: Any) -> OptimizerStandIn:
         """A stand-in for ``optimizer`` whose step runs the closure (with Lightning's clipping), restores the scale,
         then steps ``optimizer``."""
 
@@ -152,4 +152,4 @@ class ClippingStep:
             optimizer.step()
             return result
 
-        return RemoteStepOptimizer(optimizer, step)
+        return OptimizerStandIn(optimizer, step)
