@@ -1,7 +1,7 @@
 """Two CPU ranks train a small MLP for 2 epochs with Lightning's defaults; each rank writes, at the end of each
-training epoch, its Python threads and whether ASP's server, client and messages exist, as JSON.
+training epoch, its Python threads, its resident memory and whether ASP's server, client and messages exist, as JSON.
 
-Usage: python mode_threads.py OUT_DIR RUN
+Usage: python mode_threads.py OUT_DIR RUN [HIDDEN]  (the MLP's hidden width, default 256)
 
 Runs: ``ddp`` (Lightning's DDPStrategy), ``bsp``, ``local`` and ``asp`` (AsyncPSStrategy in that mode), and
 ``switch`` (SyncSwitchCallback: BSP in epoch 0, ASP in epoch 1; the first switch's seconds are recorded).
@@ -19,6 +19,12 @@ from lightning.pytorch.callbacks import Callback
 from lightning_hetero.async_ps import AsyncPSStrategy
 from lightning_hetero.switching import SyncSwitchCallback
 from lightning_hetero.synthetic import MLPClassifier, SyntheticClassificationDataModule
+
+
+def resident_mb() -> float:
+    """This process's resident memory (Linux's ``VmRSS``)."""
+    status = Path("/proc/self/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("VmRSS:")).split()[1]) / 1024
 
 
 class Census(Callback):
@@ -39,14 +45,16 @@ class Census(Callback):
                 "server": servers is not None and servers.hosted is not None,
                 "client": servers is not None and servers.client is not None,
                 "server_loop": servers is not None and servers.loop is not None,
+                "rss_mb": resident_mb(),
             }
         )
 
 
-def main(out_dir: Path, run: str) -> None:
+def main(out_dir: Path, run: str, hidden: int = 256) -> None:
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     L.seed_everything(0)
     census = Census()
+    before_mb = resident_mb()
     callbacks = [census]
     if run == "ddp":
         strategy = "ddp"
@@ -59,10 +67,11 @@ def main(out_dir: Path, run: str) -> None:
         accelerator="cpu", devices=1, num_nodes=2, strategy=strategy, max_epochs=2, callbacks=callbacks,
         default_root_dir=str(out_dir / run), limit_val_batches=2,
     )  # fmt: skip
-    trainer.fit(MLPClassifier(hidden=256), SyntheticClassificationDataModule(num_samples=512, batch_size=32))
-    report = {"epochs": census.epochs, "last_switch_s": getattr(trainer.strategy, "last_switch_s", None)}
+    trainer.fit(MLPClassifier(hidden=hidden), SyntheticClassificationDataModule(num_samples=512, batch_size=32))
+    switch_s = getattr(trainer.strategy, "last_switch_s", None)
+    report = {"epochs": census.epochs, "last_switch_s": switch_s, "rss_before_fit_mb": before_mb}
     (out_dir / f"{run}_rank{trainer.global_rank}.json").write_text(json.dumps(report))
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), sys.argv[2])
+    main(Path(sys.argv[1]), sys.argv[2], *map(int, sys.argv[3:4]))
