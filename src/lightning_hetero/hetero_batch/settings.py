@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from operator import attrgetter
 from typing import Any
 
@@ -34,7 +34,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from lightning_hetero._deprecation import warn_renamed
+from lightning_hetero._deprecation import moved_keywords, warn_renamed
 from lightning_hetero._validation import check_range
 from lightning_hetero.contracts import HeteroBatchStrategy
 from lightning_hetero.param_groups import scale_learning_rates
@@ -310,21 +310,15 @@ def old_keywords(
         >>> [str(warning.message).split("; ")[1] for warning in caught]
         ['use HeteroBatchCallback(batch_lr_scaling=...)', 'use HeteroBatchCallback(advanced=HeteroBatchAdvanced(warmup_steps=...))']
     """
-    knobs, renamed = dict(old), {}
+    knobs = dict(old)
     if knobs.get("lr_scaling") is not None:
-        renamed["lr_scaling"] = "HeteroBatchCallback(batch_lr_scaling=...)"
         if batch_lr_scaling is not None:
             raise TypeError("HeteroBatchCallback: give batch_lr_scaling only (lr_scaling is its deprecated old name)")
+        # stacklevel 4: the line constructing the callback
+        warn_renamed("HeteroBatchCallback(lr_scaling=...)", "HeteroBatchCallback(batch_lr_scaling=...)", stacklevel=4)
     batch_lr_scaling = knobs.pop("lr_scaling", None) or batch_lr_scaling
-    for name in knobs:
-        if name not in {knob.name for knob in fields(HeteroBatchAdvanced)}:
-            raise TypeError(f"HeteroBatchCallback() got an unexpected keyword argument {name!r}")
-        if advanced is not None:
-            raise TypeError(f"HeteroBatchCallback: give advanced only ({name} is a deprecated old keyword)")
-        renamed[name] = f"HeteroBatchCallback(advanced=HeteroBatchAdvanced({name}=...))"
-    for name, new in renamed.items():  # stacklevel 4: the line constructing the callback
-        warn_renamed(f"HeteroBatchCallback({name}=...)", new, stacklevel=4)
-    return batch_lr_scaling, replace(advanced or HeteroBatchAdvanced(), **knobs)
+    knob_names = {knob.name for knob in fields(HeteroBatchAdvanced)}
+    return batch_lr_scaling, moved_keywords("HeteroBatchCallback", HeteroBatchAdvanced, knob_names, advanced, knobs)
 
 
 #: the callback's former attributes, where they now live (served from there with a warning for one release)
