@@ -74,11 +74,19 @@ class Recorder(Callback):
         trainer.strategy.barrier()  # the ranks' clocks start together
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        now = time.time()
-        self._cpu_start = time.process_time()
+        now, self._cpu_start = time.time(), time.process_time()
         mode = getattr(trainer.strategy, "mode", "bsp")
-        self.epochs.append({"epoch": trainer.current_epoch, "mode": mode, "start": now, "end": now, "samples": 0})
-        self.epochs[-1].update(steps=0, cpu_s=0.0)
+        self.epochs.append(
+            {
+                "epoch": trainer.current_epoch,
+                "mode": mode,
+                "start": now,
+                "end": now,
+                "samples": 0,
+                "steps": 0,
+                "cpu_s": 0.0,
+            }
+        )
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
         epoch = self.epochs[-1]
@@ -109,18 +117,10 @@ def train(args: argparse.Namespace) -> None:
             hetero._adjust = lambda *_, **__: None
         callbacks.append(hetero)
     trainer = L.Trainer(
-        accelerator="cpu",
-        devices=1,
-        num_nodes=1 if args.standalone else int(os.environ["NUM_NODES"]),
-        strategy=strategy,
-        max_epochs=args.epochs,
-        callbacks=callbacks,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-    )
+        accelerator="cpu", devices=1, num_nodes=1 if args.standalone else int(os.environ["NUM_NODES"]),
+        strategy=strategy, max_epochs=args.epochs, callbacks=callbacks, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+    )  # fmt: skip
     model = ResNetClassifier(args.lr, args.momentum)
     trainer.fit(
         model,
@@ -128,20 +128,18 @@ def train(args: argparse.Namespace) -> None:
         val_dataloaders=DataLoader(val_set, batch_size=512),
     )
     report = {
-        "rank": trainer.global_rank,
-        "epochs": recorder.epochs,
-        "global_step": trainer.global_step,
+        "rank": trainer.global_rank, "epochs": recorder.epochs, "global_step": trainer.global_step,
         "final_split": None if hetero is None or hetero.batch_sizes is None else list(hetero.batch_sizes),
-        "switches": None,
-        "cpu_quota": cgroup_cpu_quota(),
-    }
+        "switches": None, "cpu_quota": cgroup_cpu_quota(),
+    }  # fmt: skip
     if hetero is not None:
+        tuner = hetero.tuner
         report["hetero"] = {
             "history": hetero.history,
-            "costs": hetero.tuner.costs,
-            "busy_s": hetero.tuner.busy_s,
-            "sync_step_s": hetero.tuner.sync_step_s,
-            "predicted_step_s": hetero.tuner.predicted_step_s(),
+            "costs": tuner.costs,
+            "busy_s": tuner.busy_s,
+            "sync_step_s": tuner.sync_step_s,
+            "predicted_step_s": tuner.predicted_step_s(),
         }
     Path(args.out, f"report-rank{trainer.global_rank}.json").write_text(json.dumps(report))
     if dist.is_initialized():

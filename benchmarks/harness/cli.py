@@ -54,25 +54,20 @@ def run(name: str, argv: list[str]) -> None:
     if args.check:
         print(f"{name}: flags parse")
         return
+    out_dest = getattr(module, "OUT_DEST", "out")
     if args.grid:
         if not hasattr(module, "grid_axes"):
             print(f"{name}: no grid: {getattr(module, 'NO_GRID', 'the study reports no throughput figure')}")
             return
-        out_dest = getattr(module, "OUT_DEST", "out")
         if getattr(args, out_dest, None) is None:
             setattr(args, out_dest, module.default_out(args))
         axes = [a for a in args.grid_axes.split(",") if a]
         run_grid(name, args, out_dest, module.grid_axes(args), module.main, module.figures, axes)
         return
-    if not harness_repeats or args.repeats == 1:
-        begin(args)
-        module.main(args)
-        return
-    out_dest = getattr(module, "OUT_DEST", "out")
-    for k in range(args.repeats):
-        each = copy.copy(args)
-        out = getattr(args, out_dest, None)
-        if out is not None:
+    repeats = args.repeats if harness_repeats else 1
+    for k in range(repeats):  # the harness's repeats: each writes its own JSON, ``<out>_r<k>``
+        each, out = copy.copy(args), getattr(args, out_dest, None)
+        if repeats > 1 and out is not None:
             setattr(each, out_dest, Path(out).with_name(f"{Path(out).stem}_r{k + 1}{Path(out).suffix}"))
         begin(each)
         module.main(each)

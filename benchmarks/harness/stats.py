@@ -25,6 +25,12 @@ def median(values: Iterable[float | None]) -> float | None:
     return statistics.median(present) if present else None
 
 
+def mean(values: Iterable[float | None]) -> float | None:
+    """The mean of the values that are not ``None``; ``None`` if there are none."""
+    present = [v for v in values if v is not None]
+    return statistics.fmean(present) if present else None
+
+
 def mean_sd(values: list[float]) -> tuple[float, float]:
     """Mean and sample standard deviation (0 for one value)."""
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from benchmarks.harness import models
 from benchmarks.harness.grid import Cell, workers_hl_axes
 from benchmarks.harness.launch import RESULTS, run_json
 from benchmarks.harness.record import table, write_json
-from benchmarks.harness.stats import mean_sd, seed_paired, within_budget
+from benchmarks.harness.stats import mean, mean_sd, median, seed_paired, within_budget
 from lightning_hetero import AsyncPSStrategy, SlowdownEmulator, SyncSwitchCallback
 from lightning_hetero.asp.compensation import AsynchronyCompensator
 from lightning_hetero.async_ps import PSAdvanced
@@ -44,15 +43,9 @@ class EpochRecorder(models.TrainingTimes):
 
     def extra(self, trainer: L.Trainer, mode: str) -> dict[str, Any]:
         metrics = trainer.callback_metrics
-
-        def get(key: str) -> float | None:
-            return float(metrics[key]) if key in metrics else None
-
-        return {
-            "momentum_effective": get("ps/momentum_effective"),
-            "lr_effective": get("ps/lr_effective"),
-            "staleness": get("ps/staleness") if mode == "asp" else None,
-        }
+        names = ("momentum_effective", "lr_effective", "staleness")
+        found = {name: float(metrics[f"ps/{name}"]) if f"ps/{name}" in metrics else None for name in names}
+        return found | ({} if mode == "asp" else {"staleness": None})
 
 
 def run_one(args: argparse.Namespace) -> None:
@@ -111,11 +104,7 @@ def launch(args: argparse.Namespace, config: str, workers: int, level: float, se
         "updates": summary.get("updates"),
         "momentum_effective": [e["momentum_effective"] for e in epochs],
         "lr_effective": [e["lr_effective"] for e in epochs],
-        "asp_momentum_effective_mean": (
-            statistics.fmean(e["momentum_effective"] for e in asp_epochs if e["momentum_effective"] is not None)
-            if any(e["momentum_effective"] is not None for e in asp_epochs)
-            else None
-        ),
+        "asp_momentum_effective_mean": mean(e["momentum_effective"] for e in asp_epochs),
         "switches": result["switches"],
         "factors": result["factors"],
         "wall_s": time.perf_counter() - started,
@@ -140,31 +129,17 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for (workers, level, config), group, paired in seed_paired(runs, ["workers", "hl"], "bsp"):
         acc = mean_sd([r["final_acc"] for r in group])
         train_s = mean_sd([r["train_s"] for r in group])
-        staleness = [r["staleness_mean"] for r in group if r["staleness_mean"] is not None]
-        momenta = [r["asp_momentum_effective_mean"] for r in group if r["asp_momentum_effective_mean"] is not None]
         diff = mean_sd([100 * (r["final_acc"] - b["final_acc"]) for r, b in paired]) if paired else (None, None)
         ratio = mean_sd([r["train_s"] / b["train_s"] for r, b in paired]) if paired else (None, None)
-        rows.append(
-            {
-                "workers": workers,
-                "hl": level,
-                "config": config,
-                "seeds": [r["seed"] for r in group],
-                "acc_mean": acc[0],
-                "acc_sd": acc[1],
-                "train_s_mean": train_s[0],
-                "train_s_sd": train_s[1],
-                "acc_vs_bsp_points": diff[0],
-                "acc_vs_bsp_points_sd": diff[1],
-                "time_vs_bsp": ratio[0],
-                "time_vs_bsp_sd": ratio[1],
-                "staleness_mean": statistics.fmean(staleness) if staleness else None,
-                "staleness_max": max(
-                    (r["staleness_max"] for r in group if r["staleness_max"] is not None), default=None
-                ),
-                "asp_momentum_effective": statistics.fmean(momenta) if momenta else None,
-            }
-        )
+        rows.append({
+            "workers": workers, "hl": level, "config": config, "seeds": [r["seed"] for r in group],
+            "acc_mean": acc[0], "acc_sd": acc[1], "train_s_mean": train_s[0], "train_s_sd": train_s[1],
+            "acc_vs_bsp_points": diff[0], "acc_vs_bsp_points_sd": diff[1],
+            "time_vs_bsp": ratio[0], "time_vs_bsp_sd": ratio[1],
+            "staleness_mean": mean(r["staleness_mean"] for r in group),
+            "staleness_max": max((r["staleness_max"] for r in group if r["staleness_max"] is not None), default=None),
+            "asp_momentum_effective": mean(r["asp_momentum_effective_mean"] for r in group),
+        })  # fmt: skip
     return rows
 
 
@@ -218,16 +193,13 @@ def main(args: argparse.Namespace) -> None:
     workers = [int(n) for n in args.workers.split(",")]
     levels = [float(h) for h in args.hl.split(",")]
     seeds = [int(s) for s in args.seeds.split(",")]
-    RESULTS.mkdir(parents=True, exist_ok=True)
     runs: list[dict[str, Any]] = []
-    ran: list[dict[str, Any]] = []
-    skipped: list[dict[str, Any]] = []
+    ran, skipped = [], []
     cells = [{"workers": n, "hl": level, "seed": seed} for n, level in cell_order(workers, levels) for seed in seeds]
     for cell in within_budget(cells, args.budget_s, skipped):
         n, level, seed = cell.values()
         for config in configs:
-            run = launch(args, config, n, level, seed)
-            runs.append(run)
+            runs.append(run := launch(args, config, n, level, seed))
             print(
                 f"N={n} HL{level:g} seed {seed} {config:>11}: acc {run['final_acc']:.4f} "
                 f"({' '.join(f'{a:.3f}' for a in run['acc_per_epoch'])}, {run['modes']}) "
@@ -238,13 +210,9 @@ def main(args: argparse.Namespace) -> None:
     rows = summarise(runs)
     print_table(rows)
     cost_us = compensation_cost_us()
-    asp_steps = [r["train_s"] / r["updates"] * 1e6 for r in runs if r["config"] == "asp" and r["updates"]]
-    step_us = statistics.median(asp_steps) if asp_steps else None
-    share = None if step_us is None else cost_us / step_us
-    print(
-        f"compensation cost: {cost_us:.1f} us per update"
-        + ("" if share is None else f" ({share:.3%} of the median ASP update interval)")
-    )
+    step_us = median(r["train_s"] / r["updates"] * 1e6 for r in runs if r["config"] == "asp" and r["updates"])
+    share = "" if step_us is None else f" ({cost_us / step_us:.3%} of the median ASP update interval)"
+    print(f"compensation cost: {cost_us:.1f} us per update{share}")
     report = {
         "cells_ran": ran,
         "cells_skipped_for_budget": skipped,

@@ -35,18 +35,13 @@ def run(kind: str, args: argparse.Namespace, folder: Path) -> dict[str, Any]:
         attempts, steps, final = job.attempts(), job.steps(), job.final()
         agents_started, killed = job.started, job.killed
     wall_s = max(step["t"] for step in steps) - started
+    once = all(c == 1 for counts in final["counts"].values() for c in counts) and len(final["counts"]) == args.epochs
+    kept = ("world_size", "epoch", "global_step", "reason", "restart_count")
     result: dict[str, Any] = {
-        "statuses": statuses,
-        "wall_s": round(wall_s, 2),
-        "val_acc": final["val_acc"],
-        "global_step": final["global_step"],
-        "epochs": final["current_epoch"],
-        "every_sample_once": all(c == 1 for counts in final["counts"].values() for c in counts)
-        and len(final["counts"]) == args.epochs,
-        "attempts": [
-            {key: a[key] for key in ("world_size", "epoch", "global_step", "reason", "restart_count")} for a in attempts
-        ],
-    }
+        "statuses": statuses, "wall_s": round(wall_s, 2), "val_acc": final["val_acc"],
+        "global_step": final["global_step"], "epochs": final["current_epoch"], "every_sample_once": once,
+        "attempts": [{key: a[key] for key in kept} for a in attempts],
+    }  # fmt: skip
     if kind == "churn":
         first_c = min(step["t"] for step in steps if step["node"] == "c")
         result["join_to_first_update_s"] = round(first_c - agents_started["c"], 2)
@@ -62,12 +57,8 @@ def changes(attempts: list[dict], steps: list[dict]) -> list[dict[str, Any]]:
     for before, after in itertools.pairwise(attempts):
         trained = [s for s in steps if before["t"] <= s["t"] < after["t"]]
         lost = len(trained) - (after["global_step"] - before["global_step"])
-        first_after = min(s["t"] for s in steps if s["t"] >= after["t"])
-        out.append({
-            "change": after["reason"],
-            "updates_lost": lost,
-            "seconds_without_training": round(first_after - max(s["t"] for s in trained), 2),
-        })  # fmt: skip
+        idle_s = min(s["t"] for s in steps if s["t"] >= after["t"]) - max(s["t"] for s in trained)
+        out.append({"change": after["reason"], "updates_lost": lost, "seconds_without_training": round(idle_s, 2)})
     return out
 
 

@@ -76,11 +76,6 @@ def settling(splits: list[tuple[int, ...]], switch: int, before: tuple[int, ...]
     return {"settled_periods": settled_at / period, "overshoot": overshoot, "final": list(final)}
 
 
-def speed_split(factors: list[float], gamma: float = 1.0) -> list[int]:
-    """The global batch split in proportion to speed**gamma (speed: 1 / slowdown factor)."""
-    return proportional_splits([1 / f for f in factors], GLOBAL_BATCH, [gamma])[0]
-
-
 def static_candidates(factors: list[float]) -> list[list[int]]:
     """Splits proportional to speed**gamma, around the plain proportional split (gamma = 1)."""
     gammas = [0.7, 0.85, 1.0, 1.15, 1.3, 1.6] if len(factors) == 2 else [0.8, 1.0, 1.3]
@@ -155,7 +150,7 @@ def first_epoch_scenario(
 ) -> dict:
     """A first epoch of ``--steps`` steps from the equal split: what the default cadence's early adjustments are
     worth there, against adjustments at epoch ends only (which change nothing inside it) and a good static split."""
-    proportional = speed_split(factors)
+    proportional = proportional_splits([1 / f for f in factors], GLOBAL_BATCH)[0]  # in proportion to speed
     arms = {
         "default": DEFAULT_CADENCE_RUN,
         "epoch_ends": {"kind": "hetero", "options": {"adjust_every_n_steps": args.steps + 1}},
@@ -164,6 +159,7 @@ def first_epoch_scenario(
     results = launch(factors, rotating_order(list(arms.values()), args.paired), throttle, args.steps, compute=compute)
     runs = {key: [throughput(r, 1) for r in arm_runs(results, arm)] for key, arm in arms.items()}
     default = arm_runs(results, arms["default"])
+    first_epoch = {key: statistics.median(paired_ratios(runs[key], runs["static"])) for key in arms if key != "static"}
     return {
         "scenario": name,
         "ranks": len(factors),
@@ -172,9 +168,7 @@ def first_epoch_scenario(
         "compute": compute,
         "static_split": proportional,
         "samples_per_s": runs,
-        "first_epoch": {
-            key: statistics.median(paired_ratios(runs[key], runs["static"])) for key in ("default", "epoch_ends")
-        },
+        "first_epoch": first_epoch,
         "default_changes": [[change_record(h) for h in r["history"]] for r in default],
         "default_final_splits": [list(splits_per_step(r)[-1]) for r in default],
     }
@@ -221,21 +215,15 @@ def flip_scenario(
             }
         )
     return {
-        "scenario": name,
-        "ranks": len(factors),
-        "factors_before": factors,
-        "factors_after": after,
-        "throttle": throttle,
-        "compute": compute,
-        "cadence": "default" if default_cadence else f"every {PERIOD} steps",
-        "period": period,
-        "switch_step": switch,
+        "scenario": name, "ranks": len(factors), "factors_before": factors, "factors_after": after,
+        "throttle": throttle, "compute": compute, "cadence": "default" if default_cadence else f"every {PERIOD} steps",
+        "period": period, "switch_step": switch,
         "settled_periods": statistics.median(row["settled_periods"] for row in rows),
         "overshoot": statistics.median(row["overshoot"] for row in rows),
         "worst_inversion_after_first_adjustment": max(row["worst_inversion_after_first_adjustment"] for row in rows),
         "quiet_changes": [row["quiet_changes"] for row in rows],
         "runs": rows,
-    }
+    }  # fmt: skip
 
 
 def homogeneous_scenario(args: argparse.Namespace) -> dict:
@@ -280,19 +268,16 @@ def print_table(args: argparse.Namespace, results: list[dict]) -> None:
             fractions = row["first_epoch"]
             print(
                 f"{row['title']:<24} first epoch over the static split {row['static_split']}: default "
-                f"{fractions['default']:.3f}, adjusting at epoch ends only {fractions['epoch_ends']:.3f}"
+                f"{fractions['default']:.3f}, adjusting at epoch ends only "
+                f"{fractions['epoch_ends']:.3f}"
             )
         if row["scenario"] == "homogeneous":
             ratios = ", ".join(f"{r:.3f}" for r in row["ratios"])
             print(
                 f"{row['title']:<24} HeteroBatch / DDP = {row['ratio_to_ddp']:.3f} (runs {ratios}); "
-                f"DDP / DDP (noise floor) = {row['ddp_control_ratio']:.3f}; split changes {row['split_changes']}"
+                f"DDP / DDP (noise floor) = {row['ddp_control_ratio']:.3f}; "
+                f"split changes {row['split_changes']}"
             )
-
-
-def write(args: argparse.Namespace, results: list[dict]) -> None:
-    conditions = {"global_batch": GLOBAL_BATCH, "adjust_every_n_steps": PERIOD}
-    write_json(args.out, {"conditions": conditions, "scenarios": results}, quiet=True)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -384,6 +369,8 @@ def main(args: argparse.Namespace) -> None:
         row["wall_s"] = time.time() - t0
         results.append(row)
         print(f"{title}: done in {row['wall_s']:.0f} s", flush=True)
-        write(args, results)  # after every scenario, so a long run leaves its results so far
+        conditions = {"global_batch": GLOBAL_BATCH, "adjust_every_n_steps": PERIOD}
+        # after every scenario, so that a long run leaves its results so far
+        write_json(args.out, {"conditions": conditions, "scenarios": results}, quiet=True)
     print_table(args, results)
     print(f"\nwrote {args.out}")

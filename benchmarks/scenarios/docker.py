@@ -22,7 +22,7 @@ from typing import Any
 
 from benchmarks.harness.launch import RESULTS, ROOT
 from benchmarks.harness.record import write_json
-from benchmarks.harness.stats import proportional_splits
+from benchmarks.harness.stats import proportional_splits, rotating_order
 from lightning_hetero.allocation import apportion
 from lightning_hetero.emulation.config import load_config
 from lightning_hetero.emulation.docker_backend import DockerBackend
@@ -179,11 +179,12 @@ class Cluster:
             {"nr_throttled": a["nr_throttled"] - b["nr_throttled"], "throttled_s": a["throttled_s"] - b["throttled_s"]}
             for a, b in zip(after, before, strict=True)
         ]
+        quotas = [c["quota_us"] for c in after]
         return {
             "reports": reports,
             "wall_s": wall_s,
             "throttling": throttling,
-            "quotas": [c["quota_us"] for c in after],
+            "quotas": quotas,
             "cpusets": self.cpusets_held(),
         }
 
@@ -230,10 +231,8 @@ def run_workers(workers: int, args: argparse.Namespace, run_dir: Path) -> tuple[
         ideal_at = {}
         for quota in quotas:
             ideal_at[quota] = cluster.standalone(quota, args.epochs)
-            print(
-                f"standalone at {quota:g} CPU: {ideal_at[quota]:.0f} samples/s (load {os.getloadavg()[0]:.1f})",
-                flush=True,
-            )
+            load = os.getloadavg()[0]
+            print(f"standalone at {quota:g} CPU: {ideal_at[quota]:.0f} samples/s (load {load:.1f})", flush=True)
         global_batch = workers * BATCH_PER_RANK
         for repeat in range(args.repeats):
             for level in args.levels:
@@ -254,6 +253,8 @@ def run_workers(workers: int, args: argparse.Namespace, run_dir: Path) -> tuple[
                     result = cluster.train(run, "hetero" if split else method, args.epochs, split)
                     measured = timed_throughput(result["reports"])
                     ideal = sum(ideal_at[q] for q in cluster.levels[level])
+                    report = result["reports"][0]
+                    hetero = report.get("hetero")
                     row = {
                         "workers": workers,
                         "model": "resnet20",
@@ -268,10 +269,10 @@ def run_workers(workers: int, args: argparse.Namespace, run_dir: Path) -> tuple[
                         "of_ideal": measured["throughput"] / ideal,
                         "concurrent_ideal": None if concurrent is None else sum(concurrent),
                         "of_concurrent_ideal": None if concurrent is None else measured["throughput"] / sum(concurrent),
-                        "hetero": result["reports"][0].get("hetero"),
-                        "changes_after_warmup": changes_after_warmup(result["reports"][0].get("hetero")),
-                        "final_split": result["reports"][0]["final_split"],
-                        "val_acc": result["reports"][0]["epochs"][-1].get("val_acc"),
+                        "hetero": hetero,
+                        "changes_after_warmup": changes_after_warmup(hetero),
+                        "final_split": report["final_split"],
+                        "val_acc": report["epochs"][-1].get("val_acc"),
                         "throttling": result["throttling"],
                         "cpusets": result["cpusets"],
                         "wall_s": result["wall_s"],
@@ -319,11 +320,8 @@ def paired_runs(best: list[int], pairs: int) -> list[tuple[str, list[int] | None
         >>> paired_runs([105, 23], 2)
         [('hetero', None, 0), ('static', [105, 23], 0), ('static', [105, 23], 1), ('hetero', None, 1)]
     """
-    runs: list[tuple[str, list[int] | None, int]] = []
-    for pair in range(pairs):
-        arms: list[tuple[str, list[int] | None, int]] = [("hetero", None, pair), ("static", list(best), pair)]
-        runs += arms if pair % 2 == 0 else arms[::-1]
-    return runs
+    arms: list[tuple[str, list[int] | None]] = [("hetero", None), ("static", list(best))]
+    return [(method, split, i // 2) for i, (method, split) in enumerate(rotating_order(arms, pairs))]
 
 
 def paired_ratios(rows: list[dict[str, Any]]) -> dict[tuple[int, str], list[float]]:
@@ -386,8 +384,8 @@ def summarise(rows: list[dict[str, Any]]) -> list[str]:
     for (workers, level), ratios in paired_ratios(rows).items():
         listed = ", ".join(f"{r:.3f}" for r in ratios)
         lines.append(
-            f"{workers:>2} {level:<9} paired HeteroBatch / best static split: median {statistics.median(ratios):.3f} "
-            f"({listed})"
+            f"{workers:>2} {level:<9} paired HeteroBatch / best static split: median "
+            f"{statistics.median(ratios):.3f} ({listed})"
         )
     return lines
 

@@ -74,26 +74,20 @@ def run(kind: str, args: argparse.Namespace, seed: int, out: Path) -> dict[str, 
         coverage, history_error = {}, str(err)
     results = {r["name"]: r for r in job.results()}
     span_s = commits[-1]["t"] - commits[0]["t"]
+    reports = {name: r["report"] for name, r in results.items()}
     return {
-        "run": kind,
-        "seed": seed,
-        "exit_codes": codes,
-        "samples_per_s": args.epochs * args.samples / span_s,
-        "val_acc": results["a"]["val_acc"] if "a" in results else float("nan"),
-        "logs": str(out),
+        "run": kind, "seed": seed, "exit_codes": codes, "samples_per_s": args.epochs * args.samples / span_s,
+        "val_acc": results["a"]["val_acc"] if "a" in results else float("nan"), "logs": str(out),
         "first_contribution_s": [job.first_contribution_s(pid) for pid in restarts],
         "start_up": [job.start_up(pid) for pid in restarts],
         "lost_per_epoch": [c["lost"] for c in coverage.values()],
         "duplicated_per_epoch": [c["duplicated"] for c in coverage.values()],
-        "failed_rounds": {name: r["report"]["failed_rounds"] for name, r in results.items()},
-        "diverged_rounds": {name: r["report"].get("diverged_rounds", 0) for name, r in results.items()},
+        "failed_rounds": {name: r["failed_rounds"] for name, r in reports.items()},
+        "diverged_rounds": {name: r.get("diverged_rounds", 0) for name, r in reports.items()},
         "participants_per_round": _participants_per_round(commits),
-        "round_end_ms": {
-            name: 1000 * r["report"]["round_end_s"] / max(1, r["report"]["round_ends"]) for name, r in results.items()
-        },
-        "errors": job.errors(),
-        "history_error": history_error,
-    }
+        "round_end_ms": {name: 1000 * r["round_end_s"] / max(1, r["round_ends"]) for name, r in reports.items()},
+        "errors": job.errors(), "history_error": history_error,
+    }  # fmt: skip
 
 
 def _participants_per_round(commits: list[dict[str, Any]]) -> dict[int, int]:
@@ -138,15 +132,11 @@ def soak(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     coverage = job.coverage(2048 // 16)  # the job's history (the stop comes at an epoch's end)
     complete = list(coverage.values())
     return {
-        "cycles": args.soak,
-        "exit_codes": codes,
+        "cycles": args.soak, "exit_codes": codes,
         "hangs": sum(code is None for codes_ in codes.values() for code in codes_),
-        "first_contribution_s": contributions,
-        "epochs": len(coverage),
-        "lost": sum(c["lost"] for c in complete),
-        "duplicated": sum(c["duplicated"] for c in complete),
-        "errors": job.errors(),
-    }
+        "first_contribution_s": contributions, "epochs": len(coverage), "lost": sum(c["lost"] for c in complete),
+        "duplicated": sum(c["duplicated"] for c in complete), "errors": job.errors(),
+    }  # fmt: skip
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -183,18 +173,20 @@ def main(args: argparse.Namespace) -> None:
     summary = {}
     for kind in args.runs.split(","):
         rows = [r for r in runs if r["run"] == kind]
+        firsts = [c for r in rows for c in r["first_contribution_s"]]
         summary[kind] = {
             "samples_per_s": statistics.median(r["samples_per_s"] for r in rows),
             "val_acc": statistics.median(r["val_acc"] for r in rows),
-            "first_contribution_s": sorted(c for r in rows for c in r["first_contribution_s"] if c is not None),
-            "first_contribution_s_max": max((c for r in rows for c in r["first_contribution_s"] if c), default=None),
-            "restarts_without_contribution": sum(c is None for r in rows for c in r["first_contribution_s"]),
+            "first_contribution_s": sorted(c for c in firsts if c is not None),
+            "first_contribution_s_max": max((c for c in firsts if c), default=None),
+            "restarts_without_contribution": sum(c is None for c in firsts),
             "lost": sum(sum(r["lost_per_epoch"]) for r in rows),
             "duplicated": sum(sum(r["duplicated_per_epoch"]) for r in rows),
         }
     base = summary.get("undisturbed", next(iter(summary.values())))
     print(
-        f"{'run':12} {'samples/s':>10} {'ratio':>6} {'val_acc':>8} {'d acc pt':>8} {'1st med/max s':>14} {'lost':>5} {'dup':>4}"
+        f"{'run':12} {'samples/s':>10} {'ratio':>6} {'val_acc':>8} {'d acc pt':>8} {'1st med/max s':>14} "
+        f"{'lost':>5} {'dup':>4}"
     )
     for kind, row in summary.items():
         row["throughput_ratio"] = row["samples_per_s"] / base["samples_per_s"]

@@ -8,7 +8,6 @@ import argparse
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import sysconfig
@@ -20,6 +19,7 @@ from typing import Any
 from benchmarks.elastic_job import ElasticJob
 from benchmarks.harness.launch import RESULTS, ROOT, wait_for
 from benchmarks.harness.record import write_json
+from benchmarks.harness.stats import median
 
 COMMON = ["--epochs", "1000", "--samples", "4800", "--batch-size", "16", "--noise", "2.0", "--classes", "8"]
 COMMON += ["--seed", "0", "--hidden", "64", "--round-length", "16"]
@@ -58,11 +58,8 @@ def main(args: argparse.Namespace) -> None:
     quotas = args.cpus.split(",")
     out = Path(tempfile.mkdtemp(prefix="elastic-docker-"))
     job = ElasticJob(out, COMMON)
-    conditions = {
-        "job": "a (lighthouse), c, d on the host, step sleeps 0.3, 0.15, 0.075 s; the started worker 0.3 s; "
-        + " ".join(COMMON),
-        "logs": str(out),
-    }
+    job_text = "a (lighthouse), c, d on the host, step sleeps 0.3, 0.15, 0.075 s; the started worker 0.3 s; "
+    conditions = {"job": job_text + " ".join(COMMON), "logs": str(out)}
     empty = {cpus: _empty_container_s(args.image, cpus) for cpus in quotas}
     starts: list[dict[str, Any]] = []
     containers: list[str] = []
@@ -108,10 +105,7 @@ def _summary(kinds: list[str], starts: list[dict], empty: dict[str, float], quie
         print(f"{'cpus':>6} {'empty ctr s':>11} {'imports s':>10} {'joined s':>9} {'1st contribution s':>19}")
     for cpus in kinds:
         rows = [row for row in starts if row["cpus"] == cpus]
-        medians = {}
-        for key in ("imported_s", "joined_s", "first_contribution_s"):
-            values = [row[key] for row in rows if row[key] is not None]
-            medians[key] = statistics.median(values) if values else None
+        medians = {key: median(row[key] for row in rows) for key in ("imported_s", "joined_s", "first_contribution_s")}
         summary[cpus] = {**medians, "empty_container_s": empty.get(cpus)}
         summary[cpus]["no_contribution"] = sum(row["first_contribution_s"] is None for row in rows)
         if not quiet and rows:

@@ -62,20 +62,16 @@ def run(kind: str, args: argparse.Namespace, seed: int, out: Path) -> dict[str, 
     host = _host_steps(job)
     results = {r["name"]: r for r in job.results()}
     return {
-        "run": kind,
-        "seed": seed,
-        "exit_codes": codes,
+        "run": kind, "seed": seed, "exit_codes": codes,
         "samples_per_s": sum(row["samples"] for row in host[1:]) / (host[-1]["t"] - host[0]["t"]),
-        "val_acc": results["a"]["val_acc"],
-        "steps": len(history),
+        "val_acc": results["a"]["val_acc"], "steps": len(history),
         "steps_not_the_global_batch": sum(r.samples != sizes[r.round_chunks[0]] for r in history),
         "lost_per_epoch": [c["lost"] for c in coverage.values()],
         "duplicated_per_epoch": [c["duplicated"] for c in coverage.values()],
         "first_contribution_s": [job.first_contribution_s(pid) for pid in joined],
         "failed_steps": {name: r["report"]["failed_steps"] for name, r in results.items()},
-        "logs": str(out),
-        "errors": job.errors(),
-    }
+        "logs": str(out), "errors": job.errors(),
+    }  # fmt: skip
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -29,28 +29,22 @@ def worker(args: argparse.Namespace) -> None:
     import lightning as L
     import torch
     from torch import nn
-    from torch.utils.data import DataLoader, Dataset
+    from torch.utils.data import DataLoader, TensorDataset
 
     from benchmarks.harness.models import finish, quiet_trainer
     from lightning_hetero.async_ps import AsyncPSStrategy
     from lightning_hetero.synthetic import MLPClassifier, make_classification
 
-    class Indexed(Dataset):
-        def __init__(self, tensors):
-            self.x, self.y = tensors
-
-        def __len__(self):
-            return len(self.y)
-
-        def __getitem__(self, i):
-            return self.x[i], self.y[i], i
+    def indexed(x: torch.Tensor, y: torch.Tensor) -> TensorDataset:
+        """Samples that carry their index, so that every epoch's coverage can be checked."""
+        return TensorDataset(x, y, torch.arange(len(y)))
 
     class Model(MLPClassifier):
         def __init__(self):
             super().__init__(num_features=FEATURES, num_classes=NUM_CLASSES, hidden=128, lr=0.05, momentum=0.5)
             data = make_classification(args.samples * 5 // 4, FEATURES, NUM_CLASSES, seed=args.seed, noise=NOISE)
-            self.train_set = Indexed(t[: args.samples] for t in data.tensors)
-            self.val_set = Indexed(t[args.samples :] for t in data.tensors)
+            self.train_set = indexed(*(t[: args.samples] for t in data.tensors))
+            self.val_set = indexed(*(t[args.samples :] for t in data.tensors))
             self.seen: dict[int, list[int]] = {}
             self.batches_in_kill_epoch = 0
 
@@ -162,8 +156,9 @@ def main(args: argparse.Namespace) -> None:
             f"{runs[0]['updates']} | {statistics.median(r['wall_s'] for r in runs)} |"
         )
     print(f"accuracy gap per seed (undisturbed - disturbed, points): {[round(100 * g, 2) for g in gaps]}")
+    conditions = {"world_size": WORLD_SIZE, "batch_size": BATCH_SIZE, "noise": NOISE}
     result = {
-        "conditions": {"world_size": WORLD_SIZE, "batch_size": BATCH_SIZE, "noise": NOISE},
+        "conditions": conditions,
         "runs": rows,
         "median_val_acc": accuracy,
         "gap_points_per_seed": [100 * g for g in gaps],

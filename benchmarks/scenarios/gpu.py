@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 
 from benchmarks.harness.launch import RESULTS as RESULTS_DIR
 from benchmarks.harness.launch import run_ranks, scenario_command
-from benchmarks.harness.models import classification_split, quiet_trainer
+from benchmarks.harness.models import classification_split, flags, quiet_trainer
 from benchmarks.harness.record import table, write_json
 from benchmarks.harness.stats import median
 from lightning_hetero import AsyncPSStrategy, HeteroBatchCallback, SlowdownEmulator
@@ -155,14 +155,11 @@ def summarize(runs: dict[str, list[dict]]) -> dict:
     bsp_ddp = _paired(runs.get("bsp", []), runs.get("ddp", []))
     graphs = [max(g) for r in runs.get("compile", []) for g in [r["compiled_graphs_per_rank"]]]
     return {
-        "best_fixed": best,
-        "hetero_of_best_fixed": ratio("hetero"),
-        "ddp_of_best_fixed": ratio("ddp"),
+        "best_fixed": best, "hetero_of_best_fixed": ratio("hetero"), "ddp_of_best_fixed": ratio("ddp"),
         "bsp_of_ddp": statistics.median(d["fit_s"] / b["fit_s"] for b, d in bsp_ddp) if bsp_ddp else None,
-        "asp_minus_bsp_points": points("asp"),
-        "local_minus_bsp_points": points("local"),
+        "asp_minus_bsp_points": points("asp"), "local_minus_bsp_points": points("local"),
         "most_graphs_per_rank": max(graphs) if graphs else None,
-    }
+    }  # fmt: skip
 
 
 def _paired(runs: list[dict], others: list[dict]) -> list[tuple[dict, dict]]:
@@ -221,12 +218,20 @@ def main(args: argparse.Namespace) -> None:
     conditions = {"slowdown_rank1": SLOWDOWN, "global_batch": GLOBAL_BATCH}
     for seed in range(args.seeds):
         for case in cases:
-            command = [*scenario_command("gpu"), "--case", case, "--seed", str(seed), "--device", args.device,
-                       "--epochs", str(args.epochs), "--samples", str(args.samples), "--out", str(out),
-                       "--tokens", str(args.tokens), "--depth", str(args.depth), "--layers", str(args.layers)]  # fmt: skip
+            settings = flags(
+                case=case,
+                seed=seed,
+                device=args.device,
+                epochs=args.epochs,
+                samples=args.samples,
+                out=out,
+                tokens=args.tokens,
+                depth=args.depth,
+                layers=args.layers,
+            )
             report = out / f"{case}_s{seed}.json"
             report.unlink(missing_ok=True)
-            why = _two_ranks(command, args.device, args.case_timeout_s)
+            why = _two_ranks(scenario_command("gpu", *settings), args.device, args.case_timeout_s)
             if why is None and report.exists():
                 runs[case].append(json.loads(report.read_text()))
             else:

@@ -117,22 +117,18 @@ def main(args: argparse.Namespace) -> None:
         f"({periods}{cadence}; {adjustments_needed} adjustment(s) after the change)"
     )
 
-    write_json(
-        args.out,
-        {
-            "conditions": {"cost_s_per_sample": cost, "global_batch": 2 * batch, "epochs": 4},
-            "standalone": {"factor_1": fast_alone, "factor_4": slow_alone, "ideal": ideal},
-            "throughput": throughput,
-            "per_repeat": samples,
-            "final_splits": {name: split for name, _, split in rows},
-            "ratios": {"hetero_vs_ideal": hetero_ratio, "ddp_vs_ideal": ddp_ratio, "hetero_vs_ddp_equal": equal_ratio},
-            "dynamic": {
-                "switch_step": switch_step,
-                "recovery_steps": recovery,
-                "recovery_periods": periods,
-                "adjustments_until_recovered": adjustments_needed,
-                "history": dynamic["history"],
-            },
-        },
-        indent=2,
-    )
+    dynamic_result = {
+        "switch_step": switch_step,
+        "recovery_steps": recovery,
+        "recovery_periods": periods,
+        "adjustments_until_recovered": adjustments_needed,
+        "history": dynamic["history"],
+    }
+    payload = {
+        "conditions": {"cost_s_per_sample": cost, "global_batch": 2 * batch, "epochs": 4},
+        "standalone": {"factor_1": fast_alone, "factor_4": slow_alone, "ideal": ideal},
+        "throughput": throughput, "per_repeat": samples, "final_splits": {name: split for name, _, split in rows},
+        "ratios": {"hetero_vs_ideal": hetero_ratio, "ddp_vs_ideal": ddp_ratio, "hetero_vs_ddp_equal": equal_ratio},
+        "dynamic": dynamic_result,
+    }  # fmt: skip
+    write_json(args.out, payload, indent=2)

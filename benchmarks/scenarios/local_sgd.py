@@ -38,6 +38,8 @@ MODELS = ("light", "heavy")
 FEATURES, HIDDEN, BATCH, VAL_SAMPLES, ROUND_STEPS = 32, 512, 32, 2048, 16
 #: DDP: steps between the parameter copies timed for accuracy
 CURVE_STEPS = 4
+#: what a local-SGD run records of its rounds (``None`` for DDP)
+LOCAL_KEYS = ("local_bytes_sent_rank0", "local_rounds", "local_plans_last", "local_rates_last", "local_plans")
 
 
 def curve_times(epochs: list[dict[str, Any]], snapshots: list[tuple[int, float]]) -> list[float]:
@@ -59,9 +61,7 @@ class EpochRecorder(Callback):
     def __init__(self, samples_per_epoch: int) -> None:
         self.samples_per_epoch = samples_per_epoch
         self.epochs: list[dict[str, Any]] = []
-        self._start = 0.0
-        self._train_end: float | None = None
-        self._val_epoch_start: float | None = None
+        self._start, self._train_end, self._val_epoch_start = 0.0, None, None
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         trainer.strategy.barrier()
@@ -81,14 +81,14 @@ class EpochRecorder(Callback):
         end = self._train_end if self._train_end is not None else time.time()
         val_start = self._val_epoch_start if self._val_epoch_start is not None else end
         times = trainer.strategy.all_gather(torch.tensor([self._start, end, val_start], dtype=torch.float64))
-        times = times.reshape(-1, 3)
-        acc = trainer.callback_metrics.get("val_acc")
+        starts, ends, val_starts = times.reshape(-1, 3).T.tolist()
+        first, acc = min(starts), trainer.callback_metrics.get("val_acc")
         self.epochs.append(
             {
                 "epoch": trainer.current_epoch,
-                "start": float(times[:, 0].min()),
-                "train_s": float(times[:, 1].max() - times[:, 0].min()),
-                "train_s_before_val_fetch": float(times[:, 2].max() - times[:, 0].min()),
+                "start": first,
+                "train_s": max(ends) - first,
+                "train_s_before_val_fetch": max(val_starts) - first,
                 "val_acc": None if acc is None else float(acc),
                 "samples": self.samples_per_epoch,
             }
@@ -103,8 +103,7 @@ class CurveRecorder(Callback):
     def __init__(self, every: int) -> None:
         self.every = every
         self.snapshots: list[tuple[int, float, torch.Tensor]] = []
-        self._rounds = 0
-        self._steps = 0
+        self._rounds = self._steps = 0
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, *_: Any):
         if not trainer.is_global_zero:
@@ -154,25 +153,21 @@ def run_one(args: argparse.Namespace) -> None:
     L.seed_everything(args.seed, verbose=False)
     train, val = classification_split(args.samples, VAL_SAMPLES, args.seed, args.noise, FEATURES, args.classes)
     factors = models.slowdown_factors(args.n, args.level)
-    callbacks: list[Callback] = []
     slowed = {rank: factor for rank, factor in enumerate(factors) if factor > 1.0}
     cost_s = args.heavy_cost_s if args.model == "heavy" else 0.0
+    model = MLP(FEATURES, args.classes, [HIDDEN] * 2, args.lr, args.momentum, cost_s, nn.Tanh)
     if args.config == "standalone":
         meter = StandaloneMeter()
         slow = [SlowdownEmulator(factors={0: args.level}, throttle=args.throttle)] if args.level > 1.0 else []
         callbacks = [meter, StartTogether(args.barrier, args.barrier_n), *slow]
         trainer = quiet_trainer(devices=1, max_time={"seconds": args.standalone_s}, max_epochs=-1, callbacks=callbacks,
                                 limit_val_batches=0)  # fmt: skip
-        trainer.fit(
-            MLP(FEATURES, args.classes, [HIDDEN] * 2, args.lr, args.momentum, cost_s, nn.Tanh),
-            DataLoader(train, batch_size=BATCH, shuffle=True),
-        )
+        trainer.fit(model, DataLoader(train, batch_size=BATCH, shuffle=True))
         rate = meter.samples / (meter.end - meter.start) if meter.start is not None and meter.end > meter.start else 0
         Path(args.out).write_text(json.dumps({"samples_per_s": rate, "batches": meter.batches}))
         return
-    recorder = EpochRecorder(args.samples)
-    curve = CurveRecorder(CURVE_STEPS)
-    callbacks = [recorder, curve]
+    recorder, curve = EpochRecorder(args.samples), CurveRecorder(CURVE_STEPS)
+    callbacks: list[Callback] = [recorder, curve]
     if slowed:
         callbacks.append(SlowdownEmulator(factors=slowed, throttle=args.throttle))
     if args.config == "ddp":
@@ -194,9 +189,9 @@ def run_one(args: argparse.Namespace) -> None:
             callbacks.append(BreakdownRecorder(str(args.out)))
     trainer = quiet_trainer(devices=args.n, strategy=strategy, max_epochs=args.epochs, callbacks=callbacks,
                             num_sanity_val_steps=0)  # fmt: skip
-    model = MLP(FEATURES, args.classes, [HIDDEN] * 2, args.lr, args.momentum, cost_s, nn.Tanh)
     params = sum(p.numel() for p in model.parameters())
     fit(trainer, model, train, val, BATCH)
+    result = None
     if trainer.is_global_zero:
         rounds = getattr(strategy, "local_rounds", None)
         times = curve_times(recorder.epochs, [(epoch, wall) for epoch, wall, _ in curve.snapshots])
@@ -206,15 +201,16 @@ def run_one(args: argparse.Namespace) -> None:
             "curve": list(zip(times, accs, strict=True)),
             "params": params,
             "factors": factors,
-            "local_bytes_sent_rank0": rounds.bytes_sent if rounds is not None else None,
-            "local_rounds": rounds.rounds if rounds is not None else None,
-            "local_plans_last": rounds.plans[-3:] if rounds is not None else None,
-            "local_rates_last": rounds.rates if rounds is not None else None,
-            "local_plans": rounds.plans if rounds is not None and args.breakdown else None,
-        }
-        Path(args.out).write_text(json.dumps(result, default=str))
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+        } | dict.fromkeys(LOCAL_KEYS)
+        if rounds is not None:
+            result |= {
+                "local_bytes_sent_rank0": rounds.bytes_sent,
+                "local_rounds": rounds.rounds,
+                "local_plans_last": rounds.plans[-3:],
+                "local_rates_last": rounds.rates,
+                "local_plans": rounds.plans if args.breakdown else None,
+            }
+    models.finish(trainer, args.out, result)
 
 
 #: the settings a run's child process is given
@@ -223,8 +219,9 @@ CHILD_FLAGS = ("epochs", "samples", "noise", "lr", "momentum", "heavy_cost_s", "
 
 
 def child_command(args: argparse.Namespace, config: str, model: str, n: int, level: float, seed: int, out: Path):
-    cell = {"run": config, "model": model, "n": n, "level": level, "seed": seed, "out": out}
-    return models.child_command("local_sgd", args, CHILD_FLAGS, **cell)
+    return models.child_command(
+        "local_sgd", args, CHILD_FLAGS, run=config, model=model, n=n, level=level, seed=seed, out=out
+    )
 
 
 def standalone_bound(args: argparse.Namespace, model: str, n: int, level: float) -> list[float]:
@@ -249,40 +246,29 @@ def launch(args: argparse.Namespace, config: str, model: str, n: int, level: flo
     timeline = collect(str(out), n) if args.breakdown and config.startswith("local") else None
     epochs = result["epochs"]
     measured = epochs[1:] if len(epochs) > 1 else epochs
-    throughput = sum(e["samples"] for e in measured) / sum(e["train_s"] for e in measured)
+    samples = sum(e["samples"] for e in measured)
+    throughput = samples / sum(e["train_s"] for e in measured)
     before_val_fetch = [e.get("train_s_before_val_fetch") for e in measured]
-    throughput_before_val_fetch = (
-        sum(e["samples"] for e in measured) / sum(before_val_fetch) if None not in before_val_fetch else None
-    )
+    throughput_before_val_fetch = samples / sum(before_val_fetch) if None not in before_val_fetch else None
     params = result["params"]
     rates = result.get("local_rates_last") or [None]
     busy_bound = sum(rates) if all(r is not None for r in rates) else None
     sent = result["local_bytes_sent_rank0"]  # every rank sends one per round; DDP all-reduces float32 gradients
     bytes_per_sample = 4 * params / BATCH if sent is None else sent * n / sum(e["samples"] for e in epochs)
     return {
-        "config": config,
-        "model": model,
-        "workers": n,
-        "hl": level,
-        "seed": seed,
-        "final_acc": epochs[-1]["val_acc"],
-        "acc_per_epoch": [e["val_acc"] for e in epochs],
-        "curve": result["curve"],
-        "train_s_per_epoch": [e["train_s"] for e in epochs],
-        "epochs": epochs,
-        "throughput": throughput,
-        "throughput_before_val_fetch": throughput_before_val_fetch,
-        "bytes_per_sample": bytes_per_sample,
+        "config": config, "model": model, "workers": n, "hl": level, "seed": seed, "final_acc": epochs[-1]["val_acc"],
+        "acc_per_epoch": [e["val_acc"] for e in epochs], "curve": result["curve"],
+        "train_s_per_epoch": [e["train_s"] for e in epochs], "epochs": epochs, "throughput": throughput,
+        "throughput_before_val_fetch": throughput_before_val_fetch, "bytes_per_sample": bytes_per_sample,
         "params": params,
-        **{key: result[key] for key in ("local_rounds", "local_plans_last", "local_rates_last", "local_plans")},
+        **{key: result[key] for key in LOCAL_KEYS[1:]},
         # each rank's busy rate in the run (samples/s of its local steps, waits excluded): a bound measured side by
         # side with the run itself, under the same host load
         "local_busy_bound": busy_bound,
         "of_local_busy_bound": throughput / busy_bound if busy_bound else None,
         "breakdown": timeline,
-        "wall_s": time.perf_counter() - started,
-        "load_1min_after": os.getloadavg()[0],
-    }
+        "wall_s": time.perf_counter() - started, "load_1min_after": os.getloadavg()[0],
+    }  # fmt: skip
 
 
 def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -293,25 +279,16 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         diffs = [100 * (run["final_acc"] - ddp["final_acc"]) for run, ddp in paired]
         times = [time_to_target(run["epochs"], ddp["final_acc"] - 0.005, run.get("curve")) for run, ddp in paired]
         throughput = statistics.median(r["throughput"] for r in group)
-        rows.append(
-            {
-                "model": model,
-                "workers": workers,
-                "hl": level,
-                "config": config,
-                "seeds": [r["seed"] for r in group],
-                "throughput": throughput,
-                "of_standalone_bound": statistics.median(r["of_standalone_bound"] for r in group),
-                "of_local_busy_bound": median([r.get("of_local_busy_bound") for r in group]),
-                "bytes_per_sample": statistics.median(r["bytes_per_sample"] for r in group),
-                "acc": statistics.median(r["final_acc"] for r in group),
-                "acc_vs_ddp_points": median(diffs),
-                "acc_vs_ddp_points_all": diffs,
-                "time_to_ddp_acc_s": median(times),
-                "time_to_ddp_acc_all": times,
-                "reached_ddp_acc": sum(t is not None for t in times),
-            }
-        )
+        rows.append({
+            "model": model, "workers": workers, "hl": level, "config": config, "seeds": [r["seed"] for r in group],
+            "throughput": throughput, "of_standalone_bound": statistics.median(r["of_standalone_bound"] for r in group),
+            "of_local_busy_bound": median([r.get("of_local_busy_bound") for r in group]),
+            "bytes_per_sample": statistics.median(r["bytes_per_sample"] for r in group),
+            "acc": statistics.median(r["final_acc"] for r in group),
+            "acc_vs_ddp_points": median(diffs), "acc_vs_ddp_points_all": diffs,
+            "time_to_ddp_acc_s": median(times), "time_to_ddp_acc_all": times,
+            "reached_ddp_acc": sum(t is not None for t in times),
+        })  # fmt: skip
     return rows
 
 
@@ -403,11 +380,10 @@ def main(args: argparse.Namespace) -> None:
                 if run["throughput_before_val_fetch"] is not None:
                     run["of_standalone_bound_before_val_fetch"] = run["throughput_before_val_fetch"] / bound
                 runs.append(run)
+                fetch = run.get("of_standalone_bound_before_val_fetch", 0)
                 print(
-                    f"  seed {seed} {config:>11}: {run['throughput']:.0f} samples/s "
-                    f"({run['of_standalone_bound']:.2f} of bound; "
-                    f"{run.get('of_standalone_bound_before_val_fetch', 0):.2f} ended before the validation "
-                    "fetch), acc "
+                    f"  seed {seed} {config:>11}: {run['throughput']:.0f} samples/s ({run['of_standalone_bound']:.2f}"
+                    f" of bound; {fetch:.2f} ended before the validation fetch), acc "
                     f"{' '.join(f'{a:.3f}' for a in run['acc_per_epoch'])}, {run['bytes_per_sample']:.0f} B/sample",
                     flush=True,
                 )
@@ -416,11 +392,5 @@ def main(args: argparse.Namespace) -> None:
         ran.append(cell)
     rows = summarise(runs)
     print_table(rows)
-    report = {
-        "cells_ran": ran,
-        "cells_skipped_for_budget": skipped,
-        "standalone_samples_per_s": standalone,
-        "rows": rows,
-        "runs": runs,
-    }
-    write_json(args.out, report)
+    report = {"cells_ran": ran, "cells_skipped_for_budget": skipped, "standalone_samples_per_s": standalone}
+    write_json(args.out, report | {"rows": rows, "runs": runs})

@@ -26,6 +26,7 @@ from benchmarks.harness.launch import RESULTS as RESULTS_DIR
 from benchmarks.harness.launch import child_env, run_jobs, scenario_command
 from benchmarks.harness.models import StartTogether, finish, flags, quiet_trainer
 from benchmarks.harness.record import table, write_json
+from benchmarks.harness.stats import median
 from lightning_hetero import SlowdownEmulator
 from lightning_hetero.asp.layout import FlatLayout
 from lightning_hetero.asp.protocol import PushHeader, new_message
@@ -164,22 +165,23 @@ def _throughput(reports: list[dict], epochs: int) -> dict:
     return {"samples_per_s": samples / seconds, "seconds": seconds, "samples": samples}
 
 
-def _uptime() -> str:
-    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-
-
 def measure(args: argparse.Namespace, config: dict, variants: list[dict], rotation: int) -> dict:
     """One repeat of one configuration: N standalone workers side by side, and ASP with N workers for each variant,
     in an order rotated by ``rotation`` (so that no variant always runs first or last)."""
     workers = config["workers"]
     common = {"model": config["model"], "step_ms": config["step_ms"]}
-    standalone_job = {**common, "strategy": "single", "devices": 1, "epochs": args.epochs}
-    standalone_job["samples"] = _samples(config, args.epoch_s, 1)
+    standalone_job = {
+        **common,
+        "strategy": "single",
+        "devices": 1,
+        "epochs": args.epochs,
+        "samples": _samples(config, args.epoch_s, 1),
+    }
     names = ["standalone"] + [variant["label"] for variant in variants]
     shift = rotation % len(names)
     result: dict = {"uptime": {}, "order": names[shift:] + names[:shift], "variants": {}}
     for name in result["order"]:
-        result["uptime"][name] = _uptime()
+        result["uptime"][name] = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
         if name == "standalone":
             with tempfile.TemporaryDirectory() as meeting:
                 together = {"start_together": meeting, "start_together_jobs": workers}
@@ -187,9 +189,14 @@ def measure(args: argparse.Namespace, config: dict, variants: list[dict], rotati
             result["standalone"] = [_throughput(reports, args.epochs) for reports in jobs]
             continue
         variant = next(v for v in variants if v["label"] == name)
-        asp_job = {**common, "strategy": "asp", "devices": workers, "epochs": args.epochs}
-        asp_job["samples"] = _samples(config, args.epoch_s, workers)
-        asp_job["strategy_kwargs"] = json.dumps(variant["kwargs"])
+        asp_job = {
+            **common,
+            "strategy": "asp",
+            "devices": workers,
+            "epochs": args.epochs,
+            "samples": _samples(config, args.epoch_s, workers),
+            "strategy_kwargs": json.dumps(variant["kwargs"]),
+        }
         (reports,) = _run(args, [asp_job], variant["source"])
         asp = _throughput(reports, args.epochs)
         asp["per_rank_samples"] = [sum(r["windows"][str(e)]["samples"] for e in range(1, args.epochs)) for r in reports]
@@ -236,10 +243,6 @@ def server_apply_cost(model: str, updates: int) -> dict:
 def summarise(runs: list[dict], label: str) -> dict:
     """Medians over repeats of one configuration for one variant."""
     mine = [r["variants"][label] for r in runs]
-
-    def median(values: list) -> float | None:
-        return statistics.median(values) if values else None
-
     return {
         "asp_over_ideal_median": median([m["asp_over_ideal"] for m in mine]),
         "asp_over_ideal_each": [m["asp_over_ideal"] for m in mine],
@@ -287,9 +290,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--variant",
         action="append",
         default=[],
-        help="LABEL=JSON_KWARGS[@SRC]: an ASP variant, AsyncPSStrategy(**kwargs) with SRC first on PYTHONPATH (e.g. "
-        "another checkout's src/); repeat to compare variants side by side against the same standalone runs "
-        "(default: asp={})",
+        help="LABEL=JSON_KWARGS[@SRC]: an ASP variant, AsyncPSStrategy(**kwargs) with SRC first on "
+        "PYTHONPATH (e.g. another checkout's src/); repeat to compare variants side by side against "
+        "the same standalone runs (default: asp={})",
     )
     parser.add_argument("--strategy-kwargs", default="{}", help="train: JSON keyword arguments for AsyncPSStrategy")
     parser.add_argument("--apply-updates", type=int, default=30, help="updates timed per model for the server cost")

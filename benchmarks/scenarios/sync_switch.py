@@ -162,19 +162,13 @@ def main(args: argparse.Namespace) -> None:
     rows = []
     for config, run in runs.items():
         epochs = run["epochs"]
-        rows.append(
-            {
-                "config": config,
-                "final_acc": epochs[-1]["val_acc"],
-                "best_acc": max(e["val_acc"] for e in epochs),
-                "train_s": sum(e["train_s"] for e in epochs),
-                "time_to_target_s": time_to_target(epochs, target),
-                "modes": "".join("B" if e["mode"] == "bsp" else "A" for e in epochs),
-                "switch_cost_s": [s["cost_s"] for s in run["switches"]],
-                "final_split": run.get("final_split"),
-                "load_average_1_5_15min_before_and_after": run["load_average_1_5_15min_before_and_after"],
-            }
-        )
+        rows.append({
+            "config": config, "final_acc": epochs[-1]["val_acc"], "best_acc": max(e["val_acc"] for e in epochs),
+            "train_s": sum(e["train_s"] for e in epochs), "time_to_target_s": time_to_target(epochs, target),
+            "modes": "".join("B" if e["mode"] == "bsp" else "A" for e in epochs),
+            "switch_cost_s": [s["cost_s"] for s in run["switches"]], "final_split": run.get("final_split"),
+            "load_average_1_5_15min_before_and_after": run["load_average_1_5_15min_before_and_after"],
+        })  # fmt: skip
     if rows:
         target_text = "BSP's final - 0.5 pt" if "bsp" in runs else "best - 0.5 pt"
         print(f"target accuracy {target:.4f} ({target_text}); rank 1 {SLOWDOWN}x slower; {args.workers} workers")
@@ -199,15 +193,11 @@ def main(args: argparse.Namespace) -> None:
     params = sum(p.numel() for p in MLP(FEATURES, CLASSES, [HIDDEN] * 4, 0.1, 0.0).parameters())
     schedule = reverse_schedule(args.epochs, BSP_FRACTION)
     report = {
-        "conditions": {"target": target, "reverse_schedule": schedule, "parameters": params},
-        "rows": rows,
-        "resnet20_switch_cost": resnet,
-        "epochs": {config: run["epochs"] for config, run in runs.items()},
-        "runs": {
-            config: {key: value for key, value in run.items() if key not in ("epochs", "config")}
-            for config, run in runs.items()
-        },
-    }
+        "conditions": {"target": target, "reverse_schedule": schedule, "parameters": params}, "rows": rows,
+        "resnet20_switch_cost": resnet, "epochs": {config: run["epochs"] for config, run in runs.items()},
+        "runs": {config: {key: value for key, value in run.items() if key not in ("epochs", "config")}
+                 for config, run in runs.items()},
+    }  # fmt: skip
     suffix = f"_{args.tag}" if args.tag else ""
     path = RESULTS / f"sync_switch_{args.workers}workers{suffix}.json"
     write_json(path, report)

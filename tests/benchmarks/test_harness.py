@@ -123,7 +123,7 @@ def test_grid_cells_set_flags_the_scenario_has(name, argv):
 
 
 #: issue 45's goal for the lines of Python in ``benchmarks/``; and what it holds now, which it may not grow past
-GOAL_LINES, HELD_LINES = 4_500, 5_111
+GOAL_LINES, HELD_LINES = 4_500, 4_995
 
 
 def benchmark_lines() -> int:
