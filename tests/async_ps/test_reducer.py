@@ -1,9 +1,12 @@
 """BSP's reducer: the wrapped model in place only while BSP trains, built once; the loss weighted so that DDP's
 average is the batch-weighted gradient; DDP's unused-parameter error names this strategy's setting."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
+from lightning_hetero.async_ps.runtime.context import BatchWeighting
 from lightning_hetero.async_ps.runtime.reducer import UNUSED_PARAMETERS, DDPReducer, name_the_setting
 
 
@@ -15,11 +18,10 @@ def reducer(share: float = 0.5, world_size: int = 2, marks: list | None = None) 
         wraps.append(module)
         return ("wrapped", module)
 
-    new = DDPReducer(
-        torch.nn.Linear(2, 1), wrap, installed.append, lambda: share, lambda: world_size,
-        (lambda: marks.append("end")) if marks is not None else (lambda: None),
-    )  # fmt: skip
-    return new, installed, wraps
+    weighting = BatchWeighting(world_size=lambda: world_size)
+    weighting.attach(SimpleNamespace(mark_compute_end=lambda: marks.append("end")) if marks is not None else None,
+                     lambda: share)  # fmt: skip
+    return DDPReducer(torch.nn.Linear(2, 1), wrap, installed.append, weighting), installed, wraps
 
 
 def test_the_wrapper_is_built_once_at_bsps_first_entry_and_set_aside_otherwise():
@@ -35,8 +37,10 @@ def test_the_wrapper_is_built_once_at_bsps_first_entry_and_set_aside_otherwise()
 
 @pytest.mark.parametrize("world_size", [2, 3, 7, 12])
 def test_an_equal_share_leaves_the_loss_untouched(world_size):
-    new, _, _ = reducer(share=1 / world_size, world_size=world_size)
-    assert new.loss_weight() == 1.0
+    weighting = BatchWeighting(world_size=lambda: world_size)
+    assert weighting.loss_weight() == 1.0  # without HeteroBatchCallback
+    weighting.attach(None, lambda: 1 / world_size)
+    assert weighting.loss_weight() == 1.0
 
 
 def test_the_weighted_losses_average_to_the_big_batch_gradient():
@@ -44,7 +48,7 @@ def test_the_weighted_losses_average_to_the_big_batch_gradient():
     w = torch.ones(2, requires_grad=True)
     x = [torch.randn(3, 2), torch.randn(13, 2)]
     grads = []
-    for rank, data in enumerate(x):
+    for data in x:
         marks: list = []
         new, _, _ = reducer(share=len(data) / 16, world_size=2, marks=marks)
         loss = (data @ w).pow(2).mean()

@@ -29,7 +29,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 from torchmetrics.classification import MulticlassAccuracy
 
-from lightning_hetero.async_ps import AsyncPSStrategy
+from lightning_hetero.async_ps import AsyncPSStrategy, PSAdvanced
 from lightning_hetero.emulation.slowdown import SlowdownEmulator
 from lightning_hetero.hetero_batch import HeteroBatchAdvanced, HeteroBatchCallback
 from lightning_hetero.hetero_batch.batches import compiled_graphs

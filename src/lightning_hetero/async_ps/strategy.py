@@ -195,7 +195,7 @@ class AsyncPSStrategy(DDPStrategy):
         start = time.perf_counter()
         switch(self._engine, self._engines[mode], self._run.fault)
         self._mode = mode
-        self._place_model()
+        self._reducer.place(self._engine.lock_step)  # type: ignore[union-attr]  # an active run has one
         self._run.fault.tell_server()
         self.last_switch_s = time.perf_counter() - start
 
@@ -253,9 +253,8 @@ class AsyncPSStrategy(DDPStrategy):
         )  # fmt: skip
         engines, compensator = self._engines.values(), self._compensation.new
         self._run = bootstrap.start_run(ctx, group, engines, lambda: self._engine, self.launcher, compensator, ddp)
-        weighting, install = self._weighting, lambda model: setattr(self, "model", model)
         self._reducer = DDPReducer(
-            self.model, self._setup_model, install, weighting.share, lambda: self.world_size, weighting.mark_compute_end
+            self.model, self._setup_model, lambda model: setattr(self, "model", model), self._weighting
         )
         sigterm_check = lambda check: bootstrap.check_sigterm(self._engine.lock_step, trainer, check)  # noqa: E731
         replace_sigterm_broadcast(trainer, sigterm_check)
@@ -266,12 +265,8 @@ class AsyncPSStrategy(DDPStrategy):
         if self._restored:
             self._counter.set(self._counter.version, in_step=False)
         self._engine.enter(switch=False)
-        self._place_model()
-
-    def _place_model(self) -> None:
-        """BSP trains through DDP's reducer; ASP and local SGD train the module itself."""
-        assert self._reducer is not None
-        self._reducer.place(self._engine.lock_step)
+        assert self._reducer is not None  # built at setup when fitting
+        self._reducer.place(self._engine.lock_step)  # BSP trains through DDP's reducer, ASP and local SGD the module
 
     @override
     def on_train_end(self) -> None:

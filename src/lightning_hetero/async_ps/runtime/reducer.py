@@ -7,12 +7,11 @@ The batch-weighted gradient (:mod:`lightning_hetero.batch_weighting`) comes from
 ``HeteroBatchCallback``: each rank back-propagates ``N x share`` instead of 1, and DDP's average over the ``N`` ranks
 is the big batch's gradient. No Python hook runs per bucket; with equal shares the loss is left untouched.
 
-Example (one process: the weight of an equal share is exactly 1)::
+Example::
 
     >>> import torch
-    >>> reducer = DDPReducer(torch.nn.Identity(), wrap=repr, install=print, share=lambda: 0.5, world_size=lambda: 2)
-    >>> reducer.loss_weight()
-    1.0
+    >>> from lightning_hetero.async_ps.runtime.context import BatchWeighting
+    >>> reducer = DDPReducer(torch.nn.Identity(), wrap=repr, install=print, weighting=BatchWeighting(lambda: 2))
     >>> reducer.place(lock_step=True)  # the wrapped module (here its repr) becomes the strategy's model
     Identity()
     >>> reducer.place(lock_step=False)
@@ -25,6 +24,7 @@ from collections.abc import Callable
 
 import torch
 
+from lightning_hetero.async_ps.runtime.context import BatchWeighting
 from lightning_hetero.batch_weighting import weight_backward
 
 #: the start of DDP's error for a parameter no loss used (``find_unused_parameters=False``)
@@ -39,10 +39,8 @@ class DDPReducer:
         wrap: wraps the module in ``DistributedDataParallel`` (``DDPStrategy._setup_model``); called once, by every
             rank together, the first time BSP is entered.
         install: makes its argument the strategy's model.
-        share: this rank's batch share ``b_k / sum(b)`` now.
-        world_size: the number of ranks.
-        on_compute_end: called when this rank's backward has computed every gradient (before DDP waits for its
-            all-reduce).
+        weighting: this rank's loss weight (``N x share``) and compute-end mark, called when this rank's backward has
+            computed every gradient (before DDP waits for its all-reduce).
     """
 
     def __init__(
@@ -50,12 +48,9 @@ class DDPReducer:
         module: torch.nn.Module,
         wrap: Callable[[torch.nn.Module], torch.nn.Module],
         install: Callable[[torch.nn.Module], None],
-        share: Callable[[], float],
-        world_size: Callable[[], int],
-        on_compute_end: Callable[[], None] = lambda: None,
+        weighting: BatchWeighting,
     ) -> None:
-        self._module, self._wrap, self._install = module, wrap, install
-        self._share, self._world_size, self._on_compute_end = share, world_size, on_compute_end
+        self._module, self._wrap, self._install, self._weighting = module, wrap, install, weighting
         self._wrapped: torch.nn.Module | None = None
         #: whether the wrapped model is in place (BSP trains now)
         self.placed = False
@@ -68,14 +63,10 @@ class DDPReducer:
         self._install(self._wrapped if lock_step else self._module)
         self.placed = lock_step
 
-    def loss_weight(self) -> float:
-        """What this rank back-propagates from its loss: ``N x share``, exactly 1 for an equal share."""
-        weight = self._world_size() * self._share()
-        return 1.0 if abs(weight - 1.0) < 1e-12 else weight
-
     def weight(self, loss: torch.Tensor) -> None:
-        """Weight the coming backward from ``loss`` by :meth:`loss_weight` and mark the end of this rank's compute."""
-        weight_backward(loss, self.loss_weight(), self._on_compute_end, by="bsp")
+        """Weight the coming backward from ``loss`` by ``N x share`` and mark the end of this rank's compute."""
+        weighting = self._weighting
+        weight_backward(loss, weighting.loss_weight(), weighting.mark_compute_end, by="bsp")
 
 
 def name_the_setting(exception: BaseException) -> None:
