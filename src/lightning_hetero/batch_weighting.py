@@ -2,9 +2,9 @@
 
 Each rank's gradient ``g_k`` is the mean over its local batch of ``b_k`` samples. The gradient of the big batch (all
 ranks' samples together) is ``sum_k b_k g_k / sum(b)``: rank ``k``'s gradient counts with its batch share
-``b_k / sum(b)``. ``AsyncPSStrategy``'s synchronous all-reduce (BSP) and its parameter server (ASP), where one rank's
-gradient is applied alone, call :func:`gradient_weight`; under DDP, which averages, each rank back-propagates
-:func:`averaged_weight` from its loss (:mod:`lightning_hetero.hetero_batch.gradients`).
+``b_k / sum(b)``. ``AsyncPSStrategy``'s parameter server (ASP, where one rank's gradient is applied alone) and the
+elastic synchronous steps (which sum) call :func:`gradient_weight`; under DDP's reducer, which averages (DDP, and BSP), each rank back-propagates
+:func:`averaged_weight` from its loss (:func:`weight_backward`).
 
 Example::
 
@@ -21,7 +21,10 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+
+import torch
+from torch.autograd import Variable
 
 
 def batch_share(split: Sequence[int], rank: int) -> float:
@@ -64,3 +67,24 @@ def averaged_weight(split: Sequence[int], rank: int) -> float:
         1.0
     """
     return len(split) * split[rank] / sum(split)
+
+
+def weight_backward(
+    loss: torch.Tensor, weight: float, on_compute_end: Callable[[], None], by: str = "hetero_batch"
+) -> None:
+    """Make the coming ``backward`` from ``loss`` start from ``weight`` instead of 1, and call ``on_compute_end``
+    once the backward pass has computed every gradient (before the engine's later final callbacks, such as DDP's
+    wait for its all-reduce). A ``loss`` that does not require gradients is left alone, and so is one already
+    weighted ``by`` the same weigher: its hook stays on it and weights a second backward through a retained graph too
+    (manual optimization's ``manual_backward(loss, retain_graph=True)`` twice). Two weighers (the callback under
+    accumulation, and BSP's reducer, of which one weighs 1) multiply."""
+    mark = f"_weighted_by_{by}"
+    if not loss.requires_grad or getattr(loss, mark, False):
+        return
+    setattr(loss, mark, True)
+
+    def hook(grad: torch.Tensor) -> torch.Tensor | None:
+        Variable._execution_engine.queue_callback(on_compute_end)  # type: ignore[attr-defined]
+        return None if weight == 1.0 else grad * weight
+
+    loss.register_hook(hook)

@@ -1,5 +1,6 @@
 """ASP's machinery (the server, its receiving threads, the client and its messages) exists only once a run trains in
-ASP: a BSP or local-SGD run holds none and runs at most one Python thread more than plain DDP."""
+ASP: a BSP or local-SGD run holds none and runs at most one Python thread more than plain DDP. BSP trains through
+DDP's reducer, as ``strategy="ddp"`` does; ASP and local SGD train the module itself."""
 
 import pytest
 
@@ -48,3 +49,13 @@ def test_the_hybrid_starts_asp_at_its_first_switch_to_asp(census):
         assert (bsp_epoch["mode"], bsp_epoch["client"], bsp_epoch["server"]) == ("bsp", False, False)
         assert (asp_epoch["mode"], asp_epoch["client"], asp_epoch["server"]) == ("asp", True, rank == 0)
         assert report["last_switch_s"] is not None
+
+
+def test_bsp_trains_through_ddps_reducer_and_asp_and_local_sgd_train_the_module(census):
+    for rank in range(2):
+        for run, wrapped in (("ddp", True), ("bsp", True), ("local", False), ("asp", False)):
+            for epoch in census[run][rank]["epochs"]:
+                assert epoch["ddp_wrapped"] is wrapped, (run, rank, epoch)
+                assert epoch.get("buckets_rebuilt", wrapped) is wrapped, (run, rank, epoch)  # a backward ran through it
+        bsp_epoch, asp_epoch = census["switch"][rank]["epochs"]  # the hybrid sets the wrapper aside in ASP
+        assert (bsp_epoch["ddp_wrapped"], bsp_epoch["buckets_rebuilt"], asp_epoch["ddp_wrapped"]) == (True, True, False)

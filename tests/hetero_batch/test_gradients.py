@@ -8,14 +8,13 @@ import torch
 from torch import nn
 from torch.autograd import Variable
 
-from lightning_hetero.batch_weighting import averaged_weight
+from lightning_hetero.batch_weighting import averaged_weight, weight_backward
 from lightning_hetero.hetero_batch.batches import HeteroBatchSampler, SplitPlan
 from lightning_hetero.hetero_batch.gradients import (
     chunk_size,
     run_in_chunks,
     split_batch,
     step_weight,
-    weight_backward,
     window,
 )
 from lightning_hetero.synthetic import MLPClassifier, make_classification

@@ -29,7 +29,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 from torchmetrics.classification import MulticlassAccuracy
 
-from lightning_hetero.async_ps import AsyncPSStrategy
+from lightning_hetero.async_ps import AsyncPSStrategy, PSAdvanced
 from lightning_hetero.emulation.slowdown import SlowdownEmulator
 from lightning_hetero.hetero_batch import HeteroBatchAdvanced, HeteroBatchCallback
 from lightning_hetero.hetero_batch.batches import compiled_graphs
@@ -276,9 +276,11 @@ def strategy_and_callbacks(feature: str, unused: bool = False) -> tuple[object, 
         return ddp, [
             HeteroBatchCallback(adjust_every_n_steps=4, verbose=False, advanced=HeteroBatchAdvanced(warmup_steps=1))
         ]
+    advanced = PSAdvanced(find_unused_parameters=unused)  # as DDP needs it: BSP trains through DDP's reducer
     if feature == "hybrid":
-        return AsyncPSStrategy(mode="bsp", fault_timeout_s=30), [SyncSwitchCallback("bsp:0-0,asp:1-", verbose=False)]
-    return AsyncPSStrategy(mode=feature, fault_timeout_s=30), []
+        strategy = AsyncPSStrategy(mode="bsp", fault_timeout_s=30, advanced=advanced)
+        return strategy, [SyncSwitchCallback("bsp:0-0,asp:1-", verbose=False)]
+    return AsyncPSStrategy(mode=feature, fault_timeout_s=30, advanced=advanced), []
 
 
 def cell_setup(cell: str) -> tuple[L.LightningModule, L.LightningDataModule | None, dict]:

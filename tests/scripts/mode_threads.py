@@ -1,5 +1,6 @@
 """Two CPU ranks train a small MLP for 2 epochs with Lightning's defaults; each rank writes, at the end of each
-training epoch, its Python threads, its resident memory and whether ASP's server, client and messages exist, as JSON.
+training epoch, its Python threads, its resident memory, whether ASP's server, client and messages exist and whether
+the model trains through DDP's reducer, as JSON.
 
 Usage: python mode_threads.py OUT_DIR RUN [HIDDEN]  (the MLP's hidden width, default 256)
 
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback
+from torch.nn.parallel import DistributedDataParallel
 
 from lightning_hetero.async_ps import AsyncPSStrategy
 from lightning_hetero.switching import SyncSwitchCallback
@@ -25,6 +27,14 @@ def resident_mb() -> float:
     """This process's resident memory (Linux's ``VmRSS``)."""
     status = Path("/proc/self/status").read_text()
     return int(next(line for line in status.splitlines() if line.startswith("VmRSS:")).split()[1]) / 1024
+
+
+def reducer_census(model) -> dict:
+    """Whether the strategy's model is wrapped in DDP now, and whether its reducer rebuilt its buckets (which it does
+    after the first backward through it)."""
+    if not isinstance(model, DistributedDataParallel):
+        return {"ddp_wrapped": False}
+    return {"ddp_wrapped": True, "buckets_rebuilt": bool(model._get_ddp_logging_data().get("has_rebuilt_buckets"))}
 
 
 class Census(Callback):
@@ -46,6 +56,7 @@ class Census(Callback):
                 "client": servers is not None and servers.client is not None,
                 "server_loop": servers is not None and servers.loop is not None,
                 "rss_mb": resident_mb(),
+                **reducer_census(strategy.model),
             }
         )
 

@@ -23,6 +23,7 @@ from lightning_hetero import AsyncPSStrategy, SyncSwitchCallback
 from lightning_hetero.synthetic import MLPClassifier, SyntheticClassificationDataModule
 
 BROKEN_STEP = 3  # rank 1's fourth step of an epoch named
+ZERO, INF = torch.tensor([0]), float("inf")
 
 
 class BreaksOnce(MLPClassifier):
@@ -35,10 +36,13 @@ class BreaksOnce(MLPClassifier):
     def on_train_epoch_start(self) -> None:
         self.epoch_steps = 0
 
-    def on_after_backward(self) -> None:
+    def on_before_backward(self, loss) -> None:
+        """Rank 1's gradient turns infinite inside backward, as an overflow would: before DDP's reducer (BSP) sees it."""
         broken = self.current_epoch in self.broken_epochs and self.epoch_steps == BROKEN_STEP
         if self.global_rank == 1 and broken:
-            self.net[0].weight.grad[0, 0] = float("inf")
+            handle = self.net[0].weight.register_hook(lambda grad: (handle.remove(), grad.index_fill(1, ZERO, INF))[1])
+
+    def on_after_backward(self) -> None:
         self.steps += 1
         self.epoch_steps += 1
 

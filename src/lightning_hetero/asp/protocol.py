@@ -296,17 +296,3 @@ def send_report(report: dict[str, Any], worker_rank: int, group: dist.ProcessGro
         dist.isend(data, dst=worker_rank, group=group, tag=TAG_REPORT).wait(timeout)
     except RuntimeError as err:
         raise PeerLostError(worker_rank, "worker", str(err).splitlines()[0]) from err
-
-
-def all_reduce_weighted(flat: torch.Tensor, weight: float, group: dist.ProcessGroup | None = None) -> torch.Tensor:
-    """Synchronous mode: ``flat <- sum over ranks of weight_k * flat_k`` (a batch-weighted mean when the weights are
-    the ranks' batch shares), in place, in one all-reduce on ``flat``'s device.
-
-    Args:
-        flat: this rank's flat gradient.
-        weight: this rank's weight (its batch share).
-        group: process group; the default group when ``None``.
-    """
-    flat.mul_(weight)
-    dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
-    return flat

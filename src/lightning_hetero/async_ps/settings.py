@@ -55,6 +55,8 @@ class PSAdvanced:
             ``0 .. server_shards - 1`` (``docs/async_ps.md``, Sharding); not with ``on_worker_lost="continue"``.
         server_placement: ``"worker"``: rank 0 hosts the server and trains like the others; ``"dedicated"``: in ASP
             it trains only its first batch of each epoch (:mod:`~lightning_hetero.asp.placement`).
+        find_unused_parameters: BSP: as ``DDPStrategy(find_unused_parameters=True)``, for a model with parameters
+            that some steps' losses do not use (DDP's reducer otherwise fails at the next step, naming this knob).
 
     Raises:
         ValueError: a knob is out of range or does not combine with another, naming it.
@@ -76,6 +78,7 @@ class PSAdvanced:
     overlap_round_trip: bool = False
     server_shards: int = 1
     server_placement: str = "worker"
+    find_unused_parameters: bool = False
 
     def __post_init__(self) -> None:
         staleness_lr_factor(0, self.lr_scaling)
@@ -84,6 +87,8 @@ class PSAdvanced:
         check_weighting(self.pseudo_gradient_weighting)
         if not isinstance(self.overlap_round_trip, bool):
             raise ValueError(f"overlap_round_trip must be True or False, got {self.overlap_round_trip!r}")
+        if not isinstance(self.find_unused_parameters, bool):
+            raise ValueError(f"find_unused_parameters must be True or False, got {self.find_unused_parameters!r}")
         check_server_shards(self.server_shards)
         check_server_placement(self.server_placement, self.server_shards)
 
@@ -156,7 +161,7 @@ def old_keywords(
         >>> with warnings.catch_warnings(record=True) as caught:
         ...     warnings.simplefilter("always")
         ...     old_keywords(16, None, {"round_s": 2.5, "server_shards": 2})
-        ('2.5s', PSAdvanced(lr_scaling='none', startup_timeout_s=300.0, local_steps='proportional', pseudo_gradient_weighting='mean', overlap_round_trip=False, server_shards=2, server_placement='worker'))
+        ('2.5s', PSAdvanced(lr_scaling='none', startup_timeout_s=300.0, local_steps='proportional', pseudo_gradient_weighting='mean', overlap_round_trip=False, server_shards=2, server_placement='worker', find_unused_parameters=False))
         >>> [str(warning.message).split("; ")[1] for warning in caught]
         ["use AsyncPSStrategy(round_length='2.5s')", 'use AsyncPSStrategy(advanced=PSAdvanced(server_shards=...))']
     """

@@ -32,6 +32,7 @@ from lightning_hetero.async_ps.runtime.checkpointing import Checkpointing
 from lightning_hetero.async_ps.runtime.collectives import broadcast_object
 from lightning_hetero.async_ps.runtime.context import BatchWeighting, StepCounter
 from lightning_hetero.async_ps.runtime.fault_tolerance import kill_launched
+from lightning_hetero.async_ps.runtime.reducer import DDPReducer, name_the_setting
 from lightning_hetero.async_ps.runtime.reporting import EpochLog
 from lightning_hetero.async_ps.runtime.trainer_limits import TrainerLimits
 from lightning_hetero.async_ps.settings import PSAdvanced, PSSettings, old_keywords, read_only_settings
@@ -106,6 +107,7 @@ class AsyncPSStrategy(DDPStrategy):
             accelerator=accelerator, parallel_devices=parallel_devices, cluster_environment=cluster_environment,
             checkpoint_io=checkpoint_io, precision_plugin=precision_plugin,
             process_group_backend=process_group_backend, timeout=timedelta(seconds=advanced.startup_timeout_s),
+            find_unused_parameters=advanced.find_unused_parameters,
         )  # fmt: skip
         #: the constructor's settings, checked and read-only (the attributes of the same name read them)
         self.settings = settings
@@ -124,6 +126,7 @@ class AsyncPSStrategy(DDPStrategy):
         self._schedules = CountedLRSchedulers()
         self._log = EpochLog(gather=lambda tensor: self.all_gather(tensor.to(self.root_device)))
         self._run: bootstrap.Run | None = None  # built at setup when fitting
+        self._reducer: DDPReducer | None = None  # BSP's: built at setup when fitting
 
     @property
     def mode(self) -> Mode:
@@ -192,6 +195,7 @@ class AsyncPSStrategy(DDPStrategy):
         start = time.perf_counter()
         switch(self._engine, self._engines[mode], self._run.fault)
         self._mode = mode
+        self._reducer.place(self._engine.lock_step)  # type: ignore[union-attr]  # an active run has one
         self._run.fault.tell_server()
         self.last_switch_s = time.perf_counter() - start
 
@@ -249,6 +253,9 @@ class AsyncPSStrategy(DDPStrategy):
         )  # fmt: skip
         engines, compensator = self._engines.values(), self._compensation.new
         self._run = bootstrap.start_run(ctx, group, engines, lambda: self._engine, self.launcher, compensator, ddp)
+        self._reducer = DDPReducer(
+            self.model, self._setup_model, lambda model: setattr(self, "model", model), self._weighting
+        )
         sigterm_check = lambda check: bootstrap.check_sigterm(self._engine.lock_step, trainer, check)  # noqa: E731
         replace_sigterm_broadcast(trainer, sigterm_check)
 
@@ -258,6 +265,8 @@ class AsyncPSStrategy(DDPStrategy):
         if self._restored:
             self._counter.set(self._counter.version, in_step=False)
         self._engine.enter(switch=False)
+        assert self._reducer is not None  # built at setup when fitting
+        self._reducer.place(self._engine.lock_step)  # BSP trains through DDP's reducer, ASP and local SGD the module
 
     @override
     def on_train_end(self) -> None:
@@ -277,6 +286,7 @@ class AsyncPSStrategy(DDPStrategy):
 
     @override
     def on_exception(self, exception: BaseException) -> None:
+        name_the_setting(exception)
         super().on_exception(exception)
         if self._run is not None and self._run.ctx.active:
             self._run.fault.announce_failure(exception)
@@ -291,6 +301,14 @@ class AsyncPSStrategy(DDPStrategy):
         if self._active:
             engine.report_step()
         return output
+
+    @override
+    def backward(self, closure_loss: torch.Tensor, optimizer: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if self._reducer is None or not self._reducer.placed or self._run is None:
+            return super().backward(closure_loss, optimizer, *args, **kwargs)
+        self._reducer.weight(closure_loss)  # BSP: the batch-weighted gradient through DDP's average
+        ddp = super()
+        return self._run.fault.collective(lambda: ddp.backward(closure_loss, optimizer, *args, **kwargs))
 
     @override
     def optimizer_step(self, optimizer: Any, closure: Callable[[], Any], model: Any = None, **kwargs: Any) -> Any:

@@ -1,7 +1,7 @@
 """The big batch's gradient from per-rank batches of different sizes: the weight on each rank's loss gradient, the
 weight of each micro-batch under gradient accumulation, and a batch over its memory cap run in chunks.
 
-**Weighting** (:func:`weight_backward`). With unequal local batches DDP's plain mean ``(1/N) Σ g_k`` over-weights the
+**Weighting** (:func:`~lightning_hetero.batch_weighting.weight_backward`). With unequal local batches DDP's plain mean ``(1/N) Σ g_k`` over-weights the
 samples of small batches. The big-batch gradient is ``Σ b_k g_k / Σ b_k`` (each ``g_k`` being the mean over rank
 ``k``'s batch). If rank ``k`` back-propagates ``N b_k / Σ b`` instead of 1 from its loss
 (:func:`~lightning_hetero.batch_weighting.averaged_weight`), its gradient is ``N b_k g_k / Σ b`` and DDP's built-in
@@ -53,27 +53,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
-from torch.autograd import Variable
 
-from lightning_hetero.batch_weighting import batch_share
+from lightning_hetero.batch_weighting import batch_share, weight_backward
 from lightning_hetero.contracts import HeteroBatchStrategy
-
-
-def weight_backward(loss: torch.Tensor, weight: float, on_compute_end: Callable[[], None]) -> None:
-    """Make the coming ``backward`` from ``loss`` start from ``weight`` instead of 1, and call ``on_compute_end``
-    once the backward pass has computed every gradient (before the engine's later final callbacks, such as DDP's
-    wait for its all-reduce). A ``loss`` that does not require gradients is left alone, and so is one already
-    weighted: its hook stays on it and weights a second backward through a retained graph too (manual
-    optimization's ``manual_backward(loss, retain_graph=True)`` twice)."""
-    if not loss.requires_grad or getattr(loss, "_hetero_weighted", False):
-        return
-    loss._hetero_weighted = True  # type: ignore[attr-defined]
-
-    def hook(grad: torch.Tensor) -> torch.Tensor | None:
-        Variable._execution_engine.queue_callback(on_compute_end)  # type: ignore[attr-defined]
-        return None if weight == 1.0 else grad * weight
-
-    loss.register_hook(hook)
 
 
 def window(batch_idx: int, accumulate: int, steps_per_epoch: int) -> range:
@@ -209,7 +191,7 @@ def _tensors(item: Any) -> list[torch.Tensor]:
 
 
 class LossWeighting:
-    """What this rank back-propagates from its loss at each step (:func:`weight_backward` with :func:`step_weight`),
+    """What this rank back-propagates from its loss at each step (:func:`~lightning_hetero.batch_weighting.weight_backward` with :func:`step_weight`),
     or, where a :class:`~lightning_hetero.contracts.HeteroBatchStrategy` weights the gradient itself (without
     accumulation), the batch share it weights by.
 

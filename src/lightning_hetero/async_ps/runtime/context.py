@@ -77,6 +77,12 @@ class BatchWeighting:
         """This rank's ``b_k / sum(b)`` for the current step."""
         return float(self.batch_share()) if self.batch_share is not None else equal_share(self._world_size())
 
+    def loss_weight(self) -> float:
+        """What this rank back-propagates from its loss where DDP's reducer averages: ``N x share``, exactly 1 for
+        an equal share."""
+        weight = self._world_size() * self.share()
+        return 1.0 if abs(weight - 1.0) < 1e-12 else weight
+
     def mark_compute_end(self) -> None:
         """Local gradients are ready (before any communication)."""
         if self.compute_timer is not None:
