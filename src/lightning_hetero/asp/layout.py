@@ -132,13 +132,11 @@ class FlatModel:
         layout: names, shapes and offsets of the parameters.
         params: the parameters, in layout order (views of ``flat``).
         flat: the flat parameters.
-        grad_flat: a buffer of ``flat``'s size for the flat gradient.
     """
 
     layout: FlatLayout
     params: list[torch.Tensor]
     flat: torch.Tensor
-    grad_flat: torch.Tensor
 
 
 def flatten_model(module: torch.nn.Module) -> FlatModel:
@@ -160,4 +158,4 @@ def flatten_model(module: torch.nn.Module) -> FlatModel:
     params = [p for _, p in named]
     flat = torch.empty(layout.numel, dtype=params[0].dtype, device=params[0].device)
     bind_parameters_to_flat(params, flat)
-    return FlatModel(layout, params, flat, torch.empty_like(flat))
+    return FlatModel(layout, params, flat)
