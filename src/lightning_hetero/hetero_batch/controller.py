@@ -307,7 +307,10 @@ class Stalls:
     """The smallest size each rank was seen stalling at. A rank stalls when its busy level varies over ``ratio``
     times the steadiest rank's and by over 5% (relative standard errors): under a CPU quota it runs at full speed
     until the period's budget is spent, then stops, so its mean busy time misses the stalls and its fitted cost
-    reads it faster than it is sustained.
+    reads it faster than it is sustained. Still, the fits read a throttled rank slower than a rank with a whole
+    CPU: a rank whose fitted step time at the equal share is within ``slower`` times the fastest rank's is not
+    taken for stalling (its figures vary for another reason, a shared host; and under a quota the rank can read,
+    the throttled rank's level is its CPU time at the quota's rate, the steadiest of all).
 
     Example::
 
@@ -315,20 +318,32 @@ class Stalls:
         >>> stalls.note((52, 12), relative_errors=(0.005, 0.15))
         >>> stalls.sizes, stalls.at((52, 12)), stalls.fed_by((50, 14), current=(52, 12)), stalls.at((53, 11))
         ({1: 12}, [1], True, [])
+        >>> stalls = Stalls()  # the noisy rank is the fast one: the fits read it 4 times faster
+        >>> stalls.note((64, 64), relative_errors=(0.08, 0.001), times_s=(0.05, 0.2))
+        >>> stalls.sizes
+        {}
     """
 
     #: rank -> the smallest size it was seen stalling at
     sizes: dict[int, int] = field(default_factory=dict)
     ratio: float = 4.0
+    slower: float = 1.5
 
-    def note(self, current: Sequence[int], relative_errors: Sequence[float] | None) -> None:
-        """Remember the ranks stalling at ``current`` (nothing when some error is unmeasured)."""
+    def note(
+        self,
+        current: Sequence[int],
+        relative_errors: Sequence[float] | None,
+        times_s: Sequence[float] | None = None,
+    ) -> None:
+        """Remember the ranks stalling at ``current`` (nothing when some error is unmeasured); ``times_s``: each
+        rank's fitted step time at the equal share (``None``: every rank may stall)."""
         errors = list(relative_errors or [])
         if not errors or not all(map(math.isfinite, errors)):
             return
         bar = max(self.ratio * min(errors), 0.05)
+        fastest = min(times_s) if times_s else 0.0
         for k, (size, error) in enumerate(zip(current, errors, strict=True)):
-            if error > bar:
+            if error > bar and (not times_s or times_s[k] > self.slower * fastest):
                 self.sizes[k] = min(size, self.sizes.get(k, size))
 
     def at(self, current: Sequence[int]) -> list[int]:

@@ -158,7 +158,8 @@ class AdjustmentPolicy:
         if speeds_changed and measured and self._changed_at(current, sync_step_s):  # type: ignore[arg-type]
             self._rejected, self._outcomes, self._stint, self._stalls = [], {}, (None, None), Stalls()
         else:
-            self._stalls.note(current, relative_errors)
+            equal = [sum(current) / len(current)] * len(current)  # the fitted step times at the equal share
+            self._stalls.note(current, relative_errors, line_times_s(equal, costs))
         self._record(current, sync_step_s if measured else None, sync_steps, restarted=speeds_changed)
         trial, self._trial = self._trial, None
         if trial is not None:
