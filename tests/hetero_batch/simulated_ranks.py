@@ -2,12 +2,13 @@
 
 Rank ``k`` needs ``overhead_s[k] + per_sample_s[k] x b`` seconds of CPU for a step of ``b`` samples, optionally under
 a CFS quota (:class:`~lightning_hetero.emulation.slowdown.CfsQuota`, charged every millisecond of CPU on a virtual
-clock) and multiplied by seeded noise. A step ends when the slowest rank is done plus ``comm_s``; each rank's busy
-time is its own compute including its throttling, as :class:`~lightning_hetero.measurement.BusyTimer` measures it,
-with its CPU time at the quota's rate as a floor (:func:`~lightning_hetero.measurement.sustained_step_s`), or no floor
-with ``quota_visible=False`` (a quota the rank cannot read: neither a cgroup it finds nor an emulator among the
-callbacks): a rank under a quota runs at full speed until the quota period's budget is spent and stops to the
-period's end, so its per-step times are bimodal, and without the floor nothing evens them out.
+clock) and multiplied by seeded noise (``noise``, or one per rank: ``noises``). A step ends when the slowest rank is
+done plus ``comm_s``; each rank's busy time is its own compute including its throttling, as
+:class:`~lightning_hetero.measurement.BusyTimer` measures it, with its CPU time at the quota's rate as a floor
+(:func:`~lightning_hetero.measurement.sustained_step_s`), or no floor with ``quota_visible=False`` (a quota the rank
+cannot read: neither a cgroup it finds nor an emulator among the callbacks): a rank under a quota runs at full speed
+until the quota period's budget is spent and stops to the period's end, so its per-step times are bimodal, and
+without the floor nothing evens them out.
 """
 
 from __future__ import annotations
@@ -38,12 +39,14 @@ class SimulatedRanks:
         comm_s: float = 0.001,
         seed: int = 0,
         quota_visible: bool = True,
+        noises: Sequence[float] | None = None,
     ) -> None:
         self.quota_visible = quota_visible
         self.overhead_s = list(overhead_s)
         self.per_sample_s = list(per_sample_s)
         self.quotas = [None if q is None else CfsQuota(q, 0.1) for q in (quotas or [None] * len(overhead_s))]
         self.noise = noise
+        self.noises = None if noises is None else list(noises)
         self.comm_s = comm_s
         self.random = random.Random(seed)
         self.now = 0.0
@@ -53,7 +56,8 @@ class SimulatedRanks:
         start = self.now
         busy = []
         for k, b in enumerate(split):
-            need = (self.overhead_s[k] + self.per_sample_s[k] * b) * (1 + self.noise * self.random.uniform(-1, 1))
+            noise = self.noise if self.noises is None else self.noises[k]
+            need = (self.overhead_s[k] + self.per_sample_s[k] * b) * (1 + noise * self.random.uniform(-1, 1))
             now = start
             quota = self.quotas[k]
             while need > 1e-12:

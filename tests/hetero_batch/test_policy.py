@@ -90,3 +90,31 @@ def test_the_memory_is_checkpointed_and_an_old_checkpoint_still_loads():
     old = AdjustmentPolicy(BatchSizeController(64, 2))
     old.load_state_dict({"rejected": [[[42, 22], 2]], "at_floor": [0, 0]})  # the release before: [split, left]
     assert not old.decide(SETTLED, FITS[0], sync_step_s=0.050).apply  # [42, 22] itself still rejected
+
+
+def test_a_split_measured_slower_than_another_returns_to_it():
+    """Issue 46: a change judged on a short baseline was kept, then measured 40% slower over more steps; nothing
+    proposed the split measured faster before it, so the run stayed at the slower one."""
+    policy = AdjustmentPolicy(BatchSizeController(global_batch_size=64, world_size=2))
+    costs = [(0.0, 0.001), (0.0, 0.0016)]  # the fits balance at [40, 24]
+    assert policy.decide((44, 20), costs, sync_step_s=0.045, sync_steps=8).sizes == (40, 24)
+    assert not policy.decide((40, 24), costs, sync_step_s=0.050, sync_steps=8).apply  # within the tolerance: kept
+    decision = policy.decide((40, 24), costs, sync_step_s=0.060, sync_steps=24)  # over more steps: 33% slower
+    assert (decision.sizes, decision.reason, decision.apply) == ((44, 20), "return", True)
+
+
+def test_a_stalling_rank_is_nudged_and_then_not_fed_again():
+    """Issue 46: rank 3 stalls under a quota (its busy level varies 40x more than the others'); the step exceeds the
+    busiest rank's mean busy time and the all-reduce's share by 8%, which the fits cannot see. One sample moves off
+    it; afterwards no proposal gives it as many samples as it stalled at."""
+    policy = AdjustmentPolicy(BatchSizeController(global_batch_size=64, world_size=4))
+    costs = [(0.0, 0.00105)] * 3 + [(0.0, 0.00525)]  # the fits balance at the split in force
+    stalling = {"relative_errors": [0.005, 0.005, 0.005, 0.2], "busy_s": [0.021, 0.021, 0.0205, 0.010]}
+    decision = policy.decide((20, 20, 20, 4), costs, sync_step_s=0.024, sync_steps=8, wait_s=0.001, **stalling)
+    assert (decision.sizes, decision.reason, decision.apply) == ((20, 20, 21, 3), "nudge", True)
+    steady = {"relative_errors": [0.005] * 4, "busy_s": [0.021, 0.021, 0.022, 0.009]}
+    policy.decide((20, 20, 21, 3), costs, sync_step_s=0.0225, sync_steps=8, wait_s=0.001, **steady)  # judged: kept
+    cheap = [(0.0, 0.00105)] * 3 + [(0.0, 0.002)]  # the fits now read rank 3 fast: they propose [17, 17, 17, 13]
+    decision = policy.decide((20, 20, 21, 3), cheap, sync_step_s=0.0225, sync_steps=16, wait_s=0.001, **steady)
+    assert decision.sizes[3] > 4 and not decision.apply
+    assert policy.state_dict()["stalls"] == [[3, 4]]

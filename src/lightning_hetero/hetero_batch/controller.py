@@ -6,12 +6,19 @@ reaches the same decision.
 Each rank's compute per step is modelled as ``t_k(b) = a_k + b / X_k`` (a fixed overhead ``a_k`` plus samples at
 throughput ``X_k``; with ``a_k = 0`` this is OmniLearn's ``b_k ∝ X_k``). The split equalises the predicted step
 times (:func:`~lightning_hetero.allocation.apportion`) within each rank's bounds and keeps the global batch exact.
+
+Also the records :class:`~lightning_hetero.hetero_batch.policy.AdjustmentPolicy` keeps about its decisions: a change
+on trial (:class:`Trial`), the synchronous step measured at a split (:class:`Outcome`), a rolled-back move
+(:class:`Rejection`), a refinement proposed in a row (:class:`Proposal`) and the sizes ranks stall at
+(:class:`Stalls`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from lightning_hetero._validation import check_range
 from lightning_hetero.allocation import apportion, order_by_speed, rate_times_s, step_time_s
@@ -25,8 +32,9 @@ class Decision:
     ``reason`` says why: ``"balance"`` (equalise the predicted step times), ``"refine"`` (a balancing move whose
     predicted gain is under the deadband but was proposed at two adjustments in a row), ``"rollback"`` (the last
     change made the measured synchronous step slower: return to the split before it), ``"explore"`` (try a rank
-    that sat at its minimum one notch higher, to learn its cost at another size) or ``"hold"`` (keep the split until
-    the last change has been measured on enough steps).
+    that sat at its minimum one notch higher, to learn its cost at another size), ``"hold"`` (keep the split until
+    the last change has been measured on enough steps), ``"return"`` (back to the split measured fastest) or
+    ``"nudge"`` (one unit away from a rank whose stalls under a CPU quota cost time).
     """
 
     sizes: tuple[int, ...]
@@ -180,3 +188,168 @@ def _per_rank(name: str, value: int | Sequence[int] | None, world_size: int, def
     if len(values) != world_size:
         raise ValueError(f"{name} needs one entry per rank ({world_size}), got {len(values)}")
     return values
+
+
+# The adjustment policy's records (hetero_batch/policy.py): a change on trial, the outcome measured at a split, a
+# rolled-back move, a refinement proposed in a row.
+
+
+#: the CFS quota period (Linux's default): a baseline measured over less may have seen no throttling at all
+QUOTA_PERIOD_S = 0.1
+
+
+@dataclass(frozen=True)
+class Trial:
+    """An applied change of split, on probation until the synchronous step at the new split has been measured.
+
+    Example::
+
+        >>> trial = Trial(before=(32, 32), before_s=0.128, before_steps=6)
+        >>> trial.judges(min_steps=3), Trial((32, 32), 0.128, before_steps=1).judges(min_steps=3)
+        (True, False)
+    """
+
+    #: the split before the change
+    before: tuple[int, ...]
+    #: the synchronous step measured at ``before`` (``None``: not measured)
+    before_s: float | None
+    #: how many steps ``before_s`` rests on (``None``: the caller gives no counts, taken as enough)
+    before_steps: int | None
+    #: fractional slow-down that rolls the change back (``None``: the policy's ``rollback_tolerance``)
+    tolerance: float | None = None
+
+    def judges(self, min_steps: int, min_window_s: float = 0.0) -> bool:
+        """Whether the baseline can judge the change: a baseline on fewer steps, or over less than ``min_window_s``
+        seconds of them, judges nothing."""
+        if self.before_steps is None:
+            return True
+        return self.before_steps >= min_steps and (self.before_s or 0.0) * self.before_steps >= min_window_s
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """A refinement proposed at consecutive adjustments, not yet applied."""
+
+    sizes: tuple[int, ...]
+    in_a_row: int
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The synchronous step measured at one split: total wall seconds over steps there (not a per-step median).
+
+    Example::
+
+        >>> Outcome(0.050, 8).merged(Outcome(0.080, 24)).mean_s
+        0.0725
+    """
+
+    #: mean wall seconds per synchronous step
+    mean_s: float
+    #: steps it rests on
+    steps: int
+
+    def judges(self, min_steps: int, min_window_s: float) -> bool:
+        """Whether it rests on at least ``min_steps`` steps over at least ``min_window_s`` seconds."""
+        return self.steps >= min_steps and self.mean_s * self.steps >= min_window_s
+
+    def merged(self, other: Outcome | None) -> Outcome:
+        """This outcome and ``other`` (an earlier stint at the same split) as one."""
+        if other is None:
+            return self
+        steps = self.steps + other.steps
+        return Outcome((self.mean_s * self.steps + other.mean_s * other.steps) / steps, steps)
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A rolled-back change: moves from ``origin`` towards ``rejected`` stay out until a rank's speed measurably
+    changes (``left``, ``strikes``: kept for checkpoints of the release before, which waited ``left`` adjustments).
+
+    Example::
+
+        >>> rejection = Rejection(origin=(50, 14), rejected=(42, 22), left=3, strikes=1)
+        >>> rejection.covers((44, 20)), rejection.covers((47, 17)), rejection.covers((52, 12))
+        (True, True, False)
+    """
+
+    #: the split the rollback returned to
+    origin: tuple[int, ...]
+    #: the split that measured slower
+    rejected: tuple[int, ...]
+    #: adjustments the move stays out (0: remembered for its strikes, not blocking)
+    left: int
+    #: rollbacks of this move since the speeds last changed
+    strikes: int
+
+    @staticmethod
+    def saved(entry: Sequence[Any]) -> Rejection:
+        """A rejection from a checkpoint; an older checkpoint's ``[split, left]`` is a move to that split only."""
+        if len(entry) == 2:
+            split = tuple(entry[0])
+            return Rejection(origin=split, rejected=split, left=int(entry[1]), strikes=1)
+        origin, rejected, left, strikes = entry
+        return Rejection(tuple(origin), tuple(rejected), int(left), int(strikes))
+
+    def covers(self, proposed: Sequence[int]) -> bool:
+        """Whether ``proposed`` is the rejected split or moves from the origin the same way (cosine above 1/2)."""
+        if tuple(proposed) == self.rejected:
+            return True
+        move = [b - o for b, o in zip(self.rejected, self.origin, strict=True)]
+        other = [b - o for b, o in zip(proposed, self.origin, strict=True)]
+        dot = sum(m * o for m, o in zip(move, other, strict=True))
+        norms = math.sqrt(sum(m * m for m in move) * sum(o * o for o in other))
+        return norms > 0 and dot > 0.5 * norms
+
+
+@dataclass
+class Stalls:
+    """The smallest size each rank was seen stalling at. A rank stalls when its busy level varies over ``ratio``
+    times the steadiest rank's and by over 5% (relative standard errors): under a CPU quota it runs at full speed
+    until the period's budget is spent, then stops, so its mean busy time misses the stalls and its fitted cost
+    reads it faster than it is sustained. Still, the fits read a throttled rank slower than a rank with a whole
+    CPU: a rank whose fitted step time at the equal share is within ``slower`` times the fastest rank's is not
+    taken for stalling (its figures vary for another reason, a shared host; and under a quota the rank can read,
+    the throttled rank's level is its CPU time at the quota's rate, the steadiest of all).
+
+    Example::
+
+        >>> stalls = Stalls()
+        >>> stalls.note((52, 12), relative_errors=(0.005, 0.15))
+        >>> stalls.sizes, stalls.at((52, 12)), stalls.fed_by((50, 14), current=(52, 12)), stalls.at((53, 11))
+        ({1: 12}, [1], True, [])
+        >>> stalls = Stalls()  # the noisy rank is the fast one: the fits read it 4 times faster
+        >>> stalls.note((64, 64), relative_errors=(0.08, 0.001), times_s=(0.05, 0.2))
+        >>> stalls.sizes
+        {}
+    """
+
+    #: rank -> the smallest size it was seen stalling at
+    sizes: dict[int, int] = field(default_factory=dict)
+    ratio: float = 4.0
+    slower: float = 1.5
+
+    def note(
+        self,
+        current: Sequence[int],
+        relative_errors: Sequence[float] | None,
+        times_s: Sequence[float] | None = None,
+    ) -> None:
+        """Remember the ranks stalling at ``current`` (nothing when some error is unmeasured); ``times_s``: each
+        rank's fitted step time at the equal share (``None``: every rank may stall)."""
+        errors = list(relative_errors or [])
+        if not errors or not all(map(math.isfinite, errors)):
+            return
+        bar = max(self.ratio * min(errors), 0.05)
+        fastest = min(times_s) if times_s else 0.0
+        for k, (size, error) in enumerate(zip(current, errors, strict=True)):
+            if error > bar and (not times_s or times_s[k] > self.slower * fastest):
+                self.sizes[k] = min(size, self.sizes.get(k, size))
+
+    def at(self, current: Sequence[int]) -> list[int]:
+        """The ranks given at least as many samples as they were seen stalling at."""
+        return [k for k, b in enumerate(current) if b >= self.sizes.get(k, b + 1)]
+
+    def fed_by(self, proposed: Sequence[int], current: Sequence[int]) -> bool:
+        """Whether ``proposed`` gives a rank more samples than ``current``, as many as it was seen stalling at."""
+        return any(b > c and k in self.at(proposed) for k, (b, c) in enumerate(zip(proposed, current, strict=True)))

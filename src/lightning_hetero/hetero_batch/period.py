@@ -168,6 +168,8 @@ class MeasuredPeriod:
         self.to_skip = skip
         self._steps: list[tuple[tuple[int, ...], int, float, float, float]] = []
         self._sync: tuple[tuple[int, ...] | None, list[float]] = (None, [])
+        #: this rank's median wait per step (wall less busy seconds) at its current size in the period last closed
+        self.wait_s = math.nan
 
     def record(self, split: tuple[int, ...], rank: int, busy_s: float, floor_s: float, wall_s: float) -> None:
         """One finished step taken at ``split``: its busy seconds, CPU-at-quota floor and wall seconds."""
@@ -190,6 +192,8 @@ class MeasuredPeriod:
         mine = [(busy, floor) for size, busy, floor, _ in at_current if size == current[rank]]
         busy_s = max(sum(b for b, _ in mine), sum(f for _, f in mine)) / len(mine) if mine else math.nan
         walls = [wall for *_, wall in at_current]
+        waits = sorted(wall - busy for size, busy, _, wall in at_current if size == current[rank])
+        self.wait_s = waits[len(waits) // 2] if waits else math.nan
         if self._sync[0] != current:
             self._sync = (current, [])
         self._sync[1][:] = (self._sync[1] + walls)[-SYNC_STEPS_KEPT:]
@@ -222,6 +226,7 @@ FIELDS = (
     "newest_sync_steps",
     "relative_error",
     "memory_cap",
+    "wait_s",
 )
 
 
@@ -250,13 +255,14 @@ def own_row(
     newest_walls: list[float],
     relative_error: float,
     memory_cap: int | None = None,
+    wait_s: float = math.nan,
 ) -> torch.Tensor:
     """This rank's row: its fit ``(overhead_s, per_sample_s or None, known sizes)`` as it stands and restarted from
     the newest period, whether it saw a change, its loader position, its mean busy seconds at its current size, the
     synchronous step's (trimmed) wall times since the split came into force and in the newest period only, and the
     relative standard error of its busy level at its current size
     (:meth:`~lightning_hetero.hetero_batch.cost_model.PeriodCostModel.relative_error`), and its memory cap (``None``:
-    none known; see :mod:`~lightning_hetero.hetero_batch.memory`).
+    none known; see :mod:`~lightning_hetero.hetero_batch.memory`) and its median wait per step at its current size.
 
     Example::
 
@@ -281,6 +287,7 @@ def own_row(
         len(newest_walls),
         relative_error,
         math.nan if memory_cap is None else memory_cap,
+        wait_s,
     )
     return torch.tensor([float(v) for v in values], dtype=torch.float64)
 
@@ -307,6 +314,8 @@ class Exchanged:
     position: int
     #: every rank's largest batch known to fit in memory (NaN: none known)
     memory_caps: tuple[float, ...] = ()
+    #: every rank's median wait per step at its current size (NaN where unmeasured)
+    waits_s: tuple[float, ...] = ()
 
 
 def read_rows(rows: torch.Tensor) -> Exchanged:
@@ -343,6 +352,7 @@ def read_rows(rows: torch.Tensor) -> Exchanged:
         changed=changed,
         position=int(max(row["position"] for row in table)),
         memory_caps=tuple(row["memory_cap"] for row in table),
+        waits_s=tuple(row["wait_s"] for row in table),
     )
 
 

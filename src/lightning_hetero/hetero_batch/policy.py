@@ -1,102 +1,28 @@
-"""HeteroBatch's adjustment policy: what to do at one adjustment, one method per rule (hold, rollback, balance,
-refine, explore), each change of split a :class:`Trial` judged by the synchronous step measured after it."""
+"""HeteroBatch's adjustment policy: what to do at one adjustment, one method per rule (hold, rollback, return,
+balance, refine, explore, nudge), each change of split a :class:`Trial` judged by the synchronous step measured
+after it."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from lightning_hetero._validation import check_range
 from lightning_hetero.allocation import line_times_s, order_by_speed, step_time_s
-from lightning_hetero.hetero_batch.controller import BatchSizeController, Decision
+from lightning_hetero.hetero_batch.controller import (
+    QUOTA_PERIOD_S,
+    BatchSizeController,
+    Decision,
+    Outcome,
+    Proposal,
+    Rejection,
+    Stalls,
+    Trial,
+)
 
-
-@dataclass(frozen=True)
-class Trial:
-    """An applied change of split, on probation until the synchronous step at the new split has been measured.
-
-    Example::
-
-        >>> trial = Trial(before=(32, 32), before_s=0.128, before_steps=6)
-        >>> trial.judges(min_steps=3), Trial((32, 32), 0.128, before_steps=1).judges(min_steps=3)
-        (True, False)
-    """
-
-    #: the split before the change
-    before: tuple[int, ...]
-    #: the synchronous step measured at ``before`` (``None``: not measured)
-    before_s: float | None
-    #: how many steps ``before_s`` rests on (``None``: the caller gives no counts, taken as enough)
-    before_steps: int | None
-
-    def judges(self, min_steps: int) -> bool:
-        """Whether the baseline can judge the change (a baseline on fewer steps judges nothing)."""
-        return self.before_steps is None or self.before_steps >= min_steps
-
-
-@dataclass(frozen=True)
-class Proposal:
-    """A refinement proposed at consecutive adjustments, not yet applied."""
-
-    sizes: tuple[int, ...]
-    in_a_row: int
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """The synchronous step measured at one split: total wall seconds over steps there (not a per-step median).
-
-    Example::
-
-        >>> Outcome(0.050, 8).merged(Outcome(0.080, 24)).mean_s
-        0.0725
-    """
-
-    #: mean wall seconds per synchronous step
-    mean_s: float
-    #: steps it rests on
-    steps: int
-
-    def merged(self, other: Outcome | None) -> Outcome:
-        """This outcome and ``other`` (an earlier stint at the same split) as one."""
-        if other is None:
-            return self
-        steps = self.steps + other.steps
-        return Outcome((self.mean_s * self.steps + other.mean_s * other.steps) / steps, steps)
-
-
-@dataclass(frozen=True)
-class Rejection:
-    """A rolled-back change: moves from ``origin`` towards ``rejected`` stay out until a rank's speed measurably
-    changes (``left``, ``strikes``: kept for checkpoints of the release before, which waited ``left`` adjustments).
-
-    Example::
-
-        >>> rejection = Rejection(origin=(50, 14), rejected=(42, 22), left=3, strikes=1)
-        >>> rejection.covers((44, 20)), rejection.covers((47, 17)), rejection.covers((52, 12))
-        (True, True, False)
-    """
-
-    #: the split the rollback returned to
-    origin: tuple[int, ...]
-    #: the split that measured slower
-    rejected: tuple[int, ...]
-    #: adjustments the move stays out (0: remembered for its strikes, not blocking)
-    left: int
-    #: rollbacks of this move since the speeds last changed
-    strikes: int
-
-    def covers(self, proposed: Sequence[int]) -> bool:
-        """Whether ``proposed`` is the rejected split or moves from the origin the same way (cosine above 1/2)."""
-        if tuple(proposed) == self.rejected:
-            return True
-        move = [b - o for b, o in zip(self.rejected, self.origin, strict=True)]
-        other = [b - o for b, o in zip(proposed, self.origin, strict=True)]
-        dot = sum(m * o for m, o in zip(move, other, strict=True))
-        norms = math.sqrt(sum(m * m for m in move) * sum(o * o for o in other))
-        return norms > 0 and dot > 0.5 * norms
+#: steps both splits need for the finer margin of a return (two periods of 8)
+LONG_STEPS = 16
 
 
 class AdjustmentPolicy:
@@ -116,7 +42,14 @@ class AdjustmentPolicy:
       ``min_sync_steps`` steps, it is compared with the one measured before the change; if it is slower by more
       than ``rollback_tolerance``, the previous split comes back (unless that split is now inverted, i.e. the ranks'
       speeds changed under it). The rejected move is remembered (:class:`Rejection`): no move from the restored
-      split the same way is proposed again. Until then the split is held; a baseline on fewer steps judges nothing.
+      split the same way is proposed again. Until then the split is held; a baseline on fewer steps, or on less
+      than a CPU quota's period (:data:`QUOTA_PERIOD_S`) of them, judges nothing.
+    - **Return**: when the split in force measured slower than another measured split by more than
+      ``rollback_tolerance`` (twice ``refine_gain`` once both rest on :data:`LONG_STEPS`), that one comes back.
+    - **Stalls**: no proposal gives a rank as many samples as it was seen stalling at (:class:`Stalls`).
+    - **Nudge**: when no rule moves and the stalls cost time (the step exceeds the busiest rank's mean busy time and
+      the all-reduce's share by over twice ``refine_gain``), one unit moves from the stalling rank to the least busy
+      one; it is rolled back when measured slower by more than ``refine_gain``.
     - **Speed changes**: the outcomes and rejections are forgotten only when a rank's speed measurably changed while
       the split stayed the same: a cost model reports a change (``speeds_changed``) and the synchronous step at the
       split in force differs from the one measured there before by more than ``change_tolerance`` (under a CPU
@@ -179,6 +112,7 @@ class AdjustmentPolicy:
         self._left: tuple[int, ...] | None = None  # the split the last applied change left
         self._outcomes: dict[tuple[int, ...], Outcome] = {}  # the synchronous step measured at each split
         self._stint: tuple[tuple[int, ...] | None, Outcome | None] = (None, None)  # the split now run, earlier outcome
+        self._stalls = Stalls()  # the smallest size each rank was seen stalling at
 
     @property
     def on_trial(self) -> bool:
@@ -194,6 +128,8 @@ class AdjustmentPolicy:
         sync_steps: int | None = None,
         relative_errors: Sequence[float] | None = None,
         speeds_changed: bool = False,
+        busy_s: Sequence[float] | None = None,
+        wait_s: float | None = None,
     ) -> Decision:
         """Decide from every rank's ``(overhead_s, per_sample_s)`` and the synchronous step measured at ``current``.
 
@@ -203,7 +139,8 @@ class AdjustmentPolicy:
         refinements; ``None``: not known, no noise gate; NaN: unmeasured, no refinement).
         ``speeds_changed``: a rank's cost model saw its speed change since the last adjustment, and ``sync_step_s``
         is the newest period's (forgets the outcomes and rejected moves if the synchronous step at ``current``
-        changed too: the evidence against them is gone).
+        changed too: the evidence against them is gone). ``busy_s``: each rank's mean busy seconds per step at
+        ``current``; ``wait_s``: the least median wait of a rank per step there (both for a nudge).
 
         Example::
 
@@ -219,13 +156,21 @@ class AdjustmentPolicy:
         current = tuple(current)
         measured = sync_step_s is not None and (sync_steps is None or sync_steps >= self.min_sync_steps)
         if speeds_changed and measured and self._changed_at(current, sync_step_s):  # type: ignore[arg-type]
-            self._rejected, self._outcomes, self._stint = [], {}, (None, None)
+            self._rejected, self._outcomes, self._stint, self._stalls = [], {}, (None, None), Stalls()
+        else:
+            equal = [sum(current) / len(current)] * len(current)  # the fitted step times at the equal share
+            self._stalls.note(current, relative_errors, line_times_s(equal, costs))
         self._record(current, sync_step_s if measured else None, sync_steps, restarted=speeds_changed)
         trial, self._trial = self._trial, None
         if trial is not None:
             judged = self._hold(trial, current, sync_steps) or self._rollback(trial, current, costs, sync_step_s)
             if judged is not None:
                 return judged
+        back = self._back_to_fastest(current, costs)
+        if back is not None:
+            self._trial = Trial(current, sync_step_s, sync_steps)
+            self._left, self._proposed = current, None
+            return back
         rates = [1.0 / c for _, c in costs]
         overheads = [a for a, _ in costs]
         balanced = self.controller.decide(current, rates, overheads)
@@ -237,10 +182,16 @@ class AdjustmentPolicy:
             explored = self._explore(proposed, known_sizes)
             if explored is not None:
                 proposed, reason = explored, "explore"
-        rejected = any(r.covers(proposed) for r in self._rejected) or self._measured_slower(proposed, current)
-        apply = proposed != current and not rejected and (balanced.apply or reason != "balance")
+        apply = proposed != current and not self._ruled_out(proposed, current)
+        apply = apply and not self._stalls.fed_by(proposed, current)
+        apply = apply and (balanced.apply or reason != "balance")
+        tolerance = None
+        if not apply:
+            nudged = self._nudge(current, costs, busy_s, relative_errors, sync_step_s if measured else None, wait_s)
+            if nudged is not None:
+                proposed, reason, apply, tolerance = nudged, "nudge", True, self.refine_gain
         if apply:
-            self._trial = Trial(current, sync_step_s, sync_steps)
+            self._trial = Trial(current, sync_step_s, sync_steps, tolerance)
             self._left, self._proposed = current, None
         now = step_time_s(current, rates, overheads)
         gain = (now - step_time_s(proposed, rates, overheads)) / now
@@ -263,6 +214,66 @@ class AdjustmentPolicy:
         if sync_step_s is not None:
             steps = self.min_sync_steps if sync_steps is None else sync_steps
             self._outcomes[current] = Outcome(sync_step_s, steps).merged(earlier)
+
+    def _ruled_out(self, proposed: tuple[int, ...], current: tuple[int, ...]) -> bool:
+        """Whether ``proposed`` was measured slower than ``current``, or moves from a rejection's origin its way."""
+        moves = (r for r in self._rejected if r.origin == current or r.rejected == proposed)
+        return any(r.covers(proposed) for r in moves) or self._measured_slower(proposed, current)
+
+    def _back_to_fastest(self, current: tuple[int, ...], costs: Sequence[tuple[float, float]]) -> Decision | None:
+        """Return to the split measured fastest when the one in force measured slower beyond ``rollback_tolerance``
+        (both on enough steps: :meth:`Outcome.judges`), or twice ``refine_gain`` once both rest on
+        :data:`LONG_STEPS`, unless that split is now inverted."""
+        here, enough = self._outcomes.get(current), (self.min_sync_steps, QUOTA_PERIOD_S)
+        known = [(o.mean_s, s) for s, o in self._outcomes.items() if s != current and o.judges(*enough)]
+        if here is None or not here.judges(*enough) or not known:
+            return None
+        best_s, best = min(known)
+        long = min(here.steps, self._outcomes[best].steps) >= LONG_STEPS and self.refine_gain is not None
+        margin = 2 * self.refine_gain if long else self.rollback_tolerance  # type: ignore[operator]
+        if here.mean_s <= best_s * (1 + margin) or self._inverted(best, costs):
+            return None
+        return Decision(best, (here.mean_s - best_s) / here.mean_s, apply=True, reason="return")
+
+    def _nudge(
+        self,
+        current: tuple[int, ...],
+        costs: Sequence[tuple[float, float]],
+        busy_s: Sequence[float] | None,
+        relative_errors: Sequence[float] | None,
+        sync_step_s: float | None,
+        wait_s: float | None,
+    ) -> tuple[int, ...] | None:
+        """One unit from the rank that stalls most (:class:`Stalls`) to the rank measured least busy, when the
+        stalls cost time: the synchronous step exceeds the busiest rank's mean busy time plus ``wait_s`` (the least
+        median wait of any rank: the all-reduce's share) by more than twice ``refine_gain``. The fitted costs cannot
+        say so: a stalling rank's mean busy time misses its stalls."""
+        figures = [*(busy_s or []), *(relative_errors or []), sync_step_s, wait_s]
+        if busy_s is None or relative_errors is None or self.refine_gain is None:
+            return None
+        if not all(f is not None and math.isfinite(f) for f in figures):
+            return None
+        stalling = self._stalls.at(current)
+        excess = sync_step_s - max(busy_s) - wait_s  # type: ignore[operator]
+        if not stalling or excess <= 2 * self.refine_gain * sync_step_s:  # type: ignore[operator]
+            return None
+        controller = self.controller
+        u, floors, upper = controller.unit, controller.floors, controller.upper
+        slow = max(stalling, key=lambda k: relative_errors[k])
+        fast = min((k for k in range(len(current)) if k != slow), key=lambda k: busy_s[k], default=slow)
+        if slow == fast or current[slow] - u < floors[slow] or current[fast] + u > upper[fast]:
+            return None
+        proposed = tuple(b - u if k == slow else b + u if k == fast else b for k, b in enumerate(current))
+        if self._inverted(proposed, costs) or self._ruled_out(proposed, current):
+            return None
+        return proposed
+
+    def _inverted(self, split: tuple[int, ...], costs: Sequence[tuple[float, float]]) -> bool:
+        """Whether ``split`` gives a slower rank (by the fitted costs at the equal share) more than a faster one."""
+        controller = self.controller
+        equal_share = controller.global_batch_size / controller.world_size
+        speed_times = line_times_s([equal_share] * controller.world_size, costs)
+        return order_by_speed(split, speed_times, controller.lower, controller.upper) != split
 
     def _measured_slower(self, proposed: tuple[int, ...], current: tuple[int, ...]) -> bool:
         """Whether ``proposed`` was measured slower than ``current``."""
@@ -287,16 +298,12 @@ class AdjustmentPolicy:
     ) -> Decision | None:
         """Return to the split before the last change when the step measured since is slower beyond the tolerance,
         unless that split is now inverted (the ranks' speeds changed under it)."""
-        if not trial.judges(self.min_sync_steps) or trial.before == current:
+        if not trial.judges(self.min_sync_steps, QUOTA_PERIOD_S) or trial.before == current:
             return None
         if sync_step_s is None or trial.before_s is None:
             return None
-        if sync_step_s <= trial.before_s * (1 + self.rollback_tolerance):
-            return None
-        controller = self.controller
-        equal_share = controller.global_batch_size / controller.world_size
-        speed_times = line_times_s([equal_share] * controller.world_size, costs)
-        if order_by_speed(trial.before, speed_times, controller.lower, controller.upper) != trial.before:
+        tolerance = self.rollback_tolerance if trial.tolerance is None else trial.tolerance
+        if sync_step_s <= trial.before_s * (1 + tolerance) or self._inverted(trial.before, costs):
             return None
         if self.reject_periods:
             self._reject(trial.before, current)
@@ -362,19 +369,20 @@ class AdjustmentPolicy:
         return tuple(explored)
 
     def state_dict(self) -> dict[str, Any]:
-        """The rejected splits, the outcomes, the adjustments at the floor, the pending refinement and the split last
-        left."""
+        """The rejected splits, the outcomes, the adjustments at the floor, the pending refinement, the split last
+        left and the sizes the ranks were seen stalling at."""
         return {
             "outcomes": [[list(split), o.mean_s, o.steps] for split, o in self._outcomes.items()],
             "rejected": [[list(r.origin), list(r.rejected), r.left, r.strikes] for r in self._rejected],
             "at_floor": self._at_floor,
             "proposed": None if self._proposed is None else [list(self._proposed.sizes), self._proposed.in_a_row],
             "left": None if self._left is None else list(self._left),
+            "stalls": [[k, size] for k, size in self._stalls.sizes.items()],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned (a different world size keeps the floor counts at zero)."""
-        self._rejected = [_rejection(entry) for entry in state.get("rejected", [])]
+        self._rejected = [Rejection.saved(entry) for entry in state.get("rejected", [])]
         self._outcomes = {
             tuple(split): Outcome(mean_s, int(steps)) for split, mean_s, steps in state.get("outcomes", [])
         }
@@ -384,15 +392,7 @@ class AdjustmentPolicy:
         proposed = state.get("proposed")
         self._proposed = None if proposed is None else Proposal(tuple(proposed[0]), int(proposed[1]))
         self._left = None if state.get("left") is None else tuple(state["left"])
-
-
-def _rejection(entry: Sequence[Any]) -> Rejection:
-    """A saved rejection; an older checkpoint's ``[split, left]`` is a move to that split only."""
-    if len(entry) == 2:
-        split = tuple(entry[0])
-        return Rejection(origin=split, rejected=split, left=int(entry[1]), strikes=1)
-    origin, rejected, left, strikes = entry
-    return Rejection(tuple(origin), tuple(rejected), int(left), int(strikes))
+        self._stalls = Stalls({int(k): int(size) for k, size in state.get("stalls", [])})
 
 
 def _largest(values: Sequence[float]) -> float:

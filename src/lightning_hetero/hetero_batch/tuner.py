@@ -198,6 +198,7 @@ class SplitTuner:
             trimmed(self._period_walls),
             cost.relative_error(current[self.rank]),
             memory_cap,
+            self.period.wait_s,
         )
 
     def adjust(self, seen: Exchanged, step: int, epoch: int, not_before: int = 0) -> Decision | None:
@@ -240,6 +241,8 @@ class SplitTuner:
             sync_steps=seen.sync_steps,
             relative_errors=seen.relative_errors,
             speeds_changed=any(seen.changed),
+            busy_s=seen.busy_s,
+            wait_s=min(seen.waits_s, default=math.nan),
         )
         if decision.apply:
             self.history.append(
