@@ -3,8 +3,8 @@
 Each rank's gradient ``g_k`` is the mean over its local batch of ``b_k`` samples. The gradient of the big batch (all
 ranks' samples together) is ``sum_k b_k g_k / sum(b)``: rank ``k``'s gradient counts with its batch share
 ``b_k / sum(b)``. ``AsyncPSStrategy``'s parameter server (ASP, where one rank's gradient is applied alone) and the
-elastic synchronous steps (which sum) call :func:`gradient_weight`; under DDP's reducer, which averages (DDP, and BSP), each rank back-propagates
-:func:`averaged_weight` from its loss (:func:`weight_backward`).
+elastic synchronous steps (which sum) call :func:`gradient_weight`; under DDP's reducer, which averages (DDP, and
+BSP), each rank back-propagates :func:`averaged_weight` from its loss (:func:`weight_backward`).
 
 Example::
 

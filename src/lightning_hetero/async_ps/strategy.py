@@ -306,7 +306,7 @@ class AsyncPSStrategy(DDPStrategy):
     def backward(self, closure_loss: torch.Tensor, optimizer: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
         if self._reducer is None or not self._reducer.placed or self._run is None:
             return super().backward(closure_loss, optimizer, *args, **kwargs)
-        self._reducer.weight(closure_loss)  # BSP: the batch-weighted gradient through DDP's average
+        self._reducer.weight(closure_loss)  # BSP: the batch-weighted gradient; a broken all-reduce names who was lost
         ddp = super()
         return self._run.fault.collective(lambda: ddp.backward(closure_loss, optimizer, *args, **kwargs))
 

@@ -62,12 +62,11 @@ class SynchronousEngine:
         """Nothing to do before a synchronous batch."""
 
     def optimizer_step(self, optimizer: Any, closure: Callable[[], Any], model: Any, **kwargs: Any) -> Any:
-        """One BSP step: the closure (forward, and backward with DDP's all-reduce), then the optimizer. A broken
-        all-reduce raises the rank lost first, when one is known."""
-        ctx, fault = self._ctx, self._fault
-        assert ctx is not None and fault is not None
-        guarded = lambda: fault.collective(closure)  # noqa: E731
-        output = ctx.precision_plugin.optimizer_step(optimizer, model=model, closure=guarded, **kwargs)
+        """One BSP step: the closure (forward, and backward with DDP's all-reduce: the strategy's ``backward`` names
+        the rank lost first when it breaks), then the optimizer."""
+        ctx = self._ctx
+        assert ctx is not None
+        output = ctx.precision_plugin.optimizer_step(optimizer, model=model, closure=closure, **kwargs)
         ctx.counter.version += 1
         return output
 
